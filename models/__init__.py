@@ -1,0 +1,1 @@
+"""Model definitions trained with jaxring."""
