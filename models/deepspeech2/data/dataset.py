@@ -1,0 +1,105 @@
+"""A validated list of utterances: what can be checked from metadata is checked once, up
+front; what needs the audio is checked when an utterance is loaded."""
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from models.deepspeech2 import alphabet
+from models.deepspeech2.data import audio, features
+from models.deepspeech2.data import problems as P
+from models.deepspeech2.data.manifest import Utterance
+
+
+def lost_characters(text: str) -> set[str]:
+    """Letters and digits that normalisation would drop (e.g. '7', 'ß', 'ж'): the transcript
+    would no longer say what the audio says. Punctuation is dropped on purpose and is fine."""
+    return {c for c in alphabet.unknown_characters(text) if c.isalnum() and not alphabet.normalize(c)}
+
+
+def ctc_min_frames(labels: np.ndarray) -> int:
+    """Fewest output frames CTC needs: one per label plus a blank between repeated labels."""
+    return len(labels) + int(np.sum(labels[1:] == labels[:-1]))
+
+
+@dataclasses.dataclass
+class Example:
+    features: np.ndarray  # [frames, 161] float32
+    labels: np.ndarray  # [length] int32
+    text: str
+
+
+class SpeechDataset:
+    """Utterances that passed the metadata checks, with their normalised text and labels.
+
+    output_frames: the model's output length for a number of input frames; utterances whose
+        labels CTC cannot fit into it are skipped. None skips no such utterance.
+    max_duration: longer utterances (seconds) are skipped; None keeps all.
+    problems: where skips are counted (a new Problems(strict) if None).
+    """
+
+    def __init__(self, utterances: Sequence[Utterance], *, max_duration: float | None = None,
+                 output_frames: Callable[[int], int] | None = None, strict: bool = False,
+                 problems: P.Problems | None = None):
+        self.problems = problems or P.Problems(strict)
+        self.output_frames = output_frames
+        kept = [u for u in utterances if self._usable(u, max_duration)]
+        self.paths = [u.audio_filepath for u in kept]
+        self.durations = np.array([u.duration for u in kept], dtype=np.float64)
+        self.texts = [alphabet.normalize(u.text) for u in kept]
+        self.labels = [alphabet.encode(t) for t in self.texts]
+        self.label_lengths = np.array([len(x) for x in self.labels], dtype=np.int64)
+        self.expected_frames = np.array(
+            [features.num_frames(round(d * audio.SAMPLE_RATE)) for d in self.durations], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _usable(self, u: Utterance, max_duration: float | None) -> bool:
+        text = alphabet.normalize(u.text)
+        if not text:
+            self.problems.skip(P.EMPTY_TRANSCRIPT, u.audio_filepath, f"transcript {u.text!r}")
+        elif lost := lost_characters(u.text):
+            self.problems.skip(P.UNKNOWN_CHARACTERS, u.audio_filepath,
+                               f"{''.join(sorted(lost))!r} in {u.text!r}")
+        elif not os.path.isfile(u.audio_filepath):
+            self.problems.skip(P.MISSING_FILE, u.audio_filepath)
+        elif max_duration is not None and u.duration > max_duration:
+            self.problems.skip(P.TOO_LONG, u.audio_filepath, f"{u.duration:.2f} s > {max_duration} s")
+        elif not self._labels_fit(alphabet.encode(text),
+                                  features.num_frames(round(u.duration * audio.SAMPLE_RATE)),
+                                  u.audio_filepath):
+            pass
+        else:
+            return True
+        return False
+
+    def _labels_fit(self, labels: np.ndarray, frames: int, source: str) -> bool:
+        if self.output_frames is None:
+            return True
+        needed, available = ctc_min_frames(labels), self.output_frames(frames)
+        if needed > available:
+            self.problems.skip(P.LABELS_TOO_LONG, source,
+                               f"CTC needs {needed} output frames, the model gives {available}")
+            return False
+        return True
+
+    def load(self, index: int) -> Example | None:
+        """Features and labels of utterance `index`, or None (counted) if its audio is bad."""
+        path = self.paths[index]
+        try:
+            samples, resampled = audio.read_audio(path)
+        except FileNotFoundError:
+            self.problems.skip(P.MISSING_FILE, path)
+            return None
+        except audio.AudioError as e:
+            self.problems.skip(P.UNREADABLE_AUDIO, path, str(e))
+            return None
+        if resampled:
+            self.problems.note(P.RESAMPLED)
+        spectrogram = features.featurize(samples)
+        if not self._labels_fit(self.labels[index], len(spectrogram), path):
+            return None
+        return Example(spectrogram, self.labels[index], self.texts[index])
