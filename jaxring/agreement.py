@@ -1,0 +1,77 @@
+"""Before every cross-process collective: did every process arrive, asking for the same thing?
+
+MPI collectives block until all processes join, and silently misbehave when
+they pass different shapes. So each jaxring collective first exchanges a
+16-byte digest of its arguments with a non-blocking allgather, polled against
+a deadline: a process that never arrives turns into a TimeoutError, a
+mismatch into a ValueError on every process naming the ranks and arguments.
+"""
+
+import hashlib
+import os
+import time
+
+import numpy as np
+
+TIMEOUT_ENV = "JAXRING_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def resolve_timeout(timeout: float | None) -> float:
+    """The timeout in seconds: the argument, else $JAXRING_TIMEOUT_S, else 300."""
+    if timeout is None:
+        timeout = os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+        source = f"${TIMEOUT_ENV}"
+    else:
+        source = "timeout"
+    try:
+        timeout = float(timeout)
+    except ValueError:
+        timeout = float("nan")
+    if not timeout > 0:
+        raise ValueError(f"{source} must be a positive number of seconds, got {timeout!r}")
+    return timeout
+
+
+def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> None:
+    """Returns once every process of `comm` has called agree with an equal descriptor.
+
+    Collective over `comm`. Raises TimeoutError if some process has not arrived
+    within the timeout (the job should then abort: the late process would
+    meet a different call), ValueError on every process if descriptors differ.
+    """
+    timeout = resolve_timeout(timeout)
+    digest = np.frombuffer(hashlib.blake2b(descriptor.encode(), digest_size=16).digest(), np.uint8)
+    digests = np.empty((comm.Get_size(), digest.size), np.uint8)
+    request = comm.Iallgather(digest, digests)
+    _wait(request, time.monotonic() + timeout, comm, what, timeout)
+    if (digests == digest).all():
+        return
+    # Every process holds the same digests, so every process gets here.
+    by_descriptor = {}
+    for rank, theirs in enumerate(comm.allgather(descriptor)):
+        by_descriptor.setdefault(theirs, []).append(rank)
+    listing = "; ".join(
+        f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {theirs}"
+        for theirs, ranks in by_descriptor.items()
+    )
+    raise ValueError(
+        f"{what} was called with different arguments on different processes ({listing}). "
+        "Every process must make the same collective calls with the same shapes and dtypes."
+    )
+
+
+def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:
+    # Sleeping between polls leaves the cores to the processes being waited for.
+    pause = 1e-5
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s "
+                "and not every process arrived. One of them skipped this call, died or is "
+                f"stuck; the limit is set by timeout= or ${TIMEOUT_ENV}. The processes are "
+                "now out of step: end the job (python -m mpi4py aborts it on an uncaught "
+                "exception)."
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)

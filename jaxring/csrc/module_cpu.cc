@@ -1,0 +1,22 @@
+// Python module of the CPU handlers: their FFI capsules and the runtime knobs.
+#include <nanobind/nanobind.h>
+
+#include "rendezvous.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+namespace jaxring {
+extern "C" XLA_FFI_Error* kRingCpu(XLA_FFI_CallFrame*);
+}
+
+NB_MODULE(_jaxring_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jaxring_ring"] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCpu));
+    return targets;
+  });
+  m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds,
+        "Seconds a rendezvous waits for missing ranks (JAXRING_TIMEOUT_S, default 300).");
+  m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
+}

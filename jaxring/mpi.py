@@ -1,0 +1,229 @@
+"""All-reduce over every device of every process: local ring, a ring of processes, local ring.
+
+With L local devices and P processes, `global_allreduce` runs
+
+1. a pmap over the local devices: ring reduce-scatter, so local device i holds
+   chunk i (1/L of the buffer) of this node's sum;
+2. for each local device i, in its own thread, a single-device jit that
+   all-reduces chunk i across the P processes over `world.device_comms[i]`
+   (mpi4jax sendrecv in a ring, the adds done on the device, or
+   MPI_Allreduce through mpi4jax.allreduce);
+3. a pmap over the local devices: ring all-gather of the reduced chunks.
+
+mpi4jax ops carry an ordered effect, which JAX refuses in a computation over
+more than one device, hence step 2 is one jit per device rather than part of
+the pmap. Each device has its own communicator, so the L exchanges proceed at
+the same time and never take each other's messages.
+
+GPU arrays: mpi4jax copies each chunk to host memory and back around the MPI
+call. With a CUDA-aware MPI, set MPI4JAX_USE_CUDA_MPI=1 (before mpi4jax is
+imported) and MPI reads and writes device memory directly.
+"""
+
+import concurrent.futures
+import functools
+import json
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import mpi4jax
+import numpy as np
+from mpi4py import MPI
+
+from jaxring import agreement, topology
+
+ALGORITHMS = ("ring", "mpi", "auto")
+OPS = ("sum", "mean")
+# Written by scripts/bench_allreduce_mpi.py --write-table: which cross-process
+# algorithm was faster, by process count and bytes per device.
+TABLE_PATH = pathlib.Path(__file__).with_name("global_allreduce_table.json")
+# "auto" without a table: MPI_Allreduce below this many bytes per device, ring above.
+DEFAULT_RING_MIN_BYTES = 1 << 20
+_AXIS = "jaxring_local"
+# MPI has no 16-bit float types; such chunks travel as their bits.
+_WIRE_DTYPES = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.uint16}
+
+
+def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: float | None = None):
+    """Sum (or mean) of `x` over all local devices of all processes.
+
+    Args:
+      x: array whose leading axis is the number of local devices (as ``pmap``
+        returns it), floating dtype. Every process must call with the same
+        shape, dtype, op and algorithm.
+      op: "sum" or "mean" (the sum divided by the number of devices of all processes).
+      algorithm: "ring" (ring of processes over mpi4jax sendrecv), "mpi"
+        (MPI_Allreduce through mpi4jax.allreduce), or "auto" (whichever the
+        table measured by scripts/bench_allreduce_mpi.py says is faster for
+        this size). Only the cross-process step differs; with one process all
+        three are the local ring all-reduce.
+      timeout: seconds to wait for every process to arrive before raising
+        TimeoutError; default $JAXRING_TIMEOUT_S, else 300.
+
+    Returns:
+      An array of the shape of `x`, sharded over the local devices like a pmap
+      output, every row holding the same result, bitwise equal on every
+      device of every process for "ring". 16-bit floats are accumulated in float32.
+    """
+    world = topology.init()
+    _check_arguments(x, op, algorithm, world)
+    if algorithm == "auto":
+        algorithm = choose_algorithm(math.prod(x.shape[1:]) * x.dtype.itemsize, world.size)
+    agreement.agree(
+        world.comm,
+        "global_allreduce",
+        f"{jnp.dtype(x.dtype).name}{list(x.shape)} op={op} algorithm={algorithm}",
+        timeout,
+    )
+    if world.size == 1 or x.size == 0:  # nothing crosses processes
+        return _local_allreduce(world.local_devices, op)(x)
+    shards = _local_reduce_scatter(world.local_devices)(x)
+    divisor = world.n_devices if op == "mean" else 1
+    reduced = _map_devices(
+        world,
+        lambda i, shard: _across_processes(world, i, algorithm, divisor)(shard),
+        [s.data for s in shards.addressable_shards],
+    )
+    reduced = jax.make_array_from_single_device_arrays(shards.shape, shards.sharding, reduced)
+    return _local_all_gather(world.local_devices, x.shape[1:])(reduced)
+
+
+def choose_algorithm(nbytes: int, n_procs: int) -> str:
+    """The cross-process algorithm "auto" picks for `nbytes` per device among `n_procs` processes.
+
+    From the measurement nearest in process count, then in log size; without
+    a table, "mpi" below DEFAULT_RING_MIN_BYTES and "ring" from there on.
+    """
+    rows = _table()
+    if not rows:
+        return "ring" if nbytes >= DEFAULT_RING_MIN_BYTES else "mpi"
+    nearest = min(
+        rows,
+        key=lambda row: (
+            abs(row["n_procs"] - n_procs),
+            abs(math.log2(max(row["bytes"], 1)) - math.log2(max(nbytes, 1))),
+        ),
+    )
+    return nearest["fastest"]
+
+
+@functools.cache
+def _table() -> tuple:
+    if not TABLE_PATH.exists():
+        return ()
+    return tuple(json.loads(TABLE_PATH.read_text())["measured"])
+
+
+def _check_arguments(x, op, algorithm, world):
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    n_local = len(world.local_devices)
+    if not hasattr(x, "shape") or x.ndim < 1 or x.shape[0] != n_local:
+        raise ValueError(
+            f"x must have a leading axis of {n_local} (one row per local device, as "
+            f"pmap returns it), got shape {getattr(x, 'shape', type(x).__name__)}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"global_allreduce reduces floating point arrays, got dtype {x.dtype}")
+
+
+def _map_devices(world, fn, shards):
+    """[fn(i, shards[i])] with one thread per local device, since each call blocks in MPI."""
+    if len(shards) == 1:
+        return [fn(0, shards[0])]
+    return list(_pool(world).map(fn, range(len(shards)), shards))
+
+
+@functools.cache
+def _pool(world):
+    return concurrent.futures.ThreadPoolExecutor(len(world.local_devices), "jaxring-mpi")
+
+
+# TODO(mpi): replace the stand-ins below with jaxring.ring once it lands.
+def _stand_in_reduce_scatter(x, axis_name):
+    n = jax.lax.axis_size(axis_name)
+    flat = x.ravel()
+    flat = jnp.pad(flat, (0, -flat.size % n))
+    return jax.lax.psum_scatter(flat, axis_name, tiled=True)
+
+
+@functools.cache
+def _local_allreduce(devices, op):
+    def allreduce(x):
+        total = jax.lax.psum(x, _AXIS)
+        return total / len(devices) if op == "mean" else total
+
+    return jax.pmap(allreduce, _AXIS, devices=devices)
+
+
+@functools.cache
+def _local_reduce_scatter(devices):
+    return jax.pmap(lambda x: _stand_in_reduce_scatter(x, _AXIS), _AXIS, devices=devices)
+
+
+@functools.cache
+def _local_all_gather(devices, shape):
+    def all_gather(shard):
+        full = jax.lax.all_gather(shard, _AXIS, tiled=True)
+        return full[: math.prod(shape)].reshape(shape)
+
+    return jax.pmap(all_gather, _AXIS, devices=devices)
+
+
+@functools.cache
+def _across_processes(world, index, algorithm, divisor):
+    """Single-device jit: all-reduce of local device `index`'s (1, c) shard over the processes."""
+    comm = world.device_comms[index]
+
+    def across(shard):
+        flat = shard.reshape(-1)
+        if algorithm == "ring":
+            total = _ring_allreduce(flat, comm, world.rank, world.size)
+        else:
+            total = mpi4jax.allreduce(
+                flat.astype(_accumulation_dtype(flat.dtype)), op=MPI.SUM, comm=comm
+            ).astype(flat.dtype)
+        if divisor != 1:
+            total = (total / divisor).astype(flat.dtype)
+        return total.reshape(shard.shape)
+
+    return jax.jit(across)
+
+
+def _ring_allreduce(flat, comm, rank, size):
+    """Ring all-reduce of a 1-D array over the processes of `comm` (DESIGN.md, "The ring").
+
+    Each chunk is summed once, by one process, in one order, then copied to the
+    others: every process ends with the same bits.
+    """
+    dtype = flat.dtype
+    chunk = -(-flat.size // size)
+    padded = jnp.pad(flat.astype(_accumulation_dtype(dtype)), (0, size * chunk - flat.size))
+    chunks = list(padded.reshape(size, chunk))
+    left, right = (rank - 1) % size, (rank + 1) % size
+    for step in range(size - 1):  # reduce-scatter: afterwards this rank owns chunk rank + 1
+        send, receive = (rank - step) % size, (rank - step - 1) % size
+        chunks[receive] = chunks[receive] + _sendrecv(chunks[send], comm, left, right)
+    chunks = [c.astype(dtype) for c in chunks]
+    for step in range(size - 1):  # all-gather
+        send, receive = (rank + 1 - step) % size, (rank - step) % size
+        chunks[receive] = _sendrecv(chunks[send], comm, left, right)
+    return jnp.concatenate(chunks)[: flat.size]
+
+
+def _sendrecv(x, comm, source, dest):
+    """Sends x to `dest` and returns the array of x's shape and dtype received from `source`."""
+    wire = _WIRE_DTYPES.get(x.dtype)
+    if wire is not None:
+        return jax.lax.bitcast_convert_type(
+            _sendrecv(jax.lax.bitcast_convert_type(x, wire), comm, source, dest), x.dtype
+        )
+    return mpi4jax.sendrecv(x, x, source=source, dest=dest, comm=comm)
+
+
+def _accumulation_dtype(dtype):
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype

@@ -1,0 +1,487 @@
+"""The synchronous data-parallel SGD engine: model-agnostic, pmapped, jaxring all-reduce.
+
+A model comes in as a `Task` (init, loss, predict, scoring and batches); the
+engine owns everything else: splitting the global batch over processes and
+local devices, the gradient all-reduce, the optimizer and its schedule,
+evaluation, checkpoints and what the run writes to its directory.
+
+One process: a single pmapped step does forward, backward, the all-reduce
+(jaxring's fused ring, or jax.lax.pmean with `allreduce: psum`) and the
+update. Several MPI processes: mpi4jax ops cannot sit in a multi-device pmap,
+so the step is cut in two pmaps around `jaxring.global_allreduce`, which
+joins the local ring with the cross-process one (see DESIGN "Data flow").
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+from tqdm import tqdm
+
+from jaxring import config as config_lib
+from jaxring import metrics as metrics_lib
+from jaxring.checkpoint import Checkpoints
+
+AXIS = "batch"  # the pmapped axis: local devices
+
+
+class Shard(NamedTuple):
+    """This process's share of the data: shard `index` of `count`."""
+
+    index: int
+    count: int
+
+
+class Batches(Protocol):
+    """This process's training batches, epoch after epoch, with a resumable position."""
+
+    steps_per_epoch: int
+
+    def __iter__(self) -> Iterator[dict]: ...
+
+    def state(self) -> dict:
+        """JSON-serialisable position: after restore(), iteration yields the batches that would have come next."""
+
+    def restore(self, state: dict) -> None: ...
+
+
+class Task(Protocol):
+    """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = utterances."""
+
+    def init(self, rng) -> dict:
+        """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats")."""
+
+    def loss(self, variables: dict, batch: dict, rng) -> tuple[jax.Array, dict]:
+        """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS."""
+
+    def predict(self, variables: dict, batch: dict) -> Any:
+        """Evaluation-mode outputs, every leaf with a leading batch axis; inside pmap over AXIS."""
+
+    def score(self, outputs: Any, batch: dict) -> dict[str, float]:
+        """Additive counts (e.g. edit distances and lengths) for host numpy outputs of `batch`."""
+
+    def summarize(self, counts: dict[str, float]) -> dict[str, float]:
+        """Metrics (e.g. {"cer", "wer"}, lower is better) from summed counts."""
+
+    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches: ...
+
+    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]: ...
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any  # float32 master weights; the model may compute in bfloat16
+    opt_state: Any
+    model_state: Any  # non-param collections, averaged across replicas every step
+    rng: jax.Array
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def learning_rate_schedule(cfg: config_lib.OptimConfig, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
+    if cfg.schedule == "anneal":
+        return optax.exponential_decay(
+            cfg.learning_rate, steps_per_epoch, 1.0 / cfg.anneal_factor, staircase=True
+        )
+    if cfg.schedule == "warmup_cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, cfg.learning_rate, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), cfg.final_learning_rate
+        )
+    return optax.constant_schedule(cfg.learning_rate)
+
+
+def make_optimizer(cfg: config_lib.OptimConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+    if cfg.name == "sgd":
+        optimizer = optax.sgd(schedule, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    else:
+        optimizer = optax.adamw(schedule, weight_decay=cfg.weight_decay)
+    if cfg.clip_norm is None:
+        return optimizer
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optimizer)
+
+
+# ---------------------------------------------------------------- all-reduce
+
+
+def local_allreduce(tree, method: str, op: str, bucket_bytes: int):
+    """All-reduce over the local devices (AXIS), inside pmap."""
+    if method == "ring":
+        import jaxring
+
+        return jaxring.tree_allreduce(tree, AXIS, op=op, bucket_bytes=bucket_bytes)
+    return jax.lax.pmean(tree, AXIS) if op == "mean" else jax.lax.psum(tree, AXIS)
+
+
+def global_mean(flat: jax.Array, method: str, world_size: int) -> jax.Array:
+    """Mean over every device of every process of `flat` [local devices, n], outside jit."""
+    import jaxring
+
+    total = jaxring.global_allreduce(flat, op="sum", algorithm="ring" if method == "ring" else "mpi")
+    return total / (world_size * flat.shape[0])
+
+
+# ---------------------------------------------------------------- batches on devices
+
+
+def split_for_devices(batch: dict, n_devices: int) -> dict:
+    """[B, ...] leaves -> [n_devices, B / n_devices, ...]."""
+
+    def split(x):
+        if x.shape[0] % n_devices:
+            raise ValueError(
+                f"a batch of {x.shape[0]} utterances cannot be split evenly over {n_devices} local devices; "
+                f"make train.batch_size a multiple of processes x local devices"
+            )
+        return x.reshape((n_devices, x.shape[0] // n_devices) + x.shape[1:])
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def pad_batch(batch: dict, size: int) -> dict:
+    """Leaves padded to `size` rows by repeating the last row (outputs of the copies are dropped)."""
+    rows = len(jax.tree_util.tree_leaves(batch)[0])
+    index = np.minimum(np.arange(size), rows - 1)
+    return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
+
+
+def batch_rows(batch: dict) -> int:
+    return len(jax.tree_util.tree_leaves(batch)[0])
+
+
+def replicate(tree, devices):
+    """A copy of `tree` on each device, stacked along a leading axis (what pmap takes)."""
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), (AXIS,)), jax.sharding.PartitionSpec(AXIS))
+    stack = lambda x: np.broadcast_to(np.asarray(x)[None], (len(devices),) + np.shape(x))  # noqa: E731
+    return jax.tree_util.tree_map(lambda x: jax.device_put(stack(x), sharding), tree)
+
+
+def unreplicate(tree):
+    return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), tree)
+
+
+def count_params(params) -> int:
+    return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
+
+
+def sum_across_processes(counts: dict[str, float], world_size: int) -> dict[str, float]:
+    if world_size == 1:
+        return counts
+    from mpi4py import MPI
+
+    keys = sorted(MPI.COMM_WORLD.allreduce(set(counts), op=MPI.BOR))
+    totals = MPI.COMM_WORLD.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64), op=MPI.SUM)
+    return dict(zip(keys, totals.tolist()))
+
+
+def make_predict(task: Task):
+    return jax.pmap(task.predict, axis_name=AXIS)
+
+
+def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices: int, world_size: int = 1):
+    """Task metrics over `batches` (this process's share), summed across processes.
+
+    `variables` are replicated over the local devices; each batch is padded
+    to a multiple of them and the padding's outputs dropped before scoring.
+    """
+    counts = collections.defaultdict(float)
+    for batch in batches:
+        rows = batch_rows(batch)
+        padded = pad_batch(batch, math.ceil(rows / n_devices) * n_devices)
+        outputs = predict(variables, split_for_devices(padded, n_devices))
+        outputs = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])[:rows], outputs)
+        for key, value in task.score(outputs, batch).items():
+            counts[key] += value
+    return task.summarize(sum_across_processes(dict(counts), world_size))
+
+
+def variables_of(state: TrainState) -> dict:
+    return {"params": state.params, **state.model_state}
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class Trainer:
+    """Trains `task` with `config` in `workdir` on this process's local devices."""
+
+    def __init__(self, task: Task, config: config_lib.Config, workdir: str | Path, world=None):
+        self.task = task
+        self.config = config
+        self.workdir = Path(workdir)
+        self.world = world
+        self.rank = world.rank if world is not None else 0
+        self.world_size = world.size if world is not None else 1
+        self.devices = list(world.local_devices) if world is not None else jax.local_devices()
+        self.n_local = len(self.devices)
+        train = config.train
+        replicas = self.world_size * self.n_local
+        if train.batch_size % replicas:
+            raise ValueError(
+                f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
+                f"({self.world_size} processes x {self.n_local} local devices)"
+            )
+        self.shard = Shard(self.rank, self.world_size)
+        self.batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
+        epoch_steps = self.batches.steps_per_epoch
+        self.total_steps = train.epochs * epoch_steps
+        if train.max_steps is not None:
+            self.total_steps = min(self.total_steps, train.max_steps)
+        self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
+        self.optimizer = make_optimizer(config.optim, self.schedule)
+        self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, config.checkpoint.best_metric)
+        self._build_steps()
+        self.predict = make_predict(task)
+
+    # -- state
+
+    def init_state(self) -> TrainState:
+        rng = jax.random.PRNGKey(self.config.train.seed)
+        init_rng, step_rng = jax.random.split(rng)
+        variables = jax.jit(self.task.init)(init_rng)
+        params = variables["params"]
+        model_state = {k: v for k, v in variables.items() if k != "params"}
+        state = TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=self.optimizer.init(params),
+            model_state=model_state,
+            rng=step_rng,
+        )
+        state = jax.tree_util.tree_map(np.asarray, state)
+        if self.world_size > 1:
+            import jaxring
+
+            state = jaxring.broadcast(state, root=0)  # every process starts from rank 0's weights
+        return state
+
+    # -- the step
+
+    def _grads(self, state: TrainState, batch: dict):
+        """Loss, gradients and new model state of one device's batch (inside pmap)."""
+        replica = jax.lax.axis_index(AXIS) + self.rank * self.n_local
+        rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
+
+        def loss_fn(params):
+            return self.task.loss({"params": params, **state.model_state}, batch, rng)
+
+        (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        return loss, grads, model_state
+
+    def _apply(self, state: TrainState, grads, model_state) -> TrainState:
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        return state.replace(
+            step=state.step + 1,
+            params=optax.apply_updates(state.params, updates),
+            opt_state=opt_state,
+            model_state=model_state,
+        )
+
+    def _build_steps(self):
+        train = self.config.train
+        reduce = lambda tree, op: local_allreduce(tree, train.allreduce, op, train.bucket_bytes)  # noqa: E731
+        if self.world_size == 1:
+
+            def step(state, batch):
+                loss, grads, model_state = self._grads(state, batch)
+                grads, model_state, loss = reduce((grads, model_state, loss), "mean")
+                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+            self._step = jax.pmap(step, axis_name=AXIS, donate_argnums=0)
+        else:
+            # Gradients, model state and loss travel across processes as one flat buffer.
+            def forward_backward(state, batch):
+                loss, grads, model_state = self._grads(state, batch)
+                return ravel_pytree((grads, model_state, loss))[0]
+
+            def update(state, flat, template):
+                grads, model_state, loss = ravel_pytree(template)[1](flat)
+                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+            self._forward_backward = jax.pmap(forward_backward, axis_name=AXIS)
+            self._ravel = jax.pmap(lambda tree: ravel_pytree(tree)[0], axis_name=AXIS)
+            self._update = jax.pmap(update, axis_name=AXIS, donate_argnums=0)
+        self._probe = jax.pmap(lambda tree: reduce(tree, "mean"), axis_name=AXIS)
+
+    def train_step(self, state: TrainState, batch: dict):
+        """One synchronous step on a process batch; `state` is replicated over local devices."""
+        device_batch = split_for_devices(batch, self.n_local)
+        if self.world_size == 1:
+            return self._step(state, device_batch)
+        flat = self._forward_backward(state, device_batch)
+        flat = global_mean(flat, self.config.train.allreduce, self.world_size)
+        template = (state.params, state.model_state, jnp.zeros(()))
+        template = jax.tree_util.tree_map(lambda x: x[0], template)
+        return self._update(state, flat, template)
+
+    def time_allreduce(self, params, repeats: int = 3) -> float:
+        """Median seconds of the gradient all-reduce alone, on a tree shaped like the gradients."""
+        times = []
+        for _ in range(repeats + 1):  # the first call compiles
+            start = time.perf_counter()
+            if self.world_size == 1:
+                jax.block_until_ready(self._probe(params))
+            else:
+                flat = self._ravel(params)
+                jax.block_until_ready(global_mean(flat, self.config.train.allreduce, self.world_size))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times[1:]))
+
+    # -- evaluation and checkpoints
+
+    def evaluate(self, state: TrainState, split: str) -> dict[str, float]:
+        cfg = self.config.eval
+        batches = self.task.eval_batches(split, cfg.batch_size, self.shard, cfg.max_utterances)
+        variables = variables_of(state)
+        return evaluate(self.task, self.predict, variables, batches, self.n_local, self.world_size)
+
+    def save(self, state: TrainState, metrics: dict | None = None) -> None:
+        if self.rank != 0:
+            return
+        host_state = unreplicate(state)
+        self.checkpoints.save(int(host_state.step), host_state, {"batches": self.batches.state()}, metrics)
+
+    def restore(self, template: TrainState) -> TrainState:
+        step = self.checkpoints.latest()
+        state, extra = self.checkpoints.restore(template, step)
+        self.batches.restore(extra["batches"])
+        return state
+
+    # -- the loop
+
+    def _log_row(self, step: int, out: dict, utterances: int, elapsed: float, steps: int, state) -> dict:
+        loss = float(out["loss"][0])
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step}; lower optim.learning_rate or set optim.clip_norm")
+        step_s = elapsed / steps
+        return {
+            "step": step,
+            "epoch": (step - 1) // self.batches.steps_per_epoch,
+            "loss": loss,
+            "grad_norm": float(out["grad_norm"][0]),
+            "learning_rate": float(self.schedule(step - 1)),
+            "utt_per_s": utterances / elapsed,
+            "step_s": step_s,
+            # The all-reduce timed alone on a gradient-shaped tree, as a share of the whole step.
+            "allreduce_share": min(1.0, self.time_allreduce(state.params) / step_s),
+        }
+
+    def _best_step(self) -> int | None:
+        """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
+        best = self.checkpoints.best() if self.rank == 0 else None
+        if self.world_size > 1:
+            from mpi4py import MPI
+
+            best = MPI.COMM_WORLD.bcast(best, root=0)
+        return None if best is None else best["step"]
+
+    def fit(self, resume: bool = False) -> dict:
+        """Trains to the end, evaluates and writes the run directory; returns the summary."""
+        cfg = self.config
+        lead = self.rank == 0
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        state = self.init_state()
+        n_params = count_params(state.params)
+        if resume:
+            if self.checkpoints.latest() is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpoints.directory}")
+            state = self.restore(state)
+        start = int(state.step)
+        if lead:
+            config_lib.save(cfg, self.workdir / "config.yaml")
+            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
+            per_device = cfg.train.batch_size // (self.world_size * self.n_local)
+            print(
+                f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
+                f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
+                f"all-reduce {cfg.train.allreduce}, {self.total_steps} steps "
+                f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else ""),
+                flush=True,
+            )
+        state = replicate(state, self.devices)
+        bar = tqdm(total=self.total_steps, initial=start, disable=not lead, dynamic_ncols=True)
+        started = window_start = time.perf_counter()
+        utterances = window_steps = 0
+        last: dict = {}  # the latest value of every logged key
+        row: dict = {"step": start}
+        batches = iter(self.batches)
+        for step in range(start + 1, self.total_steps + 1):
+            batch = next(batches)
+            utterances += batch_rows(batch) * self.world_size
+            state, out = self.train_step(state, batch)
+            window_steps += 1
+            row = {"step": step}
+            if step % cfg.train.log_every == 0 or step == self.total_steps:
+                elapsed = time.perf_counter() - window_start
+                row.update(self._log_row(step, out, utterances, elapsed, window_steps, state))
+            if step == self.total_steps:
+                break  # evaluated and saved below
+            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                dev = self.evaluate(state, "dev")
+                row.update({f"dev_{k}": v for k, v in dev.items()})
+                self.save(state, dev)
+            elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                self.save(state)
+            if len(row) > 1:
+                last.update(row)
+                if lead:
+                    log.write(row)
+                    bar.set_postfix(_postfix(last), refresh=False)
+                utterances, window_steps, window_start = 0, 0, time.perf_counter()
+            bar.update(1)
+        bar.update(self.total_steps - bar.n)
+        bar.close()
+
+        dev = self.evaluate(state, "dev")
+        row.update({f"dev_{k}": v for k, v in dev.items()})
+        last.update(row)
+        self.save(state, dev)
+        summary = {
+            "steps": self.total_steps,
+            "epochs": self.total_steps / self.batches.steps_per_epoch,
+            "parameters": n_params,
+            "processes": self.world_size,
+            "local_devices": self.n_local,
+            "global_batch": cfg.train.batch_size,
+            "allreduce": cfg.train.allreduce,
+            "train_seconds": time.perf_counter() - started,
+            **{k: last.get(k) for k in ("loss", "utt_per_s", "step_s", "allreduce_share")},
+            **{f"dev_{k}": v for k, v in dev.items()},
+        }
+        best_step = self._best_step()
+        summary["best_step"] = best_step
+        if cfg.eval.test_at_end:
+            if best_step is not None and best_step != self.total_steps:
+                best, _ = self.checkpoints.restore(unreplicate(state), best_step)
+                state = replicate(best, self.devices)
+            test = self.evaluate(state, "test")
+            summary.update({f"test_{k}": v for k, v in test.items()})
+        if lead:
+            log.write(row)
+            rows = log.rows()
+            log.close()
+            metrics_lib.write_json(self.workdir / "summary.json", summary)
+            metrics_lib.plot_curves(rows, self.workdir / "plots")
+        return summary
+
+
+def _postfix(row: dict) -> dict:
+    shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
+    if "dev_cer" in row:
+        shown["cer"] = f"{100 * row['dev_cer']:.1f}%"
+    if "utt_per_s" in row:
+        shown["utt/s"] = f"{row['utt_per_s']:.0f}"
+    if "allreduce_share" in row:
+        shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
+    return shown
