@@ -296,7 +296,7 @@ class Trainer:
             def step(state, batch):
                 loss, grads, model_state = self._grads(state, batch)
                 grads, model_state, loss = reduce((grads, model_state, loss), "mean")
-                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
             self._step = jax.pmap(step, axis_name=AXIS, donate_argnums=0)
         else:
@@ -307,7 +307,7 @@ class Trainer:
 
             def update(state, flat, template):
                 grads, model_state, loss = ravel_pytree(template)[1](flat)
-                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.global_norm(grads)}
+                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
             self._forward_backward = jax.pmap(forward_backward, axis_name=AXIS)
             self._ravel = jax.pmap(lambda tree: ravel_pytree(tree)[0], axis_name=AXIS)
