@@ -32,7 +32,7 @@ import mpi4jax
 import numpy as np
 from mpi4py import MPI
 
-from jaxring import agreement, topology
+from jaxring import agreement, ring, topology
 
 ALGORITHMS = ("ring", "mpi", "auto")
 OPS = ("sum", "mean")
@@ -143,33 +143,20 @@ def _pool(world):
     return concurrent.futures.ThreadPoolExecutor(len(world.local_devices), "jaxring-mpi")
 
 
-# TODO(mpi): replace the stand-ins below with jaxring.ring once it lands.
-def _stand_in_reduce_scatter(x, axis_name):
-    n = jax.lax.axis_size(axis_name)
-    flat = x.ravel()
-    flat = jnp.pad(flat, (0, -flat.size % n))
-    return jax.lax.psum_scatter(flat, axis_name, tiled=True)
-
-
 @functools.cache
 def _local_allreduce(devices, op):
-    def allreduce(x):
-        total = jax.lax.psum(x, _AXIS)
-        return total / len(devices) if op == "mean" else total
-
-    return jax.pmap(allreduce, _AXIS, devices=devices)
+    return jax.pmap(lambda x: ring.allreduce(x, _AXIS, op), _AXIS, devices=devices)
 
 
 @functools.cache
 def _local_reduce_scatter(devices):
-    return jax.pmap(lambda x: _stand_in_reduce_scatter(x, _AXIS), _AXIS, devices=devices)
+    return jax.pmap(lambda x: ring.reduce_scatter(x, _AXIS), _AXIS, devices=devices)
 
 
 @functools.cache
 def _local_all_gather(devices, shape):
     def all_gather(shard):
-        full = jax.lax.all_gather(shard, _AXIS, tiled=True)
-        return full[: math.prod(shape)].reshape(shape)
+        return ring.all_gather(shard, _AXIS)[: math.prod(shape)].reshape(shape)
 
     return jax.pmap(all_gather, _AXIS, devices=devices)
 
