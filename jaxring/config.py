@@ -98,9 +98,23 @@ def _check_positive(name, value):
         raise ConfigError(f"{name} must be positive; got {value!r}")
 
 
+def closest_key(key: str, valid) -> str | None:
+    """The valid key a user most likely meant: abbreviation ("lr"), prefix, else spelling."""
+    valid = list(valid)
+    key = str(key).lower()
+    for candidate in valid:
+        if key == "".join(part[0] for part in candidate.split("_") if part):
+            return candidate
+    for candidate in valid:
+        if candidate.startswith(key) or key.startswith(candidate):
+            return candidate
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    return close[0] if close else None
+
+
 def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
-    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.0)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest_key(key, valid)
+    hint = f"; did you mean {close!r}?" if close else ""
     return ConfigError(f"unknown key {key!r} in {where}{hint} (valid keys: {', '.join(valid)})")
 
 
@@ -195,7 +209,7 @@ def parse_override_value(text: str, annotation: Any) -> Any:
 
 def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type]) -> dict:
     """`raw` (section -> mapping) with each `section.key=value` of `overrides` applied."""
-    raw = {name: dict(values or {}) for name, values in raw.items()}
+    raw = dict(raw)
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or "." not in path:
@@ -214,7 +228,10 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
                 raise ConfigError(f"--set {path}: {e}") from None
         else:
             value = yaml.safe_load(text)
-        raw.setdefault(section, {})[key] = value
+        current = raw.get(section) or {}
+        if not isinstance(current, Mapping):
+            raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
+        raw[section] = {**current, key: value}
     return raw
 
 
