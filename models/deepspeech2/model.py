@@ -1,0 +1,292 @@
+"""Deep Speech 2 (Amodei et al. 2015): 2D convolutions, recurrent layers, one fully connected layer.
+
+Every layer keeps padded frames at zero and leaves them out of its batch-norm
+statistics, so an utterance's logits do not depend on how much padding its
+batch adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from models.deepspeech2 import alphabet
+
+FRAMES_PER_SECOND = 100  # 10 ms spectrogram stride
+
+# (kernel, stride), each as (frequency, time): the paper's three convolutions, in order.
+CONV_GEOMETRY = (
+    ((41, 11), (2, 2)),
+    ((21, 11), (2, 1)),
+    ((21, 11), (2, 1)),
+)
+RNN_CELLS = ("gru", "rnn")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Deep Speech 2 network; the `model:` section of a config YAML."""
+
+    num_features: int = 161  # spectrogram bins: 20 ms window at 16 kHz
+    conv_layers: int = 2  # 1 to 3, the paper's kernels and strides in order
+    conv_channels: tuple[int, ...] = (32, 32)  # one entry per conv layer
+    rnn_cell: str = "gru"  # "gru" or "rnn" (simple RNN with clipped ReLU)
+    rnn_layers: int = 5
+    rnn_hidden: int = 800
+    bidirectional: bool = True  # directions summed; otherwise a lookahead convolution follows
+    lookahead: int = 20  # future frames the lookahead convolution sees (unidirectional only)
+    relu_clip: float = 20.0
+    batch_norm_momentum: float = 0.99
+    batch_norm_epsilon: float = 1e-5
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+    scan_unroll: int = 1  # time steps per iteration of the recurrent loop
+
+    def __post_init__(self):
+        if not 1 <= self.conv_layers <= len(CONV_GEOMETRY):
+            raise ValueError(f"model.conv_layers must be 1, 2 or 3, got {self.conv_layers}")
+        if len(self.conv_channels) != self.conv_layers:
+            raise ValueError(
+                f"model.conv_channels has {len(self.conv_channels)} entries but "
+                f"model.conv_layers is {self.conv_layers}; give one channel count per conv layer"
+            )
+        if self.rnn_cell not in RNN_CELLS:
+            raise ValueError(f"model.rnn_cell must be one of {RNN_CELLS}, got {self.rnn_cell!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        positive = dict(
+            num_features=self.num_features,
+            rnn_layers=self.rnn_layers,
+            rnn_hidden=self.rnn_hidden,
+            scan_unroll=self.scan_unroll,
+            **{f"conv_channels[{i}]": c for i, c in enumerate(self.conv_channels)},
+        )
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"model.{name} must be at least 1, got {value}")
+        if self.lookahead < 0:
+            raise ValueError(f"model.lookahead must be >= 0, got {self.lookahead}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Builds a config from a mapping, rejecting unknown keys with the closest valid one."""
+        valid = [f.name for f in dataclasses.fields(cls)]
+        for key in d:
+            if key not in valid:
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {valid}"
+                raise ValueError(f"unknown model config key {key!r}{hint}")
+        d = dict(d)
+        if "conv_channels" in d:
+            d["conv_channels"] = tuple(d["conv_channels"])
+        return cls(**d)
+
+    @classmethod
+    def from_yaml(cls, path) -> ModelConfig:
+        """Reads the `model:` section of a config file; other sections are ignored."""
+        with open(path) as f:
+            document = yaml.safe_load(f) or {}
+        if "model" not in document:
+            raise ValueError(f"{path} has no top-level 'model:' section")
+        return cls.from_dict(document["model"] or {})
+
+    @property
+    def compute_dtype(self):
+        return DTYPES[self.dtype]
+
+
+def strided_length(size, stride: int):
+    """Outputs of a convolution padded by (kernel - 1) / 2 on both sides: ceil(size / stride)."""
+    return (size - 1) // stride + 1
+
+
+def output_lengths(config: ModelConfig, lengths):
+    """Output frames for `lengths` input frames (numpy or jax arrays, or ints)."""
+    for (_, (_, time_stride)) in CONV_GEOMETRY[: config.conv_layers]:
+        lengths = strided_length(lengths, time_stride)
+    return lengths
+
+
+def clipped_relu(x, clip: float):
+    return jnp.clip(x, 0, clip)
+
+
+def frame_mask(lengths, frames: int):
+    """[B, T] bool, True on real frames."""
+    return jnp.arange(frames)[None, :] < lengths[:, None]
+
+
+def _zero_padding(x, mask):
+    """Zeroes padded frames of x [B, T, ...] so they cannot leak into real frames."""
+    return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x, 0)
+
+
+class ConvBlock(nn.Module):
+    """Convolution over (time, frequency), masked batch norm, clipped ReLU."""
+
+    config: ModelConfig
+    index: int
+    axis_name: str | None = None
+
+    @nn.compact
+    def __call__(self, x, mask, train: bool):
+        (freq_kernel, time_kernel), (freq_stride, time_stride) = CONV_GEOMETRY[self.index]
+        x = nn.Conv(
+            self.config.conv_channels[self.index],
+            kernel_size=(time_kernel, freq_kernel),
+            strides=(time_stride, freq_stride),
+            padding=((time_kernel // 2,) * 2, (freq_kernel // 2,) * 2),
+            use_bias=False,  # batch norm supplies the offset
+            dtype=self.config.compute_dtype,
+        )(x)
+        mask = mask[:, ::time_stride]  # ceil(L / s) frames stay real, as in output_lengths
+        x = nn.BatchNorm(
+            use_running_average=not train,
+            momentum=self.config.batch_norm_momentum,
+            epsilon=self.config.batch_norm_epsilon,
+            dtype=self.config.compute_dtype,
+            axis_name=self.axis_name,
+        )(x, mask=mask[:, :, None, None])
+        return _zero_padding(clipped_relu(x, self.config.relu_clip), mask), mask
+
+
+class Recurrence(nn.Module):
+    """One direction of a recurrent layer over an already projected (and normalised) input.
+
+    The state is held across padded frames, so a backward pass starts at each
+    utterance's own last frame.
+    """
+
+    config: ModelConfig
+    reverse: bool = False
+
+    @nn.compact
+    def __call__(self, projected, mask):
+        cfg = self.config
+        hidden = cfg.rnn_hidden
+        gates = 3 if cfg.rnn_cell == "gru" else 1
+        kernel = self.param(
+            "recurrent_kernel", nn.initializers.orthogonal(column_axis=-1), (hidden, gates * hidden)
+        )
+        kernel = jnp.asarray(kernel, cfg.compute_dtype)
+        if cfg.rnn_cell == "gru":
+            # The candidate's recurrent bias sits inside the reset gate, so batch
+            # norm's offset on the input cannot stand in for it.
+            bias = jnp.asarray(self.param("recurrent_bias", nn.initializers.zeros, (gates * hidden,)), cfg.compute_dtype)
+
+            def cell(x_t, h):
+                x_r, x_z, x_n = jnp.split(x_t, 3, axis=-1)
+                h_r, h_z, h_n = jnp.split(h @ kernel + bias, 3, axis=-1)
+                reset = jax.nn.sigmoid(x_r + h_r)
+                update = jax.nn.sigmoid(x_z + h_z)
+                candidate = jnp.tanh(x_n + reset * h_n)
+                return (1 - update) * candidate + update * h
+
+        else:
+
+            def cell(x_t, h):
+                return clipped_relu(x_t + h @ kernel, cfg.relu_clip)
+
+        def step(h, inputs):
+            x_t, real = inputs
+            h_next = cell(x_t, h)
+            h = jnp.where(real[:, None], h_next, h)
+            return h, jnp.where(real[:, None], h_next, 0)
+
+        batch = projected.shape[0]
+        h0 = jnp.zeros((batch, hidden), cfg.compute_dtype)
+        time_major = (jnp.swapaxes(projected, 0, 1), jnp.swapaxes(mask, 0, 1))
+        _, outputs = jax.lax.scan(step, h0, time_major, reverse=self.reverse, unroll=cfg.scan_unroll)
+        return jnp.swapaxes(outputs, 0, 1)
+
+
+class RecurrentLayer(nn.Module):
+    """Input projection, sequence-wise batch norm over real frames, one or two directions summed."""
+
+    config: ModelConfig
+    axis_name: str | None = None
+
+    @nn.compact
+    def __call__(self, x, mask, train: bool):
+        cfg = self.config
+        directions = 2 if cfg.bidirectional else 1
+        gates = 3 if cfg.rnn_cell == "gru" else 1
+        projected = nn.Dense(
+            directions * gates * cfg.rnn_hidden,
+            use_bias=False,  # batch norm supplies the offset
+            dtype=cfg.compute_dtype,
+            name="input_projection",
+        )(x)
+        projected = nn.BatchNorm(
+            use_running_average=not train,
+            momentum=cfg.batch_norm_momentum,
+            epsilon=cfg.batch_norm_epsilon,
+            dtype=cfg.compute_dtype,
+            axis_name=self.axis_name,
+        )(projected, mask=mask[:, :, None])
+        per_direction = jnp.split(projected, directions, axis=-1)
+        out = Recurrence(cfg, name="forward")(per_direction[0], mask)
+        if cfg.bidirectional:
+            out = out + Recurrence(cfg, reverse=True, name="backward")(per_direction[1], mask)
+        return out
+
+
+class Lookahead(nn.Module):
+    """Row convolution: each unit mixes its own activations over the next `lookahead` frames."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, mask):
+        cfg = self.config
+        x = nn.Conv(
+            cfg.rnn_hidden,
+            kernel_size=(cfg.lookahead + 1,),
+            padding=((0, cfg.lookahead),),
+            feature_group_count=cfg.rnn_hidden,
+            use_bias=False,
+            dtype=cfg.compute_dtype,
+        )(x)
+        return _zero_padding(clipped_relu(x, cfg.relu_clip), mask)
+
+
+class DeepSpeech2(nn.Module):
+    """features [B, T, num_features], lengths [B] -> (logits [B, T', 29] float32, out_lengths [B])."""
+
+    config: ModelConfig
+    axis_name: str | None = None  # batch-norm statistics stay per replica unless set
+
+    @nn.compact
+    def __call__(self, features, lengths, train: bool):
+        cfg = self.config
+        if features.ndim != 3 or features.shape[-1] != cfg.num_features:
+            raise ValueError(
+                f"features must be [batch, frames, {cfg.num_features}], got shape {features.shape}"
+            )
+        lengths = jnp.asarray(lengths, jnp.int32)
+        mask = frame_mask(lengths, features.shape[1])
+        x = _zero_padding(features.astype(cfg.compute_dtype), mask)[..., None]
+        for index in range(cfg.conv_layers):
+            x, mask = ConvBlock(cfg, index, self.axis_name, name=f"conv{index}")(x, mask, train)
+        x = x.reshape(x.shape[:2] + (-1,))  # [B, T', bins * channels]
+        for index in range(cfg.rnn_layers):
+            x = RecurrentLayer(cfg, self.axis_name, name=f"rnn{index}")(x, mask, train)
+        if not cfg.bidirectional:
+            x = Lookahead(cfg, name="lookahead")(x, mask)
+        logits = nn.Dense(alphabet.SIZE, dtype=cfg.compute_dtype, name="output")(x)
+        return logits.astype(jnp.float32), output_lengths(cfg, lengths)
+
+
+def init_variables(config: ModelConfig, rng, frames: int = 64, batch: int = 1):
+    """Initial `params` and `batch_stats` for a config."""
+    features = jnp.zeros((batch, frames, config.num_features), jnp.float32)
+    lengths = jnp.full((batch,), frames, jnp.int32)
+    return DeepSpeech2(config).init(rng, features, lengths, train=False)
+
