@@ -2,8 +2,12 @@
 
 eSpeak keeps global state (one voice, one callback per process), so the synthesiser is a
 process-wide singleton; parallel generation uses a process pool, one engine per worker.
+Some of that state outlives an utterance (the phase of its pitch flutter, for one), so the
+same call gives slightly different audio depending on what was synthesised before; reset()
+reloads the library to make output reproducible.
 """
 
+import _ctypes
 import ctypes
 import functools
 import threading
@@ -80,6 +84,17 @@ class _Engine:
 def engine() -> _Engine:
     """The process's eSpeak engine (initialised on first use)."""
     return _Engine()
+
+
+def reset() -> None:
+    """Unloads libespeak-ng so that the next synthesis starts from freshly loaded state.
+
+    Needs the only handle on the library to be ours (nothing else in the process loaded it),
+    otherwise the unload is a no-op and the state carries on.
+    """
+    if engine.cache_info().currsize:
+        _ctypes.dlclose(engine()._lib._handle)
+        engine.cache_clear()
 
 
 def synthesize(text: str, voice: str = "en-us", rate: int = 175, pitch: int = 50,

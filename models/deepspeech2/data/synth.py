@@ -1,8 +1,9 @@
 """The default corpus: English synthesised by eSpeak NG, with held-out voices for dev and test.
 
-Every utterance is a pure function of (seed, index): its text, accent, voice variant, rate,
-pitch, noise colour and SNR come from a generator seeded with both, so a corpus is the same
-whether it is made by one process or a pool. Dev and test speak with voice variants that
+Every utterance is a function of (seed, index): its text, accent, voice variant, rate,
+pitch, noise colour and SNR come from a generator seeded with both, and eSpeak is reloaded
+at the start of every block of BLOCK utterances (its state carries over between
+utterances), so a corpus is the same whether it is made by one process or a pool. Dev and test speak with voice variants that
 training never hears, so their error rates measure generalisation to new speakers.
 """
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the generated audio or text changes, so cached corpora are regenerated.
 VERSION = 1
+BLOCK = 100
 SPLITS = ("train", "dev", "test")
 DEV_FRACTION = TEST_FRACTION = 0.1
 
@@ -46,11 +48,11 @@ VARIANTS = {
     "dev": ("f2", "m4", "belinda", "benjamin", "Andy", "klatt5", "steph2", "norbert"),
     "test": ("f4", "m6", "Annie", "edward", "iven3", "klatt4", "Alicia", "quincy"),
 }
-RATE_WPM = (140, 200)
+RATE_WPM = (120, 185)
 PITCH = (25, 75)
 PITCH_RANGE = (30, 80)
 SNR_DB = (15.0, 35.0)
-LEAD_SILENCE_S = (0.0, 0.15)
+LEAD_SILENCE_S = (0.05, 0.3)
 
 
 def split_sizes(utterances: int) -> dict[str, int]:
@@ -85,7 +87,11 @@ def noise(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def make_utterance(seed: int, index: int, split: str) -> tuple[np.ndarray, dict]:
-    """16 kHz float32 samples and the manifest fields (without the path) of one utterance."""
+    """16 kHz float32 samples and the manifest fields (without the path) of one utterance.
+
+    The fields depend on (seed, index) only; the audio also on what eSpeak synthesised since
+    its last reset (espeak.reset()).
+    """
     rng = np.random.default_rng([seed, index])
     text = vocabulary.sample_text(rng)
     voice = f"{rng.choice(ACCENTS)}+{rng.choice(VARIANTS[split])}"
@@ -100,17 +106,21 @@ def make_utterance(seed: int, index: int, split: str) -> tuple[np.ndarray, dict]
     speech_rms = np.sqrt(np.mean(speech**2))
     signal = speech + noise(rng, len(speech)) * speech_rms * 10 ** (-snr_db / 20)
     signal *= rng.uniform(0.3, 0.9) / np.max(np.abs(signal))
-    fields = {"duration": round(len(signal) / audio.SAMPLE_RATE, 4), "text": text,
+    fields = {"duration": len(signal) / audio.SAMPLE_RATE, "text": text,
               "voice": voice, "rate_wpm": rate, "pitch": pitch, "snr_db": round(snr_db, 1)}
     return signal.astype(np.float32), fields
 
 
-def _write_utterance(out_dir: str, seed: int, sizes: dict[str, int], index: int) -> dict:
-    split = split_of(index, sizes)
-    samples, fields = make_utterance(seed, index, split)
-    path = os.path.join(out_dir, "audio", split, f"{index:07d}.flac")
-    soundfile.write(path, samples, audio.SAMPLE_RATE, subtype="PCM_16")
-    return {"audio_filepath": path, **fields, "split": split}
+def _write_block(out_dir: str, seed: int, sizes: dict[str, int], start: int) -> list[dict]:
+    espeak.reset()
+    entries = []
+    for index in range(start, min(start + BLOCK, sum(sizes.values()))):
+        split = split_of(index, sizes)
+        samples, fields = make_utterance(seed, index, split)
+        path = os.path.join(out_dir, "audio", split, f"{index:07d}.flac")
+        soundfile.write(path, samples, audio.SAMPLE_RATE, subtype="PCM_16")
+        entries.append({"audio_filepath": path, **fields, "split": split})
+    return entries
 
 
 def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | None = None) -> None:
@@ -124,13 +134,15 @@ def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | Non
         os.makedirs(os.path.join(out_dir, "audio", split), exist_ok=True)
     if workers is None:
         workers = min(os.cpu_count() or 1, -(-utterances // 500))
-    write = functools.partial(_write_utterance, out_dir, seed, sizes)
+    write = functools.partial(_write_block, out_dir, seed, sizes)
+    starts = range(0, utterances, BLOCK)
     if workers <= 1:
-        entries = [write(i) for i in range(utterances)]
+        blocks = [write(start) for start in starts]
     else:
         # spawn, not fork: the caller may already run JAX threads, which fork would corrupt.
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            entries = pool.map(write, range(utterances), chunksize=64)
+            blocks = pool.map(write, starts, chunksize=1)
+    entries = [entry for block in blocks for entry in block]
     for split in SPLITS:
         rows = [{k: v for k, v in e.items() if k != "split"} for e in entries if e["split"] == split]
         write_manifest(os.path.join(out_dir, f"{split}.jsonl"), rows)
