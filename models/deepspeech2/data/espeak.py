@@ -39,6 +39,7 @@ class _Engine:
         lib.espeak_SetSynthCallback.argtypes = [_SYNTH_CALLBACK]
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
         lib.espeak_Synth.argtypes = [
             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
             ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
@@ -52,6 +53,7 @@ class _Engine:
                 "reinstall the espeakng-loader wheel"
             )
         self._lib = lib
+        self._libc = ctypes.CDLL(None)
         self._chunks: list[np.ndarray] = []
         # Kept on self: ctypes would free the trampoline while eSpeak still points at it.
         self._callback = _SYNTH_CALLBACK(self._collect)
@@ -69,6 +71,10 @@ class _Engine:
                 raise EspeakError(f"eSpeak has no voice {voice!r}; see espeak-ng-data/voices")
             for parameter, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range)):
                 self._lib.espeak_SetParameter(parameter, value, 0)
+            # Breath noise comes from a generator that eSpeak seeds from the clock, and
+            # possibly from the C library's process-wide rand(): fix both seeds.
+            self._lib.espeak_ng_SetRandSeed(0)
+            self._libc.srand(0)
             data = text.encode() + b"\0"
             self._chunks = []
             status = self._lib.espeak_Synth(
