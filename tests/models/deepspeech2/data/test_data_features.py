@@ -14,7 +14,7 @@ def reference_log_spectrogram(samples):
     return np.array([np.log1p(np.abs(dft @ (samples[s:s + window] * hamming))) for s in starts])
 
 
-@pytest.mark.parametrize("length", [320, 321, 479, 480, 16000, 12345])
+@pytest.mark.parametrize("length", [320, 321, 479, 480, 4000, 5555])
 def test_log_spectrogram_matches_float64_reference(length):
     samples = np.random.default_rng(length).uniform(-1, 1, length)
     got = features.log_spectrogram(samples.astype(np.float32))

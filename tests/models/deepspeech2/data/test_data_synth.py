@@ -125,7 +125,7 @@ def test_corpus_is_a_function_of_seed(tmp_path, tiny_corpus):
 
 
 def test_process_pool_makes_the_same_corpus(tmp_path):
-    n = 2 * synth.BLOCK + 10  # three blocks over two workers
+    n = synth.BLOCK + 5  # two blocks over two workers
     synth.generate_corpus(str(tmp_path / "one"), n, seed=5, workers=1)
     synth.generate_corpus(str(tmp_path / "pool"), n, seed=5, workers=2)
     for split in synth.SPLITS:
