@@ -180,9 +180,11 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
     if ring != ranks:
         raise ValueError(f"axis {axis_name} has {ring} devices in the mesh but {ranks} when traced")
     full = x_aval.shape[0] * (ranks if mode == ALL_GATHER else 1)
-    workspace = jax.core.ShapedArray(
-        (_workspace_elements(x_aval.dtype, full, mode),), _accumulator_dtype(x_aval.dtype)
-    )
+    workspace_elements = _workspace_elements(x_aval.dtype, full, mode)
+    if platform == "cuda":
+        # One staging slice for peers that cannot map each other's memory.
+        workspace_elements += SLICE_BYTES[platform] // np.dtype(x_aval.dtype).itemsize
+    workspace = jax.core.ShapedArray((workspace_elements,), _accumulator_dtype(x_aval.dtype))
     lower = jax.ffi.ffi_lowering(_ffi.TARGET)
     out, _ = lower(
         ctx.replace(avals_out=[out_aval, workspace]),

@@ -94,7 +94,7 @@ void RunStage(const Stage& st, const CpuRank& me, const CpuRank& left) {
 
 template <typename T, typename Acc>
 std::string RunRing(const RingCall& call, CpuRank& me) {
-  RendezvousHandle rendezvous(call.key, call.ranks);
+  RendezvousHandle rendezvous(call.key, call.ranks, call.rank);
   if (!rendezvous.join_error().empty()) return rendezvous.join_error();
   const auto deadline = DeadlineFor(call.timeout_ms);
   if (auto error = rendezvous->Arrive(call.rank, &me, deadline); !error.empty()) {
@@ -104,7 +104,7 @@ std::string RunRing(const RingCall& call, CpuRank& me) {
   const int64_t right_rank = Mod(call.rank + 1, call.ranks);
   const CpuRank& left = *static_cast<CpuRank*>(rendezvous->state(left_rank));
   const auto stages = BuildSchedule(call.mode, call.elements, call.ranks,
-                                    call.rank, call.slice_elements);
+                                    call.rank, call.slice_elements, call.align);
   for (const Stage& st : stages) {
     if (auto e = rendezvous->WaitFor(left_rank, st.wait_left, deadline); !e.empty()) return e;
     if (auto e = rendezvous->WaitFor(right_rank, st.wait_right, deadline); !e.empty()) return e;

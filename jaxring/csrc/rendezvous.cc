@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace jaxring {
 namespace {
@@ -21,6 +22,16 @@ std::map<RendezvousKey, std::string>& Failed() {
   return *failed;
 }
 constexpr size_t kMaxRememberedFailures = 1024;
+
+// Per (op, group, rank): the launch it last ran in and how often it ran there.
+struct Uses {
+  int64_t run_id;
+  int64_t count;
+};
+std::map<std::tuple<int64_t, int64_t, int64_t>, Uses>& UsesByRank() {
+  static auto* uses = new std::map<std::tuple<int64_t, int64_t, int64_t>, Uses>();
+  return *uses;
+}
 
 double TimeoutFromEnvironment() {
   const char* value = std::getenv("JAXRING_TIMEOUT_S");
@@ -128,9 +139,14 @@ void Rendezvous::Fail(const std::string& error) {
   cv_.notify_all();
 }
 
-RendezvousHandle::RendezvousHandle(RendezvousKey key, int64_t ranks)
+RendezvousHandle::RendezvousHandle(RendezvousKey key, int64_t ranks,
+                                   int64_t rank)
     : key_(key) {
   std::lock_guard<std::mutex> lock(registry_mu);
+  Uses& uses = UsesByRank()[{key.op_id, key.group, rank}];
+  if (uses.run_id != key.run_id) uses = Uses{key.run_id, 0};
+  key_.occurrence = uses.count++;
+  key = key_;
   auto failed = Failed().find(key);
   if (failed != Failed().end()) join_error_ = failed->second;
   auto& slot = Registry()[key];

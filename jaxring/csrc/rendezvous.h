@@ -23,10 +23,15 @@ struct RendezvousKey {
   int64_t run_id;
   int64_t op_id;
   int64_t group;
+  // How many times this op already ran in this launch (inside a loop, or an
+  // inlined function called twice): the k-th run on one device meets the
+  // k-th run on the others.
+  int64_t occurrence = 0;
   bool operator<(const RendezvousKey& o) const {
     if (run_id != o.run_id) return run_id < o.run_id;
     if (op_id != o.op_id) return op_id < o.op_id;
-    return group < o.group;
+    if (group != o.group) return group < o.group;
+    return occurrence < o.occurrence;
   }
 };
 
@@ -73,7 +78,8 @@ class Rendezvous {
 // once instead of waiting again.
 class RendezvousHandle {
  public:
-  RendezvousHandle(RendezvousKey key, int64_t ranks);
+  // `key.occurrence` is filled in here from this rank's own count.
+  RendezvousHandle(RendezvousKey key, int64_t ranks, int64_t rank);
   ~RendezvousHandle();
   RendezvousHandle(const RendezvousHandle&) = delete;
   RendezvousHandle& operator=(const RendezvousHandle&) = delete;

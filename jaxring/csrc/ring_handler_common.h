@@ -2,6 +2,7 @@
 // the Python side passes, and how a handler finds its rank from them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,7 @@ struct RingCall {
   int64_t rank;
   int64_t timeout_ms;
   int64_t slice_elements;
+  int64_t align;  // chunk alignment in elements (see Chunking)
 };
 
 inline int64_t ElementBytes(xla::ffi::DataType type) {
@@ -59,7 +61,10 @@ inline std::string DescribeCall(int64_t run_id, int32_t device_ordinal,
                        ring_size,
                        index % ring_size,
                        timeout_ms,
-                       std::max<int64_t>(1, slice_bytes / ElementBytes(type))};
+                       std::max<int64_t>(1, slice_bytes / ElementBytes(type)),
+                       mode == static_cast<int64_t>(Mode::kAllReduce)
+                           ? 16 / ElementBytes(type)
+                           : 1};
       return "";
     }
   }

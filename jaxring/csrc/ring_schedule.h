@@ -27,19 +27,23 @@ namespace jaxring {
 
 enum class Mode : int64_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 
-// Chunk c covers [Offset(c), Offset(c) + Size(c)). For all-reduce the
-// remainder is spread one element each over the first chunks, so any size
-// works (sizes below N give empty chunks). reduce_scatter and all_gather work
-// on buffers padded by the caller to N equal chunks.
+// Chunk c covers [Offset(c), Offset(c) + Size(c)). The buffer is cut in units
+// of `align` elements and the remainder spread one unit each over the first
+// chunks, so any size works (sizes below N give empty chunks) and, with
+// align = 16 bytes / element size, every chunk and slice starts 16-byte
+// aligned for the vectorised kernels. reduce_scatter and all_gather use
+// align = 1 on buffers the caller padded to N equal chunks.
 struct Chunking {
   int64_t elements;
   int64_t ranks;
-  int64_t Size(int64_t c) const {
-    return elements / ranks + (c < elements % ranks ? 1 : 0);
-  }
+  int64_t align;
+  int64_t Units() const { return (elements + align - 1) / align; }
   int64_t Offset(int64_t c) const {
-    return c * (elements / ranks) + std::min(c, elements % ranks);
+    const int64_t units = Units();
+    return std::min(elements,
+                     (c * (units / ranks) + std::min(c, units % ranks)) * align);
   }
+  int64_t Size(int64_t c) const { return Offset(c + 1) - Offset(c); }
 };
 
 enum class StageKind {
@@ -66,15 +70,17 @@ inline int64_t Mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
 // full (all-reduced) buffer; `slice_elements` bounds a stage's size.
 inline std::vector<Stage> BuildSchedule(Mode mode, int64_t total_elements,
                                         int64_t ranks, int64_t rank,
-                                        int64_t slice_elements) {
+                                        int64_t slice_elements, int64_t align) {
   std::vector<Stage> stages;
-  if (ranks < 1 || rank < 0 || rank >= ranks) return stages;
-  const Chunking chunks{total_elements, ranks};
+  if (ranks < 1 || rank < 0 || rank >= ranks || align < 1) return stages;
+  const Chunking chunks{total_elements, ranks, align};
   const int64_t max_chunk = chunks.Size(0);
   const int64_t slices =
       std::max<int64_t>(1, (max_chunk + std::max<int64_t>(slice_elements, 1) - 1) /
                                std::max<int64_t>(slice_elements, 1));
-  const int64_t slice_len = (max_chunk + slices - 1) / std::max<int64_t>(slices, 1);
+  // Slices are whole units too, so they keep the chunk's alignment.
+  const int64_t slice_len =
+      ((max_chunk + slices - 1) / slices + align - 1) / align * align;
   // The same number of stages on every rank (empty slices included), so that
   // progress counts line up between neighbours. Stage (t, k) of a rank needs
   // stage (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.

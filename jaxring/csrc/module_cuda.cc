@@ -1,0 +1,21 @@
+// Python module of the CUDA handlers: their FFI capsules and the runtime knobs.
+#include <nanobind/nanobind.h>
+
+#include "rendezvous.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+namespace jaxring {
+extern "C" XLA_FFI_Error* kRingCuda(XLA_FFI_CallFrame*);
+}
+
+NB_MODULE(_jaxring_cuda, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jaxring_ring"] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCuda));
+    return targets;
+  });
+  m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds);
+  m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
+}
