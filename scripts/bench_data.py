@@ -1,0 +1,122 @@
+"""Speech data pipeline throughput: synthesis, featurisation, and whole batches.
+
+    python scripts/bench_data.py [--utterances 2000] [--batch 32] [--json OUT]
+
+Stages, each timed on its own:
+  synthesize   eSpeak corpus generation (utterances/s, one process)
+  featurize    log spectrogram + normalisation of in-memory audio (audio seconds/s)
+  read+featurize  decode flac + featurize, one thread (utterances/s)
+  batches      BatchIterator end to end, prefetch thread + W loader threads (utterances/s),
+               with the padding fraction of its batches (time padded to 64 frames)
+  padding      padding fraction of a shuffled, bucketed epoch for other padding multiples
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from models.deepspeech2.data import audio, features, manifest, synth  # noqa: E402
+from models.deepspeech2.data.batching import BatchIterator, epoch_batches, round_up  # noqa: E402
+from models.deepspeech2.data.dataset import SpeechDataset  # noqa: E402
+
+
+def timed(fn, repeats):
+    """Median wall time of fn() over `repeats` runs."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--utterances", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=32, help="global batch (one device)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cache", default=None, help="corpus cache folder (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="write the records here")
+    args = parser.parse_args()
+
+    records = []
+
+    def record(stage, seconds, utterances, audio_seconds, **extra):
+        records.append({"stage": stage, "seconds": round(seconds, 4), "utterances": utterances,
+                        "utterances_per_s": round(utterances / seconds, 1),
+                        "audio_s_per_s": round(audio_seconds / seconds, 1), **extra})
+
+    with tempfile.TemporaryDirectory() as scratch:
+        n_synth = min(args.utterances, 300)
+        out = tempfile.mkdtemp(dir=scratch)
+        seconds = timed(lambda: synth.generate_corpus(out, n_synth, seed=1, workers=1), 1)
+        spoken = sum(u.duration for split in synth.SPLITS
+                     for u in manifest.read_manifest(os.path.join(out, f"{split}.jsonl")))
+        record("synthesize", seconds, n_synth, spoken, workers=1)
+
+        corpus = synth.ensure_synthetic_corpus(args.cache or scratch, args.utterances, seed=0)
+        utterances = manifest.read_manifest(os.path.join(corpus, "train.jsonl"))
+        dataset = SpeechDataset(utterances)
+        total_audio = float(dataset.durations.sum())
+
+        clips = [audio.read_audio(path)[0] for path in dataset.paths[:500]]
+        clip_seconds = sum(len(c) for c in clips) / audio.SAMPLE_RATE
+        seconds = timed(lambda: [features.featurize(c) for c in clips], args.repeats)
+        record("featurize", seconds, len(clips), clip_seconds, workers=1)
+
+        seconds = timed(lambda: [dataset.load(i) for i in range(len(dataset))], 1)
+        record("read+featurize", seconds, len(dataset), total_audio, workers=1)
+
+        for workers in (1, 2):
+            def epoch():
+                nonlocal padding
+                with BatchIterator(dataset, per_device_batch=args.batch, num_epochs=1,
+                                   sortagrad=False, workers=workers) as batches:
+                    frames = padded = 0
+                    for batch in batches:
+                        frames += int(batch["feature_lengths"].sum())
+                        padded += batch["feature_lengths"].size * batch["features"].shape[2]
+                padding = 1 - frames / padded
+
+            padding = 0.0
+            used = (len(dataset) // args.batch) * args.batch
+            seconds = timed(epoch, args.repeats)
+            record("batches", seconds, used, total_audio * used / len(dataset),
+                   workers=workers, batch=args.batch, padding_fraction=round(padding, 4))
+
+        # Padding of a shuffled, length-bucketed epoch by time-padding multiple (from
+        # metadata only: the frames each utterance will have).
+        batches = epoch_batches(dataset.durations, 1, seed=0, global_batch=args.batch)
+        for multiple in (1, 16, 32, 64):
+            padded = sum(len(b) * round_up(int(dataset.expected_frames[b].max()), multiple)
+                         for b in batches)
+            real = sum(int(dataset.expected_frames[b].sum()) for b in batches)
+            records.append({"stage": "padding", "pad_frames_to": multiple, "batch": args.batch,
+                            "padding_fraction": round(1 - real / padded, 4)})
+
+    header = f"{'stage':16} {'workers':>7} {'utt/s':>9} {'audio s/s':>10} {'padding':>8}"
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, {args.utterances} utterances")
+    print(header)
+    for r in records:
+        if r["stage"] == "padding":
+            print(f"padding, time padded to a multiple of {r['pad_frames_to']} frames: "
+                  f"{r['padding_fraction']:.1%}")
+            continue
+        padding = f"{r['padding_fraction']:.1%}" if "padding_fraction" in r else ""
+        print(f"{r['stage']:16} {r['workers']:>7} {r['utterances_per_s']:>9.1f} "
+              f"{r['audio_s_per_s']:>10.1f} {padding:>8}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
