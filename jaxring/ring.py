@@ -218,7 +218,12 @@ def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):
     ]
 
 
-def _batch(args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
+def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
+    if axis_data.name in axis_name:
+        raise ValueError(
+            f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
+            "axis, not a device axis. Map it with jax.pmap or jax.shard_map, or use jax.lax.psum"
+        )
     # Lay the batch out so that each device's chunk holds its chunk of every
     # batch element: [B, N*c] -> [N, B, c] for reduce_scatter, and back for
     # all_gather. All-reduce is elementwise, so any layout works.
@@ -237,6 +242,6 @@ def _batch(args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
 
 ring_p.def_abstract_eval(_abstract_eval)
 ad.deflinear2(ring_p, _transpose)
-batching.primitive_batchers[ring_p] = _batch
+batching.fancy_primitive_batchers[ring_p] = _batch
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cpu", **p), platform="cpu")
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cuda", **p), platform="cuda")
