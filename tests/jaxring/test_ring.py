@@ -166,3 +166,19 @@ def test_bad_arguments_say_what_to_do():
         pmapped(lambda v: jaxring.allreduce(v, "i"), 2)(np.ones((2, 3), np.uint8))
     with pytest.raises(ValueError, match="not a device axis"):
         jax.vmap(lambda v: jaxring.allreduce(v, "i"), axis_name="i")(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16), ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("ranks", (2, 5, 8))
+def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks, dtype):
+    x = random_data(np.random.default_rng(7), (ranks, 3001), dtype)
+    whole = np.asarray(pmapped(lambda v: jaxring.allreduce(v, "i"), ranks)(x))
+    monkeypatch.setitem(jaxring.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
+    sliced, chunks = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(v, "i")), ranks)(x)
+    assert (np.asarray(sliced).view(np.uint8) == whole.view(np.uint8)).all()
+    chunk = -(-3001 // ranks)
+    total = np.pad(np.asarray(x, np.float64).sum(0), (0, chunk * ranks - 3001))
+    for position in range(ranks):
+        np.testing.assert_allclose(
+            np.asarray(chunks[position], np.float64), total[position * chunk : (position + 1) * chunk], rtol=1e-2, atol=1e-2
+        )

@@ -1,0 +1,112 @@
+"""All-reduce benchmark on the devices of one process: jaxring's ring against lax.psum.
+
+Both run in the same process, interleaved size by size, so the ratio is
+measured under the same load. Prints a table and writes JSON records:
+impl, n_devices, n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps,
+ratio_to_psum (time of psum / time of this impl: > 1 means faster than psum).
+
+    python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=int, default=8, help="host devices on CPU (default 8)")
+    parser.add_argument("--min-bytes", type=int, default=1 << 10)
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per size and impl")
+    parser.add_argument("--json", help="write the records here")
+    return parser.parse_args()
+
+
+args = parse_args()
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+
+import jax  # noqa: E402  (the device count must be set before jax starts)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxring  # noqa: E402
+
+IMPLS = {
+    "ring": lambda x: jaxring.allreduce(x, "i"),
+    "psum": lambda x: jax.lax.psum(x, "i"),
+}
+
+
+def bus_bandwidth(nbytes, seconds, n):
+    """nccl-tests: algbw = S / t; busbw = algbw * 2(n-1)/n (what each rank moves)."""
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * 2 * (n - 1) / n
+
+
+def time_calls(fn, x, repeats):
+    fn(x).block_until_ready()  # compile and warm up
+    fn(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main():
+    devices = jax.local_devices()[: args.devices]
+    n = len(devices)
+    sizes = []
+    size = args.min_bytes
+    while size <= args.max_bytes:
+        sizes.append(size)
+        size *= 4
+    records = []
+    for dtype_name in args.dtypes.split(","):
+        dtype = jnp.dtype(dtype_name)
+        for nbytes in sizes:
+            elements = nbytes // dtype.itemsize
+            repeats = args.repeats if nbytes < (16 << 20) else max(5, args.repeats // 3)
+            x = jax.pmap(lambda s: jnp.full((elements,), s, dtype), devices=devices)(
+                jnp.arange(1, n + 1, dtype=dtype)
+            )
+            medians = {}
+            for impl, body in IMPLS.items():
+                fn = jax.pmap(body, axis_name="i", devices=devices)
+                medians[impl] = time_calls(fn, x, repeats)
+            for impl, seconds in medians.items():
+                algbw, busbw = bus_bandwidth(nbytes, seconds, n)
+                records.append(
+                    dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name,
+                         median_s=seconds, algbw_GBps=algbw, busbw_GBps=busbw,
+                         ratio_to_psum=medians["psum"] / seconds)
+                )
+            del x
+    print_table(records)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=machine(), records=records), f, indent=1)
+    return 0
+
+
+def machine():
+    return dict(platform=jax.default_backend(), device_kind=jax.local_devices()[0].device_kind,
+                cpu_count=os.cpu_count(), date=time.strftime("%Y-%m-%d"), jax=jax.__version__)
+
+
+def print_table(records):
+    print(f"{'dtype':>8} {'bytes':>10} {'impl':>5} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9}")
+    for r in records:
+        print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>5} {r['median_s'] * 1e3:>10.3f} "
+              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
