@@ -288,5 +288,6 @@ def init_variables(config: ModelConfig, rng, frames: int = 64, batch: int = 1):
     """Initial `params` and `batch_stats` for a config."""
     features = jnp.zeros((batch, frames, config.num_features), jnp.float32)
     lengths = jnp.full((batch,), frames, jnp.int32)
-    return DeepSpeech2(config).init(rng, features, lengths, train=False)
+    # Compiled: initialising op by op costs seconds even for a tiny model.
+    return jax.jit(DeepSpeech2(config).init, static_argnames="train")(rng, features, lengths, train=False)
 

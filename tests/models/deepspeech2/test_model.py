@@ -1,0 +1,182 @@
+"""Deep Speech 2 network: shapes, output lengths, padding invariance, parameter counts, configs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.deepspeech2 import alphabet
+from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables, output_lengths
+from models.deepspeech2.summary import count_params
+
+
+def tiny(**overrides) -> ModelConfig:
+    fields = dict(conv_layers=1, conv_channels=(3,), rnn_layers=2, rnn_hidden=8)
+    return ModelConfig(**{**fields, **overrides})
+
+
+# Compiling dominates these tests, so the configs, their variables and their
+# compiled apply functions are shared between tests.
+ONE_CONV = tiny()
+TWO_CONV = tiny(conv_layers=2, conv_channels=(3, 2), rnn_cell="rnn")
+THREE_CONV_LOOKAHEAD = tiny(conv_layers=3, conv_channels=(2, 2, 4), rnn_layers=1, bidirectional=False, lookahead=3)
+FRAMES = 23
+
+
+@functools.cache
+def variables_of(config):
+    return init_variables(config, jax.random.key(0))
+
+
+@functools.cache
+def compiled_apply(config):
+    return jax.jit(DeepSpeech2(config).apply, static_argnames=("train", "mutable"))
+
+
+def random_batch(rng, lengths, frames=FRAMES, features=161):
+    x = rng.standard_normal((len(lengths), frames, features)).astype(np.float32)
+    return jnp.asarray(x), jnp.asarray(lengths, jnp.int32)
+
+
+def run(config, features, lengths, train, variables=None):
+    variables = variables_of(config) if variables is None else variables
+    return compiled_apply(config)(variables, features, lengths, train=train, mutable=("batch_stats",))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [ONE_CONV, TWO_CONV, THREE_CONV_LOOKAHEAD],
+    ids=["1conv-gru-bi", "2conv-rnn-bi", "3conv-gru-lookahead"],
+)
+def test_shapes_and_lengths(config):
+    rng = np.random.default_rng(0)
+    features, lengths = random_batch(rng, [23, 1, 10])  # odd sizes, a one-frame utterance
+    (logits, out_lengths), _ = run(config, features, lengths, train=True)
+    # Only the first convolution strides in time (2x), whatever the depth.
+    assert logits.shape == (3, 12, alphabet.SIZE)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_array_equal(out_lengths, [12, 1, 5])
+    np.testing.assert_array_equal(output_lengths(config, np.array([23, 1, 10, 0])), [12, 1, 5, 0])
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("config", [ONE_CONV, THREE_CONV_LOOKAHEAD], ids=["bidirectional", "lookahead"])
+def test_padding_does_not_change_outputs_or_statistics(config):
+    rng = np.random.default_rng(1)
+    features, lengths = random_batch(rng, [17, 9, 4])
+    # The same utterances with 14 more frames of padding, and garbage in all padding.
+    padded = jnp.concatenate([features, jnp.asarray(rng.standard_normal((3, 14, 161)) * 100, jnp.float32)], axis=1)
+    padded = padded.at[:, 17:].set(100.0).at[1, 9:].set(55.0).at[2, 4:].set(-7.0)
+
+    (logits, out_lengths), stats = run(config, features, lengths, train=True)
+    (logits_p, out_lengths_p), stats_p = run(config, padded, lengths, train=True)
+    np.testing.assert_array_equal(out_lengths, out_lengths_p)
+    for i, n in enumerate(np.asarray(out_lengths)):
+        np.testing.assert_allclose(logits[i, :n], logits_p[i, :n], rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(stats), jax.tree.leaves(stats_p)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    # In inference an utterance's output does not depend on its batch either.
+    (alone, _), _ = run(config, features[1:2, :9], lengths[1:2], train=False)
+    (in_batch, _), _ = run(config, padded, lengths, train=False)
+    np.testing.assert_allclose(alone[0], in_batch[1, : alone.shape[1]], rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_statistics_come_from_real_frames_only():
+    rng = np.random.default_rng(2)
+    features, lengths = random_batch(rng, [6, 3, 11])
+    _, stats = run(ONE_CONV, features, lengths, train=True)
+    # Reference: the running mean update of the first conv's batch norm, computed by hand.
+    kernel = variables_of(ONE_CONV)["params"]["conv0"]["Conv_0"]["kernel"]  # [11 time, 41 freq, 1, C]
+    x = jnp.where(jnp.arange(FRAMES)[None, :, None] < lengths[:, None, None], features, 0)[..., None]
+    conv = jax.lax.conv_general_dilated(
+        x, kernel, (2, 2), ((5, 5), (20, 20)), dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    real = np.concatenate([np.asarray(conv[0, :3]), np.asarray(conv[1, :2]), np.asarray(conv[2, :6])])  # ceil(L/2)
+    expected_mean = 0.01 * real.reshape(-1, real.shape[-1]).astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(stats["batch_stats"]["conv0"]["BatchNorm_0"]["mean"], expected_mean, rtol=1e-4, atol=1e-7)
+
+
+def _hand_count_bidirectional_gru(channels, hidden, layers):
+    bins = 81  # 161 bins, stride 2
+    conv = 41 * 11 * 1 * channels + 2 * channels  # kernel + batch-norm scale/offset
+    count, width = conv, bins * channels
+    for _ in range(layers):
+        count += width * 2 * 3 * hidden + 2 * (2 * 3 * hidden)  # projection for both directions + its batch norm
+        count += 2 * (hidden * 3 * hidden + 3 * hidden)  # recurrent kernel and bias per direction
+        width = hidden
+    return count + hidden * 29 + 29
+
+
+def _hand_count_lookahead_rnn(channels, hidden, layers, lookahead):
+    bins = (81, 41, 21)
+    kernels = ((41, 11), (21, 11), (21, 11))
+    count, in_channels = 0, 1
+    for (kf, kt), c in zip(kernels, channels):
+        count += kf * kt * in_channels * c + 2 * c
+        in_channels = c
+    width = bins[len(channels) - 1] * channels[-1]
+    for _ in range(layers):
+        count += width * hidden + 2 * hidden + hidden * hidden  # projection, batch norm, recurrent kernel
+        width = hidden
+    return count + (lookahead + 1) * hidden + hidden * 29 + 29
+
+
+def test_parameter_counts_match_hand_counts():
+    gru = tiny(conv_channels=(5,), rnn_layers=3, rnn_hidden=12)
+    assert count_params(gru) == _hand_count_bidirectional_gru(5, 12, 3)
+    rnn = tiny(conv_layers=3, conv_channels=(2, 3, 4), rnn_cell="rnn", rnn_layers=2, bidirectional=False, lookahead=6)
+    assert count_params(rnn) == _hand_count_lookahead_rnn((2, 3, 4), 8, 2, 6)
+    assert count_params(ModelConfig.from_yaml("configs/ds2_small.yaml")) == _hand_count_bidirectional_gru_2conv(32, 32, 512, 3)
+
+
+def _hand_count_bidirectional_gru_2conv(c0, c1, hidden, layers):
+    convs = 41 * 11 * c0 + 2 * c0 + 21 * 11 * c0 * c1 + 2 * c1
+    count, width = convs, 41 * c1
+    for _ in range(layers):
+        count += width * 6 * hidden + 12 * hidden + 2 * (3 * hidden * hidden + 3 * hidden)
+        width = hidden
+    return count + hidden * 29 + 29
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    config = tiny(dtype="bfloat16")
+    variables = variables_of(ONE_CONV)  # compute dtype does not change the parameters
+    shapes = jax.eval_shape(lambda: init_variables(config, jax.random.key(0)))
+    assert {leaf.dtype for leaf in jax.tree.leaves(shapes["params"])} == {jnp.dtype(jnp.float32)}
+    features, lengths = random_batch(np.random.default_rng(3), [23, 5])
+    (logits, _), _ = run(config, features, lengths, train=True, variables=variables)
+    (reference, _), _ = run(ONE_CONV, features, lengths, train=True)
+    assert logits.dtype == jnp.float32
+    np.testing.assert_allclose(logits, reference, atol=0.1)
+
+
+def test_features_of_the_wrong_shape_are_rejected():
+    with pytest.raises(ValueError, match=r"features must be \[batch, frames, 161\]"):
+        DeepSpeech2(ONE_CONV).apply(variables_of(ONE_CONV), jnp.zeros((2, 10, 80)), jnp.array([10, 10]), train=False)
+
+
+def test_config_from_dict_names_the_closest_key():
+    with pytest.raises(ValueError, match="did you mean 'rnn_hidden'"):
+        ModelConfig.from_dict({"rnn_hiden": 10})
+    with pytest.raises(ValueError, match="conv_channels has 1 entries"):
+        ModelConfig.from_dict({"conv_layers": 2, "conv_channels": [32]})
+    with pytest.raises(ValueError, match="rnn_cell"):
+        ModelConfig.from_dict({"rnn_cell": "lstm"})
+    assert ModelConfig.from_dict({"conv_layers": 1, "conv_channels": [4]}).conv_channels == (4,)
+
+
+def test_config_yaml_ignores_other_sections(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  rnn_hidden: 64\ntrain:\n  steps: 3\ndata: {}\n")
+    assert ModelConfig.from_yaml(path).rnn_hidden == 64
+    (tmp_path / "bad.yaml").write_text("train: {}\n")
+    with pytest.raises(ValueError, match="no top-level 'model:'"):
+        ModelConfig.from_yaml(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("name", ["ds2_tiny", "ds2_small", "ds2_paper", "deepspeech_pytorch"])
+def test_shipped_configs_load(name):
+    ModelConfig.from_yaml(f"configs/{name}.yaml")
