@@ -70,6 +70,9 @@ class BatchIterator:
     A row whose audio turns out unreadable is filled with a copy of another row of the same
     device (weight 0), so shapes never change; the last, partial batch of an epoch with
     drop_last=False is filled with empty rows (weight 0, lengths 0).
+
+    Batches are made by a background thread; use the iterator in a `with` block (or call
+    close()) so that the thread stops when you are done with it.
     """
 
     def __init__(self, dataset: SpeechDataset, *, per_device_batch: int, local_devices: int = 1,

@@ -37,7 +37,9 @@ class SpeechDataset:
     output_frames: the model's output length for a number of input frames; utterances whose
         labels CTC cannot fit into it are skipped. None skips no such utterance.
     max_duration: longer utterances (seconds) are skipped; None keeps all.
-    problems: where skips are counted (a new Problems(strict) if None).
+    strict: raise DataError at the first bad utterance instead of skipping it.
+    problems: where skips are counted (default: a new Problems(strict); a given one keeps
+        its own strictness).
     """
 
     def __init__(self, utterances: Sequence[Utterance], *, max_duration: float | None = None,
@@ -58,33 +60,31 @@ class SpeechDataset:
         return len(self.paths)
 
     def _usable(self, u: Utterance, max_duration: float | None) -> bool:
+        problem = self._metadata_problem(u, max_duration)
+        if problem:
+            self.problems.skip(problem[0], u.audio_filepath, problem[1])
+        return problem is None
+
+    def _metadata_problem(self, u: Utterance, max_duration: float | None) -> tuple[str, str] | None:
         text = alphabet.normalize(u.text)
         if not text:
-            self.problems.skip(P.EMPTY_TRANSCRIPT, u.audio_filepath, f"transcript {u.text!r}")
-        elif lost := lost_characters(u.text):
-            self.problems.skip(P.UNKNOWN_CHARACTERS, u.audio_filepath,
-                               f"{''.join(sorted(lost))!r} in {u.text!r}")
-        elif not os.path.isfile(u.audio_filepath):
-            self.problems.skip(P.MISSING_FILE, u.audio_filepath)
-        elif max_duration is not None and u.duration > max_duration:
-            self.problems.skip(P.TOO_LONG, u.audio_filepath, f"{u.duration:.2f} s > {max_duration} s")
-        elif not self._labels_fit(alphabet.encode(text),
-                                  features.num_frames(round(u.duration * audio.SAMPLE_RATE)),
-                                  u.audio_filepath):
-            pass
-        else:
-            return True
-        return False
+            return P.EMPTY_TRANSCRIPT, f"transcript {u.text!r}"
+        if lost := lost_characters(u.text):
+            return P.UNKNOWN_CHARACTERS, f"{''.join(sorted(lost))!r} in {u.text!r}"
+        if not os.path.isfile(u.audio_filepath):
+            return P.MISSING_FILE, ""
+        if max_duration is not None and u.duration > max_duration:
+            return P.TOO_LONG, f"{u.duration:.2f} s > {max_duration} s"
+        frames = features.num_frames(round(u.duration * audio.SAMPLE_RATE))
+        return self._labels_misfit(alphabet.encode(text), frames)
 
-    def _labels_fit(self, labels: np.ndarray, frames: int, source: str) -> bool:
+    def _labels_misfit(self, labels: np.ndarray, frames: int) -> tuple[str, str] | None:
         if self.output_frames is None:
-            return True
+            return None
         needed, available = ctc_min_frames(labels), self.output_frames(frames)
         if needed > available:
-            self.problems.skip(P.LABELS_TOO_LONG, source,
-                               f"CTC needs {needed} output frames, the model gives {available}")
-            return False
-        return True
+            return P.LABELS_TOO_LONG, f"CTC needs {needed} output frames, the model gives {available}"
+        return None
 
     def load(self, index: int) -> Example | None:
         """Features and labels of utterance `index`, or None (counted) if its audio is bad."""
@@ -100,6 +100,7 @@ class SpeechDataset:
         if resampled:
             self.problems.note(P.RESAMPLED)
         spectrogram = features.featurize(samples)
-        if not self._labels_fit(self.labels[index], len(spectrogram), path):
+        if problem := self._labels_misfit(self.labels[index], len(spectrogram)):
+            self.problems.skip(problem[0], path, problem[1])
             return None
         return Example(spectrogram, self.labels[index], self.texts[index])

@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import soundfile
 
 from models.deepspeech2.data import audio, librispeech, manifest
 from models.deepspeech2.data import problems as P

@@ -1,5 +1,6 @@
 """The eSpeak synthetic corpus."""
 
+import json
 import os
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def test_corpus_files_and_manifests(tiny_corpus):
         utterances = manifest.read_manifest(str(tiny_corpus / f"{split}.jsonl"))
         assert len(utterances) == size
         rows = (tiny_corpus / f"{split}.jsonl").read_text().splitlines()
-        voices[split] = {__import__("json").loads(r)["voice"].split("+")[1] for r in rows}
+        voices[split] = {json.loads(r)["voice"].split("+")[1] for r in rows}
         assert voices[split] <= set(synth.VARIANTS[split])
         for u in utterances:
             info = soundfile.info(u.audio_filepath)
