@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from models.deepspeech2 import alphabet
+from models.deepspeech2.ctc import ctc_loss
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables, output_lengths
 from models.deepspeech2.summary import count_params
 
@@ -20,7 +21,7 @@ def tiny(**overrides) -> ModelConfig:
 # Compiling dominates these tests, so the configs, their variables and their
 # compiled apply functions are shared between tests.
 ONE_CONV = tiny()
-TWO_CONV = tiny(conv_layers=2, conv_channels=(3, 2), rnn_cell="rnn")
+TWO_CONV = tiny(conv_layers=2, conv_channels=(3, 2), rnn_cell="rnn", rnn_layers=1)
 THREE_CONV_LOOKAHEAD = tiny(conv_layers=3, conv_channels=(2, 2, 4), rnn_layers=1, bidirectional=False, lookahead=3)
 FRAMES = 23
 
@@ -180,3 +181,25 @@ def test_config_yaml_ignores_other_sections(tmp_path):
 @pytest.mark.parametrize("name", ["ds2_tiny", "ds2_small", "ds2_paper", "deepspeech_pytorch"])
 def test_shipped_configs_load(name):
     ModelConfig.from_yaml(f"configs/{name}.yaml")
+
+
+def test_gradients_are_finite_with_an_infeasible_utterance():
+    config = ONE_CONV
+    features, lengths = random_batch(np.random.default_rng(4), [23, 4, 15])
+    labels = jnp.array([[1, 2, 3, 3, 4], [5, 6, 7, 8, 9], [9, 9, 0, 0, 0]])
+    label_lengths = jnp.array([5, 5, 2])  # the second needs 5 frames but has ceil(4/2) = 2
+    variables = variables_of(config)
+
+    def loss_fn(params):
+        (logits, out_lengths), _ = DeepSpeech2(config).apply(
+            {**variables, "params": params}, features, lengths, train=True, mutable=["batch_stats"]
+        )
+        loss, feasible = ctc_loss(logits, out_lengths, labels, label_lengths)
+        return loss.sum() / feasible.sum(), feasible
+
+    (loss, feasible), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(variables["params"])
+    np.testing.assert_array_equal(feasible, [True, False, True])
+    assert np.isfinite(float(loss))
+    leaves = jax.tree.leaves(grads)
+    assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+    assert all(np.abs(np.asarray(g)).max() > 0 for g in leaves)
