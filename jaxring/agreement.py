@@ -15,6 +15,7 @@ import numpy as np
 
 TIMEOUT_ENV = "JAXRING_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
+_SPIN_S = 0.05
 
 
 def resolve_timeout(timeout: float | None) -> float:
@@ -62,10 +63,13 @@ def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> Non
 
 
 def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:
-    # Sleeping between polls leaves the cores to the processes being waited for.
-    pause = 1e-5
+    # A non-blocking collective advances only while its processes call into MPI,
+    # so poll without pause (yielding the core) while the others are likely close
+    # behind, then every millisecond so that a long wait costs no CPU.
+    start = time.monotonic()
     while not request.Test():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(
                 f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s "
                 "and not every process arrived. One of them skipped this call, died or is "
@@ -73,5 +77,4 @@ def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:
                 "now out of step: end the job (python -m mpi4py aborts it on an uncaught "
                 "exception)."
             )
-        time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
+        time.sleep(0 if now - start < _SPIN_S else 1e-3)

@@ -17,7 +17,6 @@ import pytest
 
 from jaxring import mpi, topology
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 MPIRUN = pathlib.Path(sys.executable).parent / "mpirun"
 CHECKS = ["topology", "allreduce", "mean_and_auto", "mismatch", "broadcast_and_replicas", "host_leaf_divergence"]
@@ -29,11 +28,12 @@ def mpirun(worker, args, n_procs, devices_per_proc, env=(), timeout_s=150):
     environment.update(
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_proc}",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **dict(env),
     )
-    command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "-np", str(n_procs)]
-    for name in ["JAX_PLATFORMS", "XLA_FLAGS", "PYTHONPATH", *dict(env)]:
+    # Waiting ranks yield the core: the test machine has fewer cores than ranks.
+    command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+    command += ["-np", str(n_procs)]
+    for name in ["JAX_PLATFORMS", "XLA_FLAGS", *dict(env)]:
         command += ["-x", name]
     command += [sys.executable, "-m", "mpi4py", str(WORKERS / worker), *args]
     # A session of its own, so that a stuck job can be killed with all its ranks.

@@ -1,0 +1,252 @@
+"""All-reduce across processes: jaxring's hierarchical ring vs MPI_Allreduce vs JAX's own psum.
+
+Run it without mpirun; it launches the mpirun jobs itself:
+
+    python scripts/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
+        [--max-bytes 64M] [--json OUT] [--write-table]
+
+For each process count, float32 buffers of 1 KiB .. --max-bytes per device, it times
+
+    ring      jaxring.global_allreduce(algorithm="ring"): local ring, ring of processes
+              over mpi4jax sendrecv, local ring
+    mpi       jaxring.global_allreduce(algorithm="mpi"): the same with MPI_Allreduce
+              (mpi4jax.allreduce) as the cross-process step
+    mpi4jax   mpi4jax.allreduce alone in a jit, one device per process: plain
+              MPI_Allreduce, the baseline (with several devices per process the
+              baseline is "mpi")
+    jax_gloo  JAX's multi-process psum (jax.distributed, gloo CPU collectives) over
+              every device of every process, in a job of its own
+
+Each time is the slowest rank's, median over iterations. Records carry impl,
+n_devices, n_procs, bytes (per device), dtype, median_s, algbw_GBps,
+busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and speedup_vs_mpi_allreduce
+(baseline time / this time, same job count and size). --write-table stores
+which of "ring" and "mpi" was faster per size in jaxring/, for
+global_allreduce(algorithm="auto").
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+OUR_IMPLS = ("ring", "mpi", "mpi4jax")
+
+
+def parse_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def sizes(max_bytes):
+    size = 1 << 10
+    while size <= max_bytes:
+        yield size
+        size *= 4
+
+
+# --- inside an mpirun job ----------------------------------------------------
+
+
+def run_job(args):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if args.impls == ["jax_gloo"]:
+        start_jax_distributed(comm)
+    from jaxring import mpi, topology
+
+    world = topology.init()
+    impls = [i for i in args.impls if not (i == "mpi4jax" and len(world.local_devices) > 1)]
+    records = []
+    for nbytes in sizes(args.max_bytes):
+        steps = {impl: make_step(impl, nbytes // 4, world, mpi) for impl in impls}
+        for impl, seconds in time_steps(steps, comm, args.min_time).items():
+            records.append(
+                dict(
+                    impl=impl,
+                    n_devices=world.n_devices,
+                    n_procs=world.size,
+                    bytes=nbytes,
+                    dtype="float32",
+                    median_s=seconds,
+                )
+            )
+            if world.rank == 0:
+                print(f"  {impl:9s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms", flush=True)
+    if world.rank == 0:
+        pathlib.Path(args.job_json).write_text(json.dumps(records))
+
+
+def start_jax_distributed(comm):
+    import jax
+
+    address = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{s.getsockname()[1]}"
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(comm.bcast(address), num_processes=comm.Get_size(), process_id=comm.Get_rank())
+
+
+def make_step(impl, elements, world, mpi):
+    """A function of no arguments that runs one all-reduce of a resident buffer and waits for it."""
+    import jax
+    import jax.numpy as jnp
+    import mpi4jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from mpi4py import MPI
+
+    rows = np.random.default_rng(world.rank).standard_normal((len(world.local_devices), elements), np.float32)
+    if impl in ("ring", "mpi"):
+        x = jax.device_put(rows, NamedSharding(Mesh(world.local_devices, ("d",)), P("d")))
+        return lambda: mpi.global_allreduce(x, algorithm=impl).block_until_ready()
+    if impl == "mpi4jax":
+        x = jax.device_put(rows[0], world.local_devices[0])
+        comm = MPI.COMM_WORLD.Clone()
+        allreduce = jax.jit(lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm))
+        return lambda: allreduce(x).block_until_ready()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    sharding = NamedSharding(mesh, P("d"))
+    x = jax.make_array_from_single_device_arrays(
+        (len(jax.devices()), elements), sharding, [jax.device_put(r[None], d) for r, d in zip(rows, jax.local_devices())]
+    )
+    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+    return lambda: psum(x).block_until_ready()
+
+
+def time_steps(steps, comm, min_time):
+    """Median over rounds of the slowest rank's time, per step.
+
+    Each round runs every step once, so that all of them meet the same load
+    on a shared machine; every rank runs the same number of rounds.
+    """
+    from mpi4py import MPI
+
+    def timed(step):
+        comm.Barrier()
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+
+    for step in steps.values():
+        step()  # compile
+    first = comm.allreduce(sum(timed(step) for step in steps.values()), op=MPI.MAX)
+    rounds = int(np.clip(min_time / max(first, 1e-9), 5, 200))
+    times = [[timed(step) for step in steps.values()] for _ in range(rounds)]
+    slowest = np.max(comm.allgather(times), axis=0)  # [round, step]
+    return dict(zip(steps, np.median(slowest, axis=0).tolist()))
+
+
+# --- the launcher -----------------------------------------------------------
+
+
+def launch(args):
+    records = []
+    for n_procs in args.procs:
+        for impls in ([i for i in args.impls if i in OUR_IMPLS], [i for i in args.impls if i == "jax_gloo"]):
+            if impls:
+                print(f"{n_procs} processes x {args.devices_per_proc} devices: {', '.join(impls)}", flush=True)
+                records += run_mpirun(args, n_procs, impls)
+    add_bandwidths(records)
+    print_table(records)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    if args.write_table:
+        write_table(records, args)
+
+
+def run_mpirun(args, n_procs, impls):
+    with tempfile.TemporaryDirectory() as tmp:
+        job_json = pathlib.Path(tmp) / "records.json"
+        env = dict(
+            os.environ,
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices_per_proc}",
+        )
+        # The machine may be shared: MPI processes waiting for a message yield the
+        # core rather than spin through the time slice of the one they wait for.
+        command = [str(pathlib.Path(sys.executable).parent / "mpirun"), "--allow-run-as-root", "--oversubscribe"]
+        command += ["--mca", "mpi_yield_when_idle", "1"]
+        command += ["-np", str(n_procs)]
+        for name in ("JAX_PLATFORMS", "XLA_FLAGS"):
+            command += ["-x", name]
+        command += [sys.executable, "-m", "mpi4py", __file__, "--job-json", str(job_json)]
+        command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time)]
+        subprocess.run(command, env=env, check=True)
+        return json.loads(job_json.read_text())
+
+
+def add_bandwidths(records):
+    baseline = {}
+    for r in records:
+        if r["impl"] == ("mpi4jax" if r["n_devices"] == r["n_procs"] else "mpi"):
+            baseline[r["n_procs"], r["bytes"]] = r["median_s"]
+    for r in records:
+        n = r["n_devices"]
+        r["algbw_GBps"] = r["bytes"] / r["median_s"] / 1e9
+        r["busbw_GBps"] = r["algbw_GBps"] * 2 * (n - 1) / n
+        base = baseline.get((r["n_procs"], r["bytes"]))
+        r["speedup_vs_mpi_allreduce"] = base / r["median_s"] if base else None
+
+
+def print_table(records):
+    print(f"\n{'procs':>5} {'devs':>4} {'bytes':>10} {'impl':>9} {'median ms':>10} {'algbw GB/s':>10} "
+          f"{'busbw GB/s':>10} {'vs MPI':>7}")
+    for r in sorted(records, key=lambda r: (r["n_procs"], r["bytes"], r["impl"])):
+        ratio = f"{r['speedup_vs_mpi_allreduce']:.2f}x" if r["speedup_vs_mpi_allreduce"] else "-"
+        print(f"{r['n_procs']:>5} {r['n_devices']:>4} {r['bytes']:>10} {r['impl']:>9} {r['median_s'] * 1e3:>10.3f} "
+              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7}")
+
+
+def write_table(records, args):
+    from jaxring import mpi
+
+    times = {(r["n_procs"], r["bytes"], r["impl"]): r["median_s"] for r in records}
+    measured = [
+        dict(n_procs=p, bytes=b, fastest=min(("ring", "mpi"), key=lambda a: times[p, b, a]))
+        for p, b, impl in sorted(times)
+        if impl == "ring" and (p, b, "mpi") in times
+    ]
+    table = dict(
+        machine=f"{os.cpu_count()}-core {platform.machine()} CPU",
+        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        devices_per_proc=args.devices_per_proc,
+        measured=measured,
+    )
+    mpi.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {mpi.TABLE_PATH}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="process counts, one mpirun job each")
+    parser.add_argument("--devices-per-proc", type=int, default=1)
+    parser.add_argument("--impls", nargs="+", default=[*OUR_IMPLS, "jax_gloo"],
+                        choices=[*OUR_IMPLS, "jax_gloo"])
+    parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
+    parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
+    parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--write-table", action="store_true",
+                        help="store ring-vs-mpi winners for algorithm='auto' in jaxring/")
+    parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs
+    args = parser.parse_args()
+    if args.job_json:
+        run_job(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()
