@@ -79,8 +79,10 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
     )
     if world.size == 1 or x.size == 0:  # nothing crosses processes
         return _local_allreduce(world.local_devices, op)(x)
-    shards = _local_reduce_scatter(world.local_devices)(x)
     divisor = world.n_devices if op == "mean" else 1
+    if len(world.local_devices) == 1:  # the local ring would only copy
+        return _across_processes(world, 0, algorithm, divisor)(jax.device_put(x, world.local_devices[0]))
+    shards = _local_reduce_scatter(world.local_devices)(x)
     reduced = _map_devices(
         world,
         lambda i, shard: _across_processes(world, i, algorithm, divisor)(shard),
@@ -163,11 +165,11 @@ def _local_all_gather(devices, shape):
 
 @functools.cache
 def _across_processes(world, index, algorithm, divisor):
-    """Single-device jit: all-reduce of local device `index`'s (1, c) shard over the processes."""
+    """Single-device jit: all-reduce over the processes of an array on local device `index`."""
     comm = world.device_comms[index]
 
-    def across(shard):
-        flat = shard.reshape(-1)
+    def across(x):
+        flat = x.reshape(-1)
         if algorithm == "ring":
             total = _ring_allreduce(flat, comm, world.rank, world.size)
         else:
@@ -175,8 +177,8 @@ def _across_processes(world, index, algorithm, divisor):
                 flat.astype(_accumulation_dtype(flat.dtype)), op=MPI.SUM, comm=comm
             ).astype(flat.dtype)
         if divisor != 1:
-            total = (total / divisor).astype(flat.dtype)
-        return total.reshape(shard.shape)
+            total = (total.astype(_accumulation_dtype(flat.dtype)) / divisor).astype(flat.dtype)
+        return total.reshape(x.shape)
 
     return jax.jit(across)
 
