@@ -46,14 +46,18 @@ class Checkpoints:
         self.directory = Path(directory)
         self.keep = keep
         self.best_metric = best_metric
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob("*.tmp"):  # left by a run killed mid-save
+
+    def discard_partial(self) -> None:
+        """Deletes files a run killed mid-save left; call only while no process is saving."""
+        for stale in self.directory.glob("*.tmp"):
             stale.unlink()
 
     def path(self, step: int) -> Path:
         return self.directory / f"step_{step:09d}.msgpack"
 
     def steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name)))
 
     def latest(self) -> int | None:
@@ -72,6 +76,7 @@ class Checkpoints:
             "extra": json.dumps(extra),
         }
         path = self.path(step)
+        self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, flax.serialization.msgpack_serialize(payload))
         value = (metrics or {}).get(self.best_metric)
         best = self.best()
@@ -88,19 +93,23 @@ class Checkpoints:
             if step not in protected:
                 self.path(step).unlink()
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """(state shaped like `target`, extra) of `step` (default: the latest)."""
+    def read(self, step: int | None = None) -> tuple[dict, dict]:
+        """(state as nested dicts of numpy arrays, extra) of `step` (default: the latest)."""
         if step is None:
             step = self.latest()
             if step is None:
-                raise FileNotFoundError(f"no checkpoint in {self.directory}; train without --resume first")
+                raise FileNotFoundError(f"no checkpoint in {self.directory}; train a model there first")
         path = self.path(step)
         if not path.exists():
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
         payload = flax.serialization.msgpack_restore(path.read_bytes())
-        state = flax.serialization.from_state_dict(target, payload["state"])
-        state = _check_shapes(target, state)
-        return state, json.loads(payload["extra"])
+        return payload["state"], json.loads(payload["extra"])
+
+    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
+        """(state shaped like `target`, extra) of `step` (default: the latest)."""
+        state_dict, extra = self.read(step)
+        state = flax.serialization.from_state_dict(target, state_dict)
+        return _check_shapes(target, state), extra
 
 
 def _check_shapes(target, state):

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from jaxring.fusion import DEFAULT_BUCKET_BYTES
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -31,13 +33,11 @@ class TrainConfig:
     batch_size: int = 32  # global: split across processes, then local devices
     epochs: int = 20
     max_steps: int | None = None  # stop before the epochs run out
-    compute_dtype: str = "float32"  # "float32" | "bfloat16"; master weights stay float32
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
-    bucket_bytes: int = 4 << 20  # tensor-fusion bucket size for the ring
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
     log_every: int = 10  # steps between metrics.jsonl rows and all-reduce timings
 
     def __post_init__(self):
-        _check_choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16"))
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.log_every", self.log_every)

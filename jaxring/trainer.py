@@ -31,6 +31,8 @@ from tqdm import tqdm
 from jaxring import config as config_lib
 from jaxring import metrics as metrics_lib
 from jaxring.checkpoint import Checkpoints
+from jaxring.fusion import tree_allreduce
+from jaxring.replicas import broadcast, check_replicas
 
 AXIS = "batch"  # the pmapped axis: local devices
 
@@ -118,18 +120,18 @@ def make_optimizer(cfg: config_lib.OptimConfig, schedule: optax.Schedule) -> opt
 def local_allreduce(tree, method: str, op: str, bucket_bytes: int):
     """All-reduce over the local devices (AXIS), inside pmap."""
     if method == "ring":
-        import jaxring
-
-        return jaxring.tree_allreduce(tree, AXIS, op=op, bucket_bytes=bucket_bytes)
+        return tree_allreduce(tree, AXIS, op=op, bucket_bytes=bucket_bytes)
     return jax.lax.pmean(tree, AXIS) if op == "mean" else jax.lax.psum(tree, AXIS)
 
 
-def global_mean(flat: jax.Array, method: str, world_size: int) -> jax.Array:
-    """Mean over every device of every process of `flat` [local devices, n], outside jit."""
-    import jaxring
+def global_mean(flat: jax.Array, method: str) -> jax.Array:
+    """Mean over every device of every process of `flat` [local devices, n], outside jit.
 
-    total = jaxring.global_allreduce(flat, op="sum", algorithm="ring" if method == "ring" else "mpi")
-    return total / (world_size * flat.shape[0])
+    `method` "ring" crosses processes with jaxring's ring, "psum" with MPI_Allreduce.
+    """
+    from jaxring.mpi import global_allreduce  # imports mpi4jax: only when several processes
+
+    return global_allreduce(flat, op="mean", algorithm="ring" if method == "ring" else "mpi")
 
 
 # ---------------------------------------------------------------- batches on devices
@@ -175,13 +177,12 @@ def count_params(params) -> int:
     return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
 
 
-def sum_across_processes(counts: dict[str, float], world_size: int) -> dict[str, float]:
-    if world_size == 1:
+def sum_across_processes(counts: dict[str, float], comm) -> dict[str, float]:
+    """`counts` summed over the processes of MPI communicator `comm` (None: this process only)."""
+    if comm is None:
         return counts
-    from mpi4py import MPI
-
-    keys = sorted(MPI.COMM_WORLD.allreduce(set(counts), op=MPI.BOR))
-    totals = MPI.COMM_WORLD.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64), op=MPI.SUM)
+    keys = sorted(set().union(*comm.allgather(set(counts))))
+    totals = comm.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64))  # elementwise sum
     return dict(zip(keys, totals.tolist()))
 
 
@@ -189,7 +190,7 @@ def make_predict(task: Task):
     return jax.pmap(task.predict, axis_name=AXIS)
 
 
-def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices: int, world_size: int = 1):
+def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices: int, comm=None):
     """Task metrics over `batches` (this process's share), summed across processes.
 
     `variables` are replicated over the local devices; each batch is padded
@@ -203,11 +204,24 @@ def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices:
         outputs = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])[:rows], outputs)
         for key, value in task.score(outputs, batch).items():
             counts[key] += value
-    return task.summarize(sum_across_processes(dict(counts), world_size))
+    return task.summarize(sum_across_processes(dict(counts), comm))
 
 
 def variables_of(state: TrainState) -> dict:
     return {"params": state.params, **state.model_state}
+
+
+def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict, int]:
+    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step."""
+    checkpoints = Checkpoints(Path(workdir) / "checkpoints")
+    if checkpoint == "best":
+        step = (checkpoints.best() or {}).get("step")
+    elif checkpoint == "latest":
+        step = None
+    else:
+        step = int(checkpoint)
+    state, _ = checkpoints.read(step)
+    return {"params": state["params"], **state["model_state"]}, int(state["step"])
 
 
 # ---------------------------------------------------------------- the engine
@@ -225,6 +239,7 @@ class Trainer:
         self.world_size = world.size if world is not None else 1
         self.devices = list(world.local_devices) if world is not None else jax.local_devices()
         self.n_local = len(self.devices)
+        self.comm = world.comm if self.world_size > 1 else None  # host-side sums and broadcasts
         train = config.train
         replicas = self.world_size * self.n_local
         if train.batch_size % replicas:
@@ -261,9 +276,7 @@ class Trainer:
         )
         state = jax.tree_util.tree_map(np.asarray, state)
         if self.world_size > 1:
-            import jaxring
-
-            state = jaxring.broadcast(state, root=0)  # every process starts from rank 0's weights
+            state = broadcast(state, root=0)  # every process starts from rank 0's weights
         return state
 
     # -- the step
@@ -320,7 +333,7 @@ class Trainer:
         if self.world_size == 1:
             return self._step(state, device_batch)
         flat = self._forward_backward(state, device_batch)
-        flat = global_mean(flat, self.config.train.allreduce, self.world_size)
+        flat = global_mean(flat, self.config.train.allreduce)
         template = (state.params, state.model_state, jnp.zeros(()))
         template = jax.tree_util.tree_map(lambda x: x[0], template)
         return self._update(state, flat, template)
@@ -334,7 +347,7 @@ class Trainer:
                 jax.block_until_ready(self._probe(params))
             else:
                 flat = self._ravel(params)
-                jax.block_until_ready(global_mean(flat, self.config.train.allreduce, self.world_size))
+                jax.block_until_ready(global_mean(flat, self.config.train.allreduce))
             times.append(time.perf_counter() - start)
         return float(np.median(times[1:]))
 
@@ -344,9 +357,11 @@ class Trainer:
         cfg = self.config.eval
         batches = self.task.eval_batches(split, cfg.batch_size, self.shard, cfg.max_utterances)
         variables = variables_of(state)
-        return evaluate(self.task, self.predict, variables, batches, self.n_local, self.world_size)
+        return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
 
     def save(self, state: TrainState, metrics: dict | None = None) -> None:
+        if self.world_size > 1:
+            check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
         host_state = unreplicate(state)
@@ -380,10 +395,8 @@ class Trainer:
     def _best_step(self) -> int | None:
         """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
         best = self.checkpoints.best() if self.rank == 0 else None
-        if self.world_size > 1:
-            from mpi4py import MPI
-
-            best = MPI.COMM_WORLD.bcast(best, root=0)
+        if self.comm is not None:
+            best = self.comm.bcast(best, root=0)
         return None if best is None else best["step"]
 
     def fit(self, resume: bool = False) -> dict:
@@ -399,6 +412,7 @@ class Trainer:
             state = self.restore(state)
         start = int(state.step)
         if lead:
+            self.checkpoints.discard_partial()
             config_lib.save(cfg, self.workdir / "config.yaml")
             log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)

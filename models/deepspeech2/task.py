@@ -1,0 +1,211 @@
+"""Deep Speech 2 as a jaxring training task: init, CTC loss, greedy-decoded CER/WER, speech batches.
+
+The engine (jaxring.trainer) is model-agnostic; this adapter gives it what is
+specific to speech. Experiment configs get two sections from here: `model`
+(models.deepspeech2.model.ModelConfig) and `data` (DataConfig below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import jiwer
+import numpy as np
+
+from jaxring import config as config_lib
+from jaxring.trainer import AXIS, Shard, load_variables
+from models.deepspeech2 import alphabet, ctc, decode
+from models.deepspeech2 import model as ds2
+from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
+from models.deepspeech2.data import read_manifest
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The `data:` section: which corpus, and how it is cut into batches."""
+
+    corpus: str = "synthetic"  # "synthetic" (eSpeak NG, generated on first use) | "manifest"
+    cache_dir: str = "data/cache"  # synthetic: where the corpus is generated
+    utterances: int = 2000  # synthetic: train + dev + test
+    corpus_seed: int = 0  # synthetic
+    train_manifest: str | None = None  # manifest: JSON-lines files
+    dev_manifest: str | None = None
+    test_manifest: str | None = None
+    max_duration: float | None = None  # seconds; longer training utterances are skipped
+    sortagrad: bool = True  # first epoch in increasing length
+    pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)
+    pad_labels_to: int = 16
+    prefetch: int = 4
+    workers: int = 2  # audio-loading threads
+
+    def __post_init__(self):
+        if self.corpus not in ("synthetic", "manifest"):
+            raise ValueError(f"data.corpus must be 'synthetic' or 'manifest'; got {self.corpus!r}")
+        if self.corpus == "manifest":
+            missing = [f"data.{s}_manifest" for s in SPLITS if getattr(self, f"{s}_manifest") is None]
+            if missing:
+                raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set")
+
+
+CONFIG_SECTIONS = {"model": ds2.ModelConfig, "data": DataConfig}
+
+
+class TrainBatches:
+    """The engine's view of a BatchIterator: flat [B, ...] arrays, a resumable position."""
+
+    def __init__(self, iterator: BatchIterator):
+        self._iterator = iterator
+        self.steps_per_epoch = iterator.batches_per_epoch
+
+    def state(self) -> dict:
+        return self._iterator.state()
+
+    def restore(self, state: dict) -> None:
+        self._iterator.restore(state)
+
+    def __iter__(self) -> Iterator[dict]:
+        for batch in self._iterator:
+            yield _flatten(batch)
+
+
+def _flatten(batch: dict) -> dict:
+    """BatchIterator's [1, B, ...] arrays as [B, ...]; the texts are in the labels too."""
+    return {k: v.reshape(v.shape[1:]) for k, v in batch.items() if k != "texts"}
+
+
+class DeepSpeech2Task:
+    """Deep Speech 2 trained by CTC and scored by greedy decoding."""
+
+    def __init__(self, model: ds2.ModelConfig, data: DataConfig):
+        self.model_config = model
+        self.data = data
+        self.network = ds2.DeepSpeech2(model)
+        # Training computes batch-norm statistics over all local devices together, so
+        # N devices at B/N per device normalise exactly like one device at B.
+        self.train_network = ds2.DeepSpeech2(model, axis_name=AXIS)
+
+    @classmethod
+    def from_config(cls, config) -> DeepSpeech2Task:
+        return cls(config.model, config.data)
+
+    # -- corpus
+
+    @functools.cached_property
+    def manifests(self) -> dict[str, str]:
+        """Manifest path of each split (generating the synthetic corpus on first use)."""
+        if self.data.corpus == "manifest":
+            return {s: getattr(self.data, f"{s}_manifest") for s in SPLITS}
+        cache_dir = os.path.abspath(self.data.cache_dir)  # manifests then hold paths inside the corpus folder
+        folder = ensure_synthetic_corpus(cache_dir, self.data.utterances, self.data.corpus_seed)
+        return {s: str(Path(folder) / f"{s}.jsonl") for s in SPLITS}
+
+    def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None) -> SpeechDataset:
+        output_frames = functools.partial(ds2.output_lengths, self.model_config)
+        utterances = read_manifest(manifest)[:limit]
+        return SpeechDataset(utterances, max_duration=max_duration, output_frames=output_frames)
+
+    # -- the engine's Task protocol
+
+    def init(self, rng) -> dict:
+        return ds2.init_variables(self.model_config, rng)
+
+    def loss(self, variables, batch, rng):
+        del rng  # no dropout in Deep Speech 2
+        (logits, out_lengths), updates = self.train_network.apply(
+            variables, batch["features"], batch["feature_lengths"], train=True, mutable=["batch_stats"]
+        )
+        per_utterance, feasible = ctc.ctc_loss(logits, out_lengths, batch["labels"], batch["label_lengths"])
+        weights = batch["weights"] * feasible
+        return jnp.sum(per_utterance * weights) / jnp.maximum(jnp.sum(weights), 1.0), updates
+
+    def predict(self, variables, batch):
+        logits, out_lengths = self.network.apply(variables, batch["features"], batch["feature_lengths"], train=False)
+        return {"logits": logits, "lengths": out_lengths}
+
+    def score(self, outputs, batch) -> dict[str, float]:
+        real = np.flatnonzero(batch["weights"] > 0)
+        if not len(real):
+            return {}
+        hyps = decode.greedy_decode(outputs["logits"][real], outputs["lengths"][real])
+        refs = [alphabet.decode(batch["labels"][i, : batch["label_lengths"][i]]) for i in real]
+        chars = jiwer.process_characters(refs, hyps)
+        words = jiwer.process_words(refs, hyps)
+        return {
+            "char_edits": chars.substitutions + chars.deletions + chars.insertions,
+            "chars": chars.hits + chars.substitutions + chars.deletions,
+            "word_edits": words.substitutions + words.deletions + words.insertions,
+            "words": words.hits + words.substitutions + words.deletions,
+            "utterances": len(real),
+        }
+
+    def summarize(self, counts: dict[str, float]) -> dict[str, float]:
+        if not counts.get("chars"):
+            raise ValueError("no utterance with a non-empty transcript was evaluated; check the manifest")
+        return {
+            "cer": counts["char_edits"] / counts["chars"],
+            "wer": counts["word_edits"] / counts["words"],
+            "utterances": int(counts["utterances"]),
+        }
+
+    def _batches(self, dataset: SpeechDataset, batch_size: int, shard: Shard, **order) -> BatchIterator:
+        d = self.data
+        return BatchIterator(
+            dataset,
+            per_device_batch=batch_size,
+            process_index=shard.index,
+            process_count=shard.count,
+            pad_frames_to=d.pad_frames_to,
+            pad_labels_to=d.pad_labels_to,
+            prefetch=d.prefetch,
+            workers=d.workers,
+            **order,
+        )
+
+    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> TrainBatches:
+        dataset = self.dataset(self.manifests["train"], max_duration=self.data.max_duration)
+        return TrainBatches(self._batches(dataset, batch_size, shard, seed=seed, sortagrad=self.data.sortagrad))
+
+    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None = None):
+        return self.manifest_batches(self.manifests[split], batch_size, shard, limit)
+
+    def manifest_batches(self, manifest: str, batch_size: int, shard: Shard, limit: int | None = None):
+        """One pass over `manifest` in increasing length (little padding), every utterance once."""
+        per_process = -(-batch_size // shard.count)
+        order = dict(shuffle=False, sortagrad=False, drop_last=False, num_epochs=1)
+        with self._batches(self.dataset(manifest, limit), per_process, shard, **order) as batches:
+            for batch in batches:
+                yield _flatten(batch)
+
+    # -- inference on audio files
+
+    def audio_batch(self, paths: list[str]) -> dict:
+        """A batch of the model's inputs for audio files (any sample rate)."""
+        spectrograms = [featurize(read_audio(path)[0]) for path in paths]
+        frames = max(len(s) for s in spectrograms)
+        features = np.zeros((len(paths), frames, spectrograms[0].shape[1]), np.float32)
+        for i, s in enumerate(spectrograms):
+            features[i, : len(s)] = s
+        return {"features": features, "feature_lengths": np.array([len(s) for s in spectrograms], np.int32)}
+
+    def transcribe(self, variables, paths: list[str]) -> list[str]:
+        """Greedy transcripts of audio files, one per path."""
+        outputs = jax.jit(self.predict)(variables, self.audio_batch(paths))
+        return decode.greedy_decode(outputs["logits"], outputs["lengths"])
+
+
+def load_run(workdir, checkpoint: str = "best"):
+    """(config, task, variables, step) of a run directory written by scripts/train.py."""
+    path = Path(workdir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {workdir} a run directory of scripts/train.py?")
+    config = config_lib.load(path, CONFIG_SECTIONS)
+    variables, step = load_variables(workdir, checkpoint)
+    return config, DeepSpeech2Task.from_config(config), variables, step

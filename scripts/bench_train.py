@@ -1,0 +1,149 @@
+"""Training-step throughput of Deep Speech 2 configs, ring vs psum all-reduce in the same run.
+
+    python scripts/bench_train.py --configs ds2_tiny ds2_small --json runs/bench_train.json
+
+Times the full pmapped step (forward, backward, all-reduce, update) on
+fixed-shape random batches, so the data pipeline and compilation are left
+out; the all-reduce alone is timed on a gradient-shaped tree to give its
+share of the step. On a GPU, MFU = achieved FLOP/s over the peak given with
+--peak-tflops, from model_summary's analytic FLOPs per audio second.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+class FixedBatches:
+    """The same random batch every step: steps_per_epoch is irrelevant here."""
+
+    steps_per_epoch = 1 << 30
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __iter__(self):
+        while True:
+            yield self.batch
+
+    def state(self):
+        return {}
+
+    def restore(self, state):
+        pass
+
+
+def random_batch(batch_size: int, seconds: float, labels_per_second: int = 12, seed: int = 0) -> dict:
+    import numpy as np
+
+    from models.deepspeech2.data import features
+
+    rng = np.random.default_rng(seed)
+    frames = int(seconds * 100)
+    label_length = max(1, int(seconds * labels_per_second))
+    return {
+        "features": rng.normal(size=(batch_size, frames, features.NUM_BINS)).astype(np.float32),
+        "feature_lengths": np.full(batch_size, frames, np.int32),
+        "labels": rng.integers(1, 29, size=(batch_size, label_length)).astype(np.int32),
+        "label_lengths": np.full(batch_size, label_length, np.int32),
+        "weights": np.ones(batch_size, np.float32),
+    }
+
+
+def bench(name: str, allreduce: str, args, world) -> dict:
+    import jax
+    import numpy as np
+
+    from jaxring import config as config_lib
+    from jaxring.trainer import Trainer, replicate
+    from models.deepspeech2 import summary as model_summary
+    from models.deepspeech2.task import CONFIG_SECTIONS, DeepSpeech2Task
+
+    overrides = [f"train.batch_size={args.batch_size}", f"train.allreduce={allreduce}", *args.overrides]
+    config = config_lib.load(ROOT / "configs" / f"{name}.yaml", CONFIG_SECTIONS, overrides)
+    batch = random_batch(args.batch_size // world.size, args.seconds)
+    task = DeepSpeech2Task.from_config(config)
+    task.train_batches = lambda batch_size, shard, seed: FixedBatches(batch)
+    trainer = Trainer(task, config, ROOT / "runs" / "bench_train", world)
+    state = replicate(trainer.init_state(), trainer.devices)
+    start = time.perf_counter()
+    state, out = trainer.train_step(state, batch)
+    jax.block_until_ready(out)
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        state, out = trainer.train_step(state, batch)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - start)
+    step_s = float(np.median(times))
+    allreduce_s = trainer.time_allreduce(state.params)
+    audio_seconds = args.batch_size * args.seconds
+    flops = model_summary.flops_per_audio_second(config.model, training=True) * audio_seconds
+    record = {
+        "config": name,
+        "allreduce": allreduce,
+        "platform": trainer.devices[0].platform,
+        "local_devices": trainer.n_local,
+        "processes": world.size,
+        "global_batch": args.batch_size,
+        "audio_seconds_per_utterance": args.seconds,
+        "parameters": model_summary.count_params(config.model),
+        "compile_s": compile_s,
+        "step_s": step_s,
+        "steps_per_s": 1 / step_s,
+        "utt_per_s": args.batch_size / step_s,
+        "allreduce_s": allreduce_s,
+        "allreduce_share": allreduce_s / step_s,
+        "tflops_per_s": flops / step_s / 1e12,
+    }
+    if args.peak_tflops:
+        record["mfu"] = record["tflops_per_s"] / (args.peak_tflops * trainer.n_local * world.size)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["ds2_tiny", "ds2_small"])
+    parser.add_argument("--allreduce", nargs="+", default=["ring", "psum"], choices=["ring", "psum"])
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch")
+    parser.add_argument("--seconds", type=float, default=2.0, help="audio per utterance")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    parser.add_argument("--host-devices", type=int, default=os.cpu_count())
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak dense TFLOP/s of one device (e.g. 989 for H100 bf16) to report MFU")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="config override for every benchmarked config; repeatable")
+    parser.add_argument("--json", type=Path, help="write the records here")
+    args = parser.parse_args()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
+
+    import jaxring.topology
+
+    world = jaxring.topology.init()
+    records = [bench(name, allreduce, args, world) for name in args.configs for allreduce in args.allreduce]
+    if world.rank != 0:
+        return
+    header = f"{'config':<10} {'allreduce':<9} {'dev':>4} {'proc':>4} {'params':>10} {'step ms':>9} {'steps/s':>8} " \
+             f"{'utt/s':>7} {'AR ms':>7} {'AR share':>8} {'TFLOP/s':>8}" + (f" {'MFU':>6}" if args.peak_tflops else "")
+    print(header)
+    for r in records:
+        line = (f"{r['config']:<10} {r['allreduce']:<9} {r['local_devices']:>4} {r['processes']:>4} "
+                f"{r['parameters']:>10,} {1e3 * r['step_s']:>9.1f} {r['steps_per_s']:>8.2f} {r['utt_per_s']:>7.1f} "
+                f"{1e3 * r['allreduce_s']:>7.2f} {100 * r['allreduce_share']:>7.1f}% {r['tflops_per_s']:>8.4f}")
+        print(line + (f" {100 * r['mfu']:>5.1f}%" if args.peak_tflops else ""))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d", time.gmtime()), "records": records}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
