@@ -66,6 +66,10 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
       An array of the shape of `x`, sharded over the local devices like a pmap
       output, every row holding the same result, bitwise equal on every
       device of every process for "ring". 16-bit floats are accumulated in float32.
+
+    Call it outside jit, between pmapped steps. GPU arrays go through host
+    memory around each MPI call unless MPI4JAX_USE_CUDA_MPI=1 is set with a
+    CUDA-aware MPI (see the module docstring).
     """
     world = topology.init()
     _check_arguments(x, op, algorithm, world)
@@ -119,6 +123,12 @@ def _table() -> tuple:
 
 
 def _check_arguments(x, op, algorithm, world):
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(
+            "global_allreduce talks to MPI from the host, so it runs outside jit: end the "
+            "pmapped step before it and start the next one after (inside pmap, "
+            "jaxring.allreduce reduces over the local devices)"
+        )
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if algorithm not in ALGORITHMS:

@@ -106,6 +106,11 @@ def test_bad_arguments_are_explained(kwargs, error, words):
         mpi.global_allreduce(**kwargs)
 
 
+def test_calling_inside_jit_is_explained():
+    with pytest.raises(TypeError, match="runs outside jit"):
+        jax.jit(mpi.global_allreduce)(np.zeros((8, 2), np.float32))
+
+
 def test_bad_timeout_variable_is_explained(monkeypatch):
     monkeypatch.setenv("JAXRING_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="JAXRING_TIMEOUT_S must be a positive number"):
