@@ -15,9 +15,11 @@ more than one device, hence step 2 is one jit per device rather than part of
 the pmap. Each device has its own communicator, so the L exchanges proceed at
 the same time and never take each other's messages.
 
-GPU arrays: mpi4jax copies each chunk to host memory and back around the MPI
-call. With a CUDA-aware MPI, set MPI4JAX_USE_CUDA_MPI=1 (before mpi4jax is
-imported) and MPI reads and writes device memory directly.
+GPU arrays: by default mpi4jax copies each chunk to host memory and back
+around the MPI call, which works with any MPI (MPI4JAX_USE_CUDA_MPI=0 says so
+and silences mpi4jax's warning). With a CUDA-aware MPI, set
+MPI4JAX_USE_CUDA_MPI=1 in every process's environment (mpi4jax reads it at
+its first GPU call) and MPI reads and writes device memory directly.
 """
 
 import concurrent.futures
