@@ -1,8 +1,29 @@
 """jaxring: synchronous data-parallel SGD for JAX with a ring all-reduce custom call."""
 
+import importlib
+
 from jaxring._ffi import default_timeout, set_default_timeout
 from jaxring.fusion import tree_allreduce
 from jaxring.ring import all_gather, allreduce, reduce_scatter
+
+# Importing mpi4py starts MPI and mpi4jax takes seconds to load, so the
+# cross-process names load on first use.
+_LAZY = {
+    "World": "jaxring.topology",
+    "init": "jaxring.topology",
+    "global_allreduce": "jaxring.mpi",
+    "broadcast": "jaxring.replicas",
+    "replicas_consistent": "jaxring.replicas",
+    "check_replicas": "jaxring.replicas",
+    "ReplicasDivergedError": "jaxring.replicas",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jaxring' has no attribute {name!r}")
+
 
 __all__ = [
     "all_gather",
@@ -11,4 +32,5 @@ __all__ = [
     "reduce_scatter",
     "set_default_timeout",
     "tree_allreduce",
+    *_LAZY,
 ]

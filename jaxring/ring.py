@@ -152,7 +152,13 @@ def _workspace_elements(dtype, elements, mode):
     return elements
 
 
-def _ring_devices(ctx, axis_name):
+def _device_ordinal(device, platform):
+    # What the handler's DeviceOrdinal reports: the CUDA ordinal on GPU, the
+    # device id on CPU (they differ in a multi-process jax.distributed run).
+    return device.local_hardware_id if platform == "cuda" else device.id
+
+
+def _ring_devices(ctx, axis_name, platform):
     """Device ordinals of every ring, group by group, each in axis order."""
     axis_context = ctx.module_context.axis_context
     if not isinstance(axis_context, SPMDAxisContext):
@@ -169,14 +175,14 @@ def _ring_devices(ctx, axis_name):
     order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
     devices = np.transpose(mesh.devices, order)
     ring = int(np.prod([mesh.shape[n] for n in axis_name]))
-    ordinals = np.vectorize(lambda d: d.local_hardware_id, otypes=[np.int64])(devices)
+    ordinals = np.vectorize(lambda d: _device_ordinal(d, platform), otypes=[np.int64])(devices)
     return ordinals.reshape(-1, ring).reshape(-1), ring
 
 
 def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
     (x_aval,) = ctx.avals_in
     (out_aval,) = ctx.avals_out
-    ring_devices, ring = _ring_devices(ctx, axis_name)
+    ring_devices, ring = _ring_devices(ctx, axis_name, platform)
     if ring != ranks:
         raise ValueError(f"axis {axis_name} has {ring} devices in the mesh but {ranks} when traced")
     full = x_aval.shape[0] * (ranks if mode == ALL_GATHER else 1)
