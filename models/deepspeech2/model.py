@@ -101,6 +101,11 @@ class ModelConfig:
     def compute_dtype(self):
         return DTYPES[self.dtype]
 
+    @property
+    def rnn_gates(self) -> int:
+        """Blocks of the input projection per direction: reset, update, candidate for a GRU."""
+        return 3 if self.rnn_cell == "gru" else 1
+
 
 def strided_length(size, stride: int):
     """Outputs of a convolution padded by (kernel - 1) / 2 on both sides: ceil(size / stride)."""
@@ -170,8 +175,7 @@ class Recurrence(nn.Module):
     @nn.compact
     def __call__(self, projected, mask):
         cfg = self.config
-        hidden = cfg.rnn_hidden
-        gates = 3 if cfg.rnn_cell == "gru" else 1
+        hidden, gates = cfg.rnn_hidden, cfg.rnn_gates
         kernel = self.param(
             "recurrent_kernel", nn.initializers.orthogonal(column_axis=-1), (hidden, gates * hidden)
         )
@@ -217,9 +221,8 @@ class RecurrentLayer(nn.Module):
     def __call__(self, x, mask, train: bool):
         cfg = self.config
         directions = 2 if cfg.bidirectional else 1
-        gates = 3 if cfg.rnn_cell == "gru" else 1
         projected = nn.Dense(
-            directions * gates * cfg.rnn_hidden,
+            directions * cfg.rnn_gates * cfg.rnn_hidden,
             use_bias=False,  # batch norm supplies the offset
             dtype=cfg.compute_dtype,
             name="input_projection",

@@ -44,7 +44,7 @@ def forward_flops(config: ModelConfig, frames: int) -> int:
         channels = config.conv_channels[index]
     width = bins * channels
     directions = 2 if config.bidirectional else 1
-    gates = 3 if config.rnn_cell == "gru" else 1
+    gates = config.rnn_gates
     hidden = config.rnn_hidden
     for _ in range(config.rnn_layers):
         flops += 2 * time * directions * gates * hidden * (width + hidden)  # input + recurrent
