@@ -60,9 +60,15 @@ Clock::time_point DeadlineFor(int64_t timeout_ms) {
 
 Rendezvous::Rendezvous(RendezvousKey key, int64_t ranks)
     : key_(key),
+      progress_changed_(ranks),
       states_(ranks, nullptr),
       arrived_(ranks, false),
       progress_(ranks, 0) {}
+
+void Rendezvous::WakeEveryone() {
+  arrival_.notify_all();
+  for (auto& cv : progress_changed_) cv.notify_all();
+}
 
 std::string Rendezvous::Describe() const {
   std::ostringstream out;
@@ -82,9 +88,9 @@ std::string Rendezvous::Arrive(int64_t rank, void* state,
   states_[rank] = state;
   arrived_[rank] = true;
   ++arrived_count_;
-  cv_.notify_all();
+  arrival_.notify_all();
   const int64_t ranks = static_cast<int64_t>(states_.size());
-  if (!cv_.wait_until(lock, deadline, [&] {
+  if (!arrival_.wait_until(lock, deadline, [&] {
         return arrived_count_ == ranks || !error_.empty();
       })) {
     std::ostringstream missing;
@@ -99,7 +105,9 @@ std::string Rendezvous::Arrive(int64_t rank, void* state,
              "] that never arrived. Every device of the axis must run the same "
              "collectives in the same order; raise the timeout with "
              "JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
-    cv_.notify_all();
+    lock.unlock();
+    WakeEveryone();
+    lock.lock();
   }
   return error_;
 }
@@ -107,13 +115,15 @@ std::string Rendezvous::Arrive(int64_t rank, void* state,
 std::string Rendezvous::WaitFor(int64_t rank, int64_t count,
                                 Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [&] {
+  if (!progress_changed_[rank].wait_until(lock, deadline, [&] {
         return progress_[rank] >= count || !error_.empty();
       })) {
     error_ = Describe() + ": timed out waiting for rank " +
              std::to_string(rank) + " to reach stage " + std::to_string(count) +
              " (it is at " + std::to_string(progress_[rank]) + ")";
-    cv_.notify_all();
+    lock.unlock();
+    WakeEveryone();
+    lock.lock();
   }
   return error_;
 }
@@ -123,7 +133,7 @@ void Rendezvous::Advance(int64_t rank) {
     std::lock_guard<std::mutex> lock(mu_);
     ++progress_[rank];
   }
-  cv_.notify_all();
+  progress_changed_[rank].notify_all();
 }
 
 std::string Rendezvous::error() {
@@ -136,7 +146,7 @@ void Rendezvous::Fail(const std::string& error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.empty()) error_ = error;
   }
-  cv_.notify_all();
+  WakeEveryone();
 }
 
 RendezvousHandle::RendezvousHandle(RendezvousKey key, int64_t ranks,
