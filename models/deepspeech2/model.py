@@ -133,6 +133,53 @@ def _zero_padding(x, mask):
     return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x, 0)
 
 
+class MaskedBatchNorm(nn.Module):
+    """Batch norm over the last axis with statistics from real frames only.
+
+    The statistics are gathered as sums and counts, so with `axis_name` they
+    are exact over the real frames of all replicas however unevenly the
+    replicas are filled, and a batch with no real frame leaves the running
+    averages as they were instead of turning them into NaN.
+    """
+
+    momentum: float
+    epsilon: float
+    dtype: Any
+    axis_name: str | None = None
+
+    @nn.compact
+    def __call__(self, x, mask, train: bool):
+        """x [B, T, ..., C]; mask [B, T] bool."""
+        features = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (features,))
+        bias = self.param("bias", nn.initializers.zeros, (features,))
+        running_mean = self.variable("batch_stats", "mean", jnp.zeros, (features,), jnp.float32)
+        running_var = self.variable("batch_stats", "var", jnp.ones, (features,), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        if train:
+            weight = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x.shape[:-1] + (1,))
+            weight = weight.astype(jnp.float32)
+            axes = tuple(range(x.ndim - 1))
+            sums = jnp.stack([(x32 * weight).sum(axes), (x32 * x32 * weight).sum(axes)])
+            count = weight.sum()
+            if self.axis_name is not None and not self.is_initializing():
+                sums, count = jax.lax.psum((sums, count), self.axis_name)
+            mean = sums[0] / jnp.maximum(count, 1)
+            var = jnp.maximum(sums[1] / jnp.maximum(count, 1) - mean * mean, 0)
+            if not self.is_initializing():
+                seen = count > 0
+                running_mean.value = jnp.where(
+                    seen, self.momentum * running_mean.value + (1 - self.momentum) * mean, running_mean.value
+                )
+                running_var.value = jnp.where(
+                    seen, self.momentum * running_var.value + (1 - self.momentum) * var, running_var.value
+                )
+        else:
+            mean, var = running_mean.value, running_var.value
+        y = (x32 - mean) * (scale * jax.lax.rsqrt(var + self.epsilon)) + bias
+        return y.astype(self.dtype)
+
+
 class ConvBlock(nn.Module):
     """Convolution over (time, frequency), masked batch norm, clipped ReLU."""
 
@@ -152,13 +199,9 @@ class ConvBlock(nn.Module):
             dtype=self.config.compute_dtype,
         )(x)
         mask = mask[:, ::time_stride]  # ceil(L / s) frames stay real, as in output_lengths
-        x = nn.BatchNorm(
-            use_running_average=not train,
-            momentum=self.config.batch_norm_momentum,
-            epsilon=self.config.batch_norm_epsilon,
-            dtype=self.config.compute_dtype,
-            axis_name=self.axis_name,
-        )(x, mask=mask[:, :, None, None])
+        x = MaskedBatchNorm(
+            self.config.batch_norm_momentum, self.config.batch_norm_epsilon, self.config.compute_dtype, self.axis_name
+        )(x, mask, train)
         return _zero_padding(clipped_relu(x, self.config.relu_clip), mask), mask
 
 
@@ -227,13 +270,9 @@ class RecurrentLayer(nn.Module):
             dtype=cfg.compute_dtype,
             name="input_projection",
         )(x)
-        projected = nn.BatchNorm(
-            use_running_average=not train,
-            momentum=cfg.batch_norm_momentum,
-            epsilon=cfg.batch_norm_epsilon,
-            dtype=cfg.compute_dtype,
-            axis_name=self.axis_name,
-        )(projected, mask=mask[:, :, None])
+        projected = MaskedBatchNorm(
+            cfg.batch_norm_momentum, cfg.batch_norm_epsilon, cfg.compute_dtype, self.axis_name
+        )(projected, mask, train)
         per_direction = jnp.split(projected, directions, axis=-1)
         out = Recurrence(cfg, name="forward")(per_direction[0], mask)
         if cfg.bidirectional:
@@ -264,7 +303,7 @@ class DeepSpeech2(nn.Module):
     """features [B, T, num_features], lengths [B] -> (logits [B, T', 29] float32, out_lengths [B])."""
 
     config: ModelConfig
-    axis_name: str | None = None  # batch-norm statistics stay per replica unless set
+    axis_name: str | None = None  # batch-norm statistics stay per replica unless set (pmap axis)
 
     @nn.compact
     def __call__(self, features, lengths, train: bool):

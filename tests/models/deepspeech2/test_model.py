@@ -97,7 +97,35 @@ def test_batch_norm_statistics_come_from_real_frames_only():
     )
     real = np.concatenate([np.asarray(conv[0, :3]), np.asarray(conv[1, :2]), np.asarray(conv[2, :6])])  # ceil(L/2)
     expected_mean = 0.01 * real.reshape(-1, real.shape[-1]).astype(np.float64).mean(axis=0)
-    np.testing.assert_allclose(stats["batch_stats"]["conv0"]["BatchNorm_0"]["mean"], expected_mean, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(stats["batch_stats"]["conv0"]["MaskedBatchNorm_0"]["mean"], expected_mean, rtol=1e-4, atol=1e-7)
+
+
+def test_batch_without_real_frames_leaves_statistics_alone():
+    features, _ = random_batch(np.random.default_rng(5), [0, 0, 0])
+    (logits, out_lengths), stats = run(ONE_CONV, features, jnp.zeros(3, jnp.int32), train=True)
+    np.testing.assert_array_equal(out_lengths, 0)
+    assert np.isfinite(np.asarray(logits)).all()
+    for new, old in zip(jax.tree.leaves(stats), jax.tree.leaves(variables_of(ONE_CONV)["batch_stats"])):
+        np.testing.assert_array_equal(new, old)
+
+
+def test_statistics_across_replicas_equal_one_replica_with_the_whole_batch():
+    # Two replicas, unevenly filled: the first holds 17 + 9 real frames, the second 4 + 0.
+    features, lengths = random_batch(np.random.default_rng(6), [17, 9, 4, 0])
+    variables = variables_of(ONE_CONV)
+    replicated = jax.tree.map(lambda v: jnp.stack([v, v]), variables)
+    apply = jax.pmap(
+        lambda v, x, n: DeepSpeech2(ONE_CONV, axis_name="replicas").apply(v, x, n, train=True, mutable=["batch_stats"]),
+        axis_name="replicas",
+    )
+    (logits, _), stats = apply(replicated, features.reshape(2, 2, FRAMES, 161), lengths.reshape(2, 2))
+    (whole_logits, out_lengths), whole_stats = run(ONE_CONV, features, lengths, train=True)
+    logits = logits.reshape(whole_logits.shape)
+    for i, n in enumerate(np.asarray(out_lengths)):
+        np.testing.assert_allclose(logits[i, :n], whole_logits[i, :n], rtol=1e-4, atol=1e-4)
+    for per_replica, whole in zip(jax.tree.leaves(stats), jax.tree.leaves(whole_stats)):
+        np.testing.assert_allclose(per_replica[0], whole, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(per_replica[0], per_replica[1])
 
 
 def _hand_count_bidirectional_gru(channels, hidden, layers):
