@@ -66,7 +66,7 @@ class OptimConfig:
 class EvalConfig:
     every_steps: int = 0  # dev CER/WER every this many steps (0: only at the end)
     batch_size: int = 32
-    max_utterances: int | None = None  # evaluate on the first N dev utterances only
+    max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
 
 

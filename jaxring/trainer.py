@@ -318,10 +318,11 @@ class Trainer:
                 loss, grads, model_state = self._grads(state, batch)
                 return ravel_pytree((grads, model_state, loss))[0]
 
-            def update(state, flat, template):
-                grads, model_state, loss = ravel_pytree(template)[1](flat)
+            def update(state, flat):
+                grads, model_state, loss = self._unravel(flat)
                 return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
+            self._unravel = None  # set on the first step, from the state's shapes
             self._forward_backward = jax.pmap(forward_backward, axis_name=AXIS)
             self._ravel = jax.pmap(lambda tree: ravel_pytree(tree)[0], axis_name=AXIS)
             self._update = jax.pmap(update, axis_name=AXIS, donate_argnums=0)
@@ -332,11 +333,12 @@ class Trainer:
         device_batch = split_for_devices(batch, self.n_local)
         if self.world_size == 1:
             return self._step(state, device_batch)
+        if self._unravel is None:  # the layout of the flat buffer: (grads, model state, loss)
+            one_replica = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape[1:], x.dtype), (state.params, state.model_state))
+            self._unravel = ravel_pytree((*one_replica, jnp.zeros((), jnp.float32)))[1]
         flat = self._forward_backward(state, device_batch)
         flat = global_mean(flat, self.config.train.allreduce)
-        template = (state.params, state.model_state, jnp.zeros(()))
-        template = jax.tree_util.tree_map(lambda x: x[0], template)
-        return self._update(state, flat, template)
+        return self._update(state, flat)
 
     def time_allreduce(self, params, repeats: int = 3) -> float:
         """Median seconds of the gradient all-reduce alone, on a tree shaped like the gradients."""
@@ -354,8 +356,10 @@ class Trainer:
     # -- evaluation and checkpoints
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float]:
+        """Task metrics on `split`; dev is cut to eval.max_utterances, test is scored whole."""
         cfg = self.config.eval
-        batches = self.task.eval_batches(split, cfg.batch_size, self.shard, cfg.max_utterances)
+        limit = cfg.max_utterances if split == "dev" else None
+        batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
         variables = variables_of(state)
         return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
 
@@ -437,6 +441,7 @@ class Trainer:
             window_steps += 1
             row = {"step": step}
             if step % cfg.train.log_every == 0 or step == self.total_steps:
+                jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
                 elapsed = time.perf_counter() - window_start
                 row.update(self._log_row(step, out, utterances, elapsed, window_steps, state))
             if step == self.total_steps:

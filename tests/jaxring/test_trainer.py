@@ -94,7 +94,7 @@ class ToyTask:
 
 def toy_config(**sections):
     raw = {
-        "train": {"batch_size": 8, "epochs": 2, "log_every": 2, "allreduce": "psum"},
+        "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "psum"},
         "optim": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 1.0},
         "eval": {"every_steps": 6, "batch_size": 16},
         "checkpoint": {"best_metric": "mse", "keep": 2},
@@ -132,7 +132,7 @@ def ring_available():
 def test_replicas_match_one_device_with_the_whole_batch(tmp_path, allreduce, n_devices):
     one, _ = train_params(tmp_path / "one", 1, train={"allreduce": allreduce})
     many, _ = train_params(tmp_path / "many", n_devices, train={"allreduce": allreduce})
-    assert int(many.step) == int(one.step) == 2 * 96 // 8
+    assert int(many.step) == int(one.step) == 96 // 8
     for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(many)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
@@ -149,14 +149,14 @@ def test_same_seed_same_result_and_another_seed_differs(tmp_path):
 def test_run_directory(tmp_path):
     state, summary = train_params(tmp_path, 4)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12]
     assert all({"loss", "utt_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(0 <= r["allreduce_share"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
-    assert "test_mse" in on_disk and on_disk["best_step"] in (6, 12, 18, 24)
+    assert on_disk["steps"] == 12 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    assert "test_mse" in on_disk and on_disk["best_step"] in (6, 12)
     assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config().to_dict()
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
     assert any((tmp_path / "tensorboard").iterdir())

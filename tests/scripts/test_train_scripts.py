@@ -1,0 +1,114 @@
+"""scripts/train.py, evaluate.py and transcribe.py end to end on a tiny corpus and model; train.py under mpirun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import evaluate  # noqa: E402
+import train  # noqa: E402
+import transcribe  # noqa: E402
+
+MPIRUN = Path(sys.executable).parent / "mpirun"
+
+
+def tiny_overrides(cache_dir, batch_size=8):
+    """ds2_tiny shrunk to seconds: 1 conv, one 8-unit GRU, 30 utterances, one padded length."""
+    values = {
+        "model.conv_layers": 1,
+        "model.conv_channels": "[2]",
+        "model.rnn_layers": 1,
+        "model.rnn_hidden": 8,
+        "data.cache_dir": cache_dir,
+        "data.utterances": 30,
+        "data.pad_frames_to": 320,
+        "train.batch_size": batch_size,
+        "train.epochs": 1,
+        "train.log_every": 1,
+        "eval.every_steps": 2,
+        "eval.batch_size": 8,
+        "eval.max_utterances": None,
+        "checkpoint.every_steps": 1,
+    }
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One tiny training run shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("run")
+    workdir = tmp / "run"
+    argv = ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(workdir), *tiny_overrides(tmp / "cache")]
+    summary = train.main(argv)
+    return workdir, summary, tmp / "cache"
+
+
+def test_train_writes_the_run_directory(run, capsys):
+    workdir, summary, _ = run
+    assert summary["steps"] == 3 and {"dev_cer", "dev_wer", "test_cer", "test_wer"} <= summary.keys()
+    assert json.loads((workdir / "summary.json").read_text())["test_cer"] == summary["test_cer"]
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "dev_cer" in rows[1] and "dev_wer" in rows[2]
+    assert (workdir / "config.yaml").read_text().count("rnn_hidden: 8") == 1
+    assert {p.name for p in (workdir / "plots").iterdir()} == {"loss.png", "error_rates.png"}
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir())[-1] == "step_000000003.msgpack"
+
+
+def test_evaluate_prints_the_scores_of_the_best_checkpoint(run, capsys):
+    workdir, summary, _ = run
+    result = evaluate.main(["--workdir", str(workdir)])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == result
+    assert result["step"] == summary["best_step"]
+    assert result["cer"] == pytest.approx(summary["test_cer"]) and result["wer"] == pytest.approx(summary["test_wer"])
+    dev = evaluate.main(["--workdir", str(workdir), "--manifest", str(Path(result["manifest"]).with_name("dev.jsonl")),
+                         "--checkpoint", "latest"])
+    assert dev["step"] == 3 and dev["cer"] == pytest.approx(summary["dev_cer"])
+
+
+def test_transcribe_prints_one_line_per_file(run, capsys):
+    workdir, _, cache = run
+    audio = sorted((next(cache.glob("espeak-*")) / "audio" / "test").glob("*.flac"))[:2]
+    texts = transcribe.main(["--workdir", str(workdir), *map(str, audio)])
+    assert capsys.readouterr().out.splitlines()[-2:] == texts and len(texts) == 2
+
+
+def test_clear_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
+        train.main(["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--set", "optim.lerning_rate=1"])
+    with pytest.raises(SystemExit, match="config.yaml does not exist"):
+        evaluate.main(["--workdir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no such audio file: nope.wav"):
+        transcribe.main(["--workdir", str(tmp_path), "nope.wav"])
+    with pytest.raises(SystemExit):
+        train.main(["--resume"])
+    assert "give --config, or --workdir with --resume" in capsys.readouterr().err
+
+
+def test_train_under_mpirun(run, tmp_path):
+    _, _, cache = run  # the corpus is already there
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "2"]
+    command += ["-x", "JAX_PLATFORMS", "-x", "XLA_FLAGS", sys.executable, str(ROOT / "scripts" / "train.py")]
+    command += ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(tmp_path / "mpi")]
+    command += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=170)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"mpirun did not finish within 170 s:\n{process.communicate()[0]}")
+    assert process.returncode == 0, output
+    assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
+    assert output.count("test CER") == 1  # printed by rank 0 only
+    summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 3 and 0 <= summary["test_cer"] <= 1.5
