@@ -26,7 +26,7 @@ $(PY):
 # Build requirements first: the package builds without isolation, against
 # the jax it runs with (the FFI headers come from jaxlib).
 $(VENV)/.installed: $(SOURCES) | $(PY)
-	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "nanobind>=2.4" ninja "jaxlib>=0.10.2,<0.12"
+	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "nanobind>=2.4" ninja "jax>=0.10.2,<0.12"
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
 	touch $@
 
