@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from train import expose_host_devices  # noqa: E402  (scripts/ is on the path of a script)
+
 
 class FixedBatches:
     """The same random batch every step: steps_per_epoch is irrelevant here."""
@@ -122,9 +124,7 @@ def main() -> None:
                         help="config override for every benchmarked config; repeatable")
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args()
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
+    expose_host_devices(args.host_devices)
 
     import jaxring.topology
 
