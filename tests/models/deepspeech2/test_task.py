@@ -1,7 +1,8 @@
 """The Deep Speech 2 task adapter: loss weighting, scoring against jiwer, replicas vs one device, batches."""
 
+from pathlib import Path
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -145,3 +146,9 @@ def test_batches_from_a_synthetic_corpus(tmp_path):
 def test_manifest_corpus_needs_its_manifests():
     with pytest.raises(ValueError, match="data.dev_manifest, data.test_manifest not set"):
         DataConfig(corpus="manifest", train_manifest="t.jsonl")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_config_validates(path):
+    config = config_lib.load(path, CONFIG_SECTIONS)
+    assert config.train.batch_size > 0 and config.model.conv_layers >= 1
