@@ -1,7 +1,7 @@
 """Trains Deep Speech 2 with jaxring's synchronous data-parallel SGD.
 
     python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny
-    python scripts/train.py --config configs/ds2_tiny.yaml --set optim.learning_rate=1e-3
+    python scripts/train.py --config configs/ds2_tiny.yaml --set optim.learning_rate=1e-3 --allreduce psum
     python scripts/train.py --workdir runs/ds2_tiny --resume
     mpirun -np 2 python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/mpi
 
@@ -25,6 +25,8 @@ def parse_args(argv=None):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in WORKDIR")
+    parser.add_argument("--allreduce", choices=["ring", "psum"],
+                        help="gradient all-reduce: jaxring's ring or jax.lax.pmean (same as --set train.allreduce=...)")
     parser.add_argument("--host-devices", type=int,
                         help="split the CPU into this many XLA devices for data parallelism on the host "
                         "(default: XLA's single CPU device; on 2 cores more devices were no faster)")
@@ -35,6 +37,8 @@ def parse_args(argv=None):
         args.workdir = ROOT / "runs" / args.config.stem
     if args.config is None:
         args.config = args.workdir / "config.yaml"
+    if args.allreduce:
+        args.overrides.append(f"train.allreduce={args.allreduce}")
     return args
 
 

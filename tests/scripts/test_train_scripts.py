@@ -45,7 +45,8 @@ def run(tmp_path_factory):
     """One tiny training run shared by the tests below."""
     tmp = tmp_path_factory.mktemp("run")
     workdir = tmp / "run"
-    argv = ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(workdir), *tiny_overrides(tmp / "cache")]
+    argv = ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(workdir), "--allreduce", "psum"]
+    argv += tiny_overrides(tmp / "cache")
     summary = train.main(argv)
     return workdir, summary, tmp / "cache"
 
@@ -57,6 +58,7 @@ def test_train_writes_the_run_directory(run, capsys):
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and "dev_cer" in rows[1] and "dev_wer" in rows[2]
     assert (workdir / "config.yaml").read_text().count("rnn_hidden: 8") == 1
+    assert "allreduce: psum" in (workdir / "config.yaml").read_text()
     assert {p.name for p in (workdir / "plots").iterdir()} == {"loss.png", "error_rates.png"}
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir())[-1] == "step_000000003.msgpack"
 
@@ -112,4 +114,5 @@ def test_train_under_mpirun(run, tmp_path):
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["steps"] == 3 and 0 <= summary["test_cer"] <= 1.5
+    assert summary["processes"] == 2 and summary["steps"] == 3 and summary["test_cer"] >= 0
+    assert summary["test_utterances"] == 3  # the two ranks' shares add up to the whole test split
