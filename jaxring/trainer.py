@@ -117,11 +117,11 @@ def make_optimizer(cfg: config_lib.OptimConfig, schedule: optax.Schedule) -> opt
 # ---------------------------------------------------------------- all-reduce
 
 
-def local_allreduce(tree, method: str, op: str, bucket_bytes: int):
-    """All-reduce over the local devices (AXIS), inside pmap."""
+def local_mean(tree, method: str, bucket_bytes: int):
+    """Mean of every leaf over the local devices (AXIS), inside pmap: jaxring's ring or lax.pmean."""
     if method == "ring":
-        return tree_allreduce(tree, AXIS, op=op, bucket_bytes=bucket_bytes)
-    return jax.lax.pmean(tree, AXIS) if op == "mean" else jax.lax.psum(tree, AXIS)
+        return tree_allreduce(tree, AXIS, op="mean", bucket_bytes=bucket_bytes)
+    return jax.lax.pmean(tree, AXIS)
 
 
 def global_mean(flat: jax.Array, method: str) -> jax.Array:
@@ -153,8 +153,7 @@ def split_for_devices(batch: dict, n_devices: int) -> dict:
 
 def pad_batch(batch: dict, size: int) -> dict:
     """Leaves padded to `size` rows by repeating the last row (outputs of the copies are dropped)."""
-    rows = len(jax.tree_util.tree_leaves(batch)[0])
-    index = np.minimum(np.arange(size), rows - 1)
+    index = np.minimum(np.arange(size), batch_rows(batch) - 1)
     return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
 
 
@@ -303,12 +302,12 @@ class Trainer:
 
     def _build_steps(self):
         train = self.config.train
-        reduce = lambda tree, op: local_allreduce(tree, train.allreduce, op, train.bucket_bytes)  # noqa: E731
+        mean = lambda tree: local_mean(tree, train.allreduce, train.bucket_bytes)  # noqa: E731
         if self.world_size == 1:
 
             def step(state, batch):
                 loss, grads, model_state = self._grads(state, batch)
-                grads, model_state, loss = reduce((grads, model_state, loss), "mean")
+                grads, model_state, loss = mean((grads, model_state, loss))
                 return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
             self._step = jax.pmap(step, axis_name=AXIS, donate_argnums=0)
@@ -326,7 +325,7 @@ class Trainer:
             self._forward_backward = jax.pmap(forward_backward, axis_name=AXIS)
             self._ravel = jax.pmap(lambda tree: ravel_pytree(tree)[0], axis_name=AXIS)
             self._update = jax.pmap(update, axis_name=AXIS, donate_argnums=0)
-        self._probe = jax.pmap(lambda tree: reduce(tree, "mean"), axis_name=AXIS)
+        self._probe = jax.pmap(mean, axis_name=AXIS)
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
