@@ -52,6 +52,14 @@ class Checkpoints:
         for stale in self.directory.glob("*.tmp"):
             stale.unlink()
 
+    def clear(self) -> int:
+        """Deletes every checkpoint and the best record (a fresh run in an old directory); returns how many."""
+        steps = self.steps()
+        for step in steps:
+            self.path(step).unlink()
+        (self.directory / "best.json").unlink(missing_ok=True)
+        return len(steps)
+
     def path(self, step: int) -> Path:
         return self.directory / f"step_{step:09d}.msgpack"
 

@@ -416,6 +416,9 @@ class Trainer:
         start = int(state.step)
         if lead:
             self.checkpoints.discard_partial()
+            if not resume and (removed := self.checkpoints.clear()):
+                print(f"fresh run: removed {removed} old checkpoints from {self.checkpoints.directory} "
+                      "(--resume continues from them instead)", flush=True)
             config_lib.save(cfg, self.workdir / "config.yaml")
             log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)

@@ -66,3 +66,11 @@ def test_clear_errors(tmp_path):
     wrong["params"]["bias"] = np.zeros(8)
     with pytest.raises(ValueError, match=r"\['params'\]\['bias'\] is float64\[7\] but float64\[8\] is expected"):
         ckpt.restore(wrong)
+
+
+def test_clear(tmp_path):
+    ckpt = Checkpoints(tmp_path, keep=5)
+    for step in (1, 2):
+        ckpt.save(step, make_state(step), {}, {"wer": 0.5})
+    assert ckpt.clear() == 2 and ckpt.steps() == [] and ckpt.best() is None
+    assert Checkpoints(tmp_path / "never_written").clear() == 0
