@@ -1,7 +1,12 @@
 // CPU handler of the ring collectives: a real ring across the host-device
 // threads that XLA runs one per device. Each rank reads only its left
 // neighbour's buffers, as a GPU rank reads its neighbour over peer access.
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -116,41 +121,95 @@ std::string RunRing(const RingCall& call, CpuRank& me) {
   return rendezvous->WaitFor(right_rank, FinalWaitRight(stages), deadline);
 }
 
-ffi::Error RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
-                   ffi::Result<ffi::AnyBuffer> out,
-                   ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id,
-                   int64_t mode, int64_t elements,
-                   ffi::Span<const int64_t> ring_devices, int64_t ring_size,
-                   int64_t timeout_ms, int64_t slice_bytes) {
+std::string RunRingOf(ffi::DataType type, const RingCall& call, CpuRank& me) {
+  switch (type) {
+    case ffi::DataType::F32:
+      return RunRing<float, float>(call, me);
+    case ffi::DataType::BF16:
+      return RunRing<Bf16, float>(call, me);
+    case ffi::DataType::F16:
+      return RunRing<_Float16, float>(call, me);
+    case ffi::DataType::S32:
+      return RunRing<int32_t, int32_t>(call, me);
+    default:
+      return "jaxring: unsupported dtype";
+  }
+}
+
+// Threads that run the ranks. A rank waits for its peers, possibly until the
+// timeout, so it must not hold one of XLA's worker threads: XLA may run
+// several independent collectives of one program at once and in different
+// orders on different devices, and ranks blocking XLA's few threads (2 cores
+// here) would wait on each other. Every queued task gets a thread at once (an
+// idle one, else a new one), so no rank ever waits for a thread.
+class RankThreads {
+ public:
+  void Run(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (static_cast<int64_t>(tasks_.size()) > idle_) {
+      std::thread([this] { Serve(); }).detach();
+    } else {
+      wake_.notify_one();
+    }
+  }
+
+ private:
+  void Serve() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      wake_.wait(lock, [&] { return !tasks_.empty(); });
+      --idle_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  int64_t idle_ = 0;
+};
+
+RankThreads& Threads() {
+  static auto* threads = new RankThreads();  // never destroyed: its threads outlive main
+  return *threads;
+}
+
+// Asynchronous: returns at once and completes the future when the rank is
+// done, so XLA's thread is free to run this device's other work meanwhile.
+ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
+                    ffi::Result<ffi::AnyBuffer> out,
+                    ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id,
+                    int64_t mode, int64_t elements,
+                    ffi::Span<const int64_t> ring_devices, int64_t ring_size,
+                    int64_t timeout_ms, int64_t slice_bytes) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
   RingCall call;
   if (auto error = DescribeCall(run_id.run_id, device_ordinal, op_id, mode,
                                 elements, ring_devices, ring_size, timeout_ms,
                                 slice_bytes, x.element_type(), &call);
       !error.empty()) {
-    return ffi::Error::InvalidArgument(error);
+    promise.SetError(ffi::Error::InvalidArgument(error));
+    return future;
   }
   CpuRank me{x.untyped_data(), out->untyped_data(),
              workspace->element_count() > 0 ? workspace->untyped_data()
                                             : out->untyped_data()};
-  std::string error;
-  switch (x.element_type()) {
-    case ffi::DataType::F32:
-      error = RunRing<float, float>(call, me);
-      break;
-    case ffi::DataType::BF16:
-      error = RunRing<Bf16, float>(call, me);
-      break;
-    case ffi::DataType::F16:
-      error = RunRing<_Float16, float>(call, me);
-      break;
-    case ffi::DataType::S32:
-      error = RunRing<int32_t, int32_t>(call, me);
-      break;
-    default:
-      return ffi::Error::InvalidArgument("jaxring: unsupported dtype");
-  }
-  if (!error.empty()) return ffi::Error::Internal(error);
-  return ffi::Error::Success();
+  Threads().Run([type = x.element_type(), call, me, promise]() mutable {
+    const std::string error = RunRingOf(type, call, me);
+    if (error.empty()) {
+      promise.SetAvailable();
+    } else {
+      promise.SetError(ffi::Error::Internal(error));
+    }
+  });
+  return future;
 }
 
 }  // namespace
