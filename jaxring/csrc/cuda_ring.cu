@@ -219,7 +219,7 @@ std::string RunTyped(const RingCall& call, const CudaRank& buffers) {
       }
       // Our buffers must outlive the right neighbour's reads of them (XLA may
       // reuse them once this stream moves on).
-      const int64_t total = static_cast<int64_t>(stages.size());
+      const int64_t total = FinalWaitRight(stages);
       if (error.empty()) error = rendezvous->WaitFor(right_rank, total, deadline);
       if (error.empty()) {
         cudaStreamWaitEvent(buffers.stream, right.events[total], 0);

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <map>
-#include <set>
 #include <sstream>
 #include <tuple>
 
