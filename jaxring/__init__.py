@@ -2,9 +2,9 @@
 
 import importlib
 
-from jaxring._ffi import default_timeout, set_default_timeout
 from jaxring.fusion import tree_allreduce
 from jaxring.ring import all_gather, allreduce, reduce_scatter
+from jaxring.timeout import default_timeout, set_default_timeout
 
 # Importing mpi4py starts MPI and mpi4jax takes seconds to load, so the
 # cross-process names load on first use.

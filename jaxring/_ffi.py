@@ -4,8 +4,6 @@ import functools
 
 import jax
 
-TARGET = "jaxring_ring"
-
 
 @functools.cache
 def cpu_module():
@@ -30,6 +28,16 @@ def cuda_module():
     return _jaxring_cuda
 
 
+def target_name() -> str:
+    """The FFI target of the ring handlers, as the compiled module names it."""
+    return cpu_module().TARGET_NAME
+
+
+def modes() -> dict:
+    """The collective modes the handlers run, name -> the value they take."""
+    return dict(cpu_module().MODES)
+
+
 @functools.cache
 def register():
     """Registers every compiled target once per process; returns the platforms."""
@@ -41,16 +49,3 @@ def register():
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
         platforms.append(platform)
     return tuple(platforms)
-
-
-def set_default_timeout(seconds: float) -> None:
-    """Seconds every later collective waits for missing ranks before failing."""
-    if not seconds > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {seconds!r}")
-    for module in (cpu_module(), cuda_module()):
-        if module is not None:
-            module.set_default_timeout_s(float(seconds))
-
-
-def default_timeout() -> float:
-    return cpu_module().default_timeout_s()

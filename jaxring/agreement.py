@@ -8,30 +8,13 @@ mismatch into a ValueError on every process naming the ranks and arguments.
 """
 
 import hashlib
-import os
 import time
 
 import numpy as np
 
-TIMEOUT_ENV = "JAXRING_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
+from jaxring import timeout as timeout_lib
+
 _SPIN_S = 0.05
-
-
-def resolve_timeout(timeout: float | None) -> float:
-    """The timeout in seconds: the argument, else $JAXRING_TIMEOUT_S, else 300."""
-    if timeout is None:
-        timeout = os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
-        source = f"${TIMEOUT_ENV}"
-    else:
-        source = "timeout"
-    try:
-        timeout = float(timeout)
-    except ValueError:
-        timeout = float("nan")
-    if not timeout > 0:
-        raise ValueError(f"{source} must be a positive number of seconds, got {timeout!r}")
-    return timeout
 
 
 def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> None:
@@ -40,8 +23,9 @@ def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> Non
     Collective over `comm`. Raises TimeoutError if some process has not arrived
     within the timeout (the job should then abort: the late process would
     meet a different call), ValueError on every process if descriptors differ.
+    `timeout`: seconds, inf for none, None for jaxring.timeout.default_timeout().
     """
-    timeout = resolve_timeout(timeout)
+    timeout = timeout_lib.resolve(timeout)
     digest = np.frombuffer(hashlib.blake2b(descriptor.encode(), digest_size=16).digest(), np.uint8)
     digests = np.empty((comm.Get_size(), digest.size), np.uint8)
     request = comm.Iallgather(digest, digests)
@@ -73,7 +57,7 @@ def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:
             raise TimeoutError(
                 f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s "
                 "and not every process arrived. One of them skipped this call, died or is "
-                f"stuck; the limit is set by timeout= or ${TIMEOUT_ENV}. The processes are "
+                f"stuck; the limit is set by timeout=, jaxring.set_default_timeout or ${timeout_lib.ENV}. The processes are "
                 "now out of step: end the job (python -m mpi4py aborts it on an uncaught "
                 "exception)."
             )

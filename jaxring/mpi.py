@@ -34,7 +34,8 @@ import mpi4jax
 import numpy as np
 from mpi4py import MPI
 
-from jaxring import agreement, ring, topology
+from jaxring import accumulation, agreement, ring, topology
+from jaxring import timeout as timeout_lib
 
 ALGORITHMS = ("ring", "mpi", "auto")
 OPS = ("sum", "mean")
@@ -49,32 +50,45 @@ _WIRE_DTYPES = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp
 
 
 def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: float | None = None):
-    """Sum (or mean) of `x` over all local devices of all processes.
+    """Sum (or mean) of every leaf of `x` over all local devices of all processes.
 
     Args:
-      x: array whose leading axis is the number of local devices (as ``pmap``
-        returns it), floating dtype. Every process must call with the same
-        shape, dtype, op and algorithm.
-      op: "sum" or "mean" (the sum divided by the number of devices of all processes).
+      x: a pytree of arrays whose leading axis is the number of local devices
+        (as ``pmap`` returns them), of float32, bfloat16, float16 or int32.
+        Every process must call with the same structure, shapes, dtypes, op
+        and algorithm.
+      op: "sum" or "mean" (the sum divided by the number of devices of all
+        processes; of int32, a float32, as lax.pmean's).
       algorithm: "ring" (ring of processes over mpi4jax sendrecv), "mpi"
         (MPI_Allreduce through mpi4jax.allreduce), or "auto" (whichever the
         table measured by scripts/bench_allreduce_mpi.py says is faster for
         this size). Only the cross-process step differs; with one process all
         three are the local ring all-reduce.
-      timeout: seconds to wait for every process to arrive before raising
-        TimeoutError; default $JAXRING_TIMEOUT_S, else 300.
+      timeout: seconds (inf: no limit) to wait for every process to arrive
+        before raising TimeoutError; default jaxring.default_timeout().
 
     Returns:
-      An array of the shape of `x`, sharded over the local devices like a pmap
-      output, every row holding the same result, bitwise equal on every
-      device of every process for "ring". 16-bit floats are accumulated in float32.
+      `x`'s structure of arrays of its leaves' shapes, sharded over the local
+      devices like pmap outputs, every row holding the same result, bitwise
+      equal on every device of every process for "ring". 16-bit floats are
+      accumulated in float32, int32 exactly in int32. Each leaf is its own
+      collective: fuse small leaves first (jaxring.fusion) where that matters.
 
     Call it outside jit, between pmapped steps. GPU arrays go through host
     memory around each MPI call unless MPI4JAX_USE_CUDA_MPI=1 is set with a
     CUDA-aware MPI (see the module docstring).
     """
     world = topology.init()
-    _check_arguments(x, op, algorithm, world)
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    timeout = timeout_lib.resolve(timeout)
+    return jax.tree_util.tree_map(lambda leaf: _global_allreduce_leaf(leaf, op, algorithm, timeout, world), x)
+
+
+def _global_allreduce_leaf(x, op, algorithm, timeout, world):
+    _check_leaf(x, world)
     if algorithm == "auto":
         algorithm = choose_algorithm(math.prod(x.shape[1:]) * x.dtype.itemsize, world.size)
     agreement.agree(
@@ -124,25 +138,23 @@ def _table() -> tuple:
     return tuple(json.loads(TABLE_PATH.read_text())["measured"])
 
 
-def _check_arguments(x, op, algorithm, world):
+def _check_leaf(x, world):
     if isinstance(x, jax.core.Tracer):
         raise TypeError(
             "global_allreduce talks to MPI from the host, so it runs outside jit: end the "
             "pmapped step before it and start the next one after (inside pmap, "
             "jaxring.allreduce reduces over the local devices)"
         )
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     n_local = len(world.local_devices)
     if not hasattr(x, "shape") or x.ndim < 1 or x.shape[0] != n_local:
         raise ValueError(
-            f"x must have a leading axis of {n_local} (one row per local device, as "
+            f"every leaf of x must have a leading axis of {n_local} (one row per local device, as "
             f"pmap returns it), got shape {getattr(x, 'shape', type(x).__name__)}"
         )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"global_allreduce reduces floating point arrays, got dtype {x.dtype}")
+    if not any(x.dtype == d for d in ring.SUPPORTED_DTYPES):
+        raise TypeError(
+            f"global_allreduce reduces float32, bfloat16, float16 or int32 arrays, got dtype {x.dtype}"
+        )
 
 
 def _map_devices(world, fn, shards):
@@ -164,13 +176,23 @@ def _local_allreduce(devices, op):
 
 @functools.cache
 def _local_reduce_scatter(devices):
-    return jax.pmap(lambda x: ring.reduce_scatter(x, _AXIS), _AXIS, devices=devices)
+    """Local device i gets chunk i of the flattened local sum, zero-padded to equal chunks."""
+    n = len(devices)
+
+    def reduce_scatter(x):
+        flat = x.reshape(-1)
+        chunk = -(-flat.size // n)
+        return ring.reduce_scatter(jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk), _AXIS)
+
+    return jax.pmap(reduce_scatter, _AXIS, devices=devices)
 
 
 @functools.cache
 def _local_all_gather(devices, shape):
-    def all_gather(shard):
-        return ring.all_gather(shard, _AXIS)[: math.prod(shape)].reshape(shape)
+    """The inverse of _local_reduce_scatter: the chunks joined, unpadded, in `shape`."""
+
+    def all_gather(chunk):
+        return ring.all_gather(chunk, _AXIS).reshape(-1)[: math.prod(shape)].reshape(shape)
 
     return jax.pmap(all_gather, _AXIS, devices=devices)
 
@@ -186,24 +208,24 @@ def _across_processes(world, index, algorithm, divisor):
             total = _ring_allreduce(flat, comm, world.rank, world.size)
         else:
             total = mpi4jax.allreduce(
-                flat.astype(_accumulation_dtype(flat.dtype)), op=MPI.SUM, comm=comm
+                flat.astype(accumulation.accumulation_dtype(flat.dtype)), op=MPI.SUM, comm=comm
             ).astype(flat.dtype)
         if divisor != 1:
-            total = (total.astype(_accumulation_dtype(flat.dtype)) / divisor).astype(flat.dtype)
+            total = accumulation.mean(total, divisor)
         return total.reshape(x.shape)
 
     return jax.jit(across)
 
 
 def _ring_allreduce(flat, comm, rank, size):
-    """Ring all-reduce of a 1-D array over the processes of `comm` (DESIGN.md, "The ring").
+    """Ring all-reduce of a 1-D array over the processes of `comm` (docs/ARCHITECTURE.md, "The ring").
 
     Each chunk is summed once, by one process, in one order, then copied to the
     others: every process ends with the same bits.
     """
     dtype = flat.dtype
     chunk = -(-flat.size // size)
-    padded = jnp.pad(flat.astype(_accumulation_dtype(dtype)), (0, size * chunk - flat.size))
+    padded = jnp.pad(flat.astype(accumulation.accumulation_dtype(dtype)), (0, size * chunk - flat.size))
     chunks = list(padded.reshape(size, chunk))
     left, right = (rank - 1) % size, (rank + 1) % size
     for step in range(size - 1):  # reduce-scatter: afterwards this rank owns chunk rank + 1
@@ -225,6 +247,3 @@ def _sendrecv(x, comm, source, dest):
         )
     return mpi4jax.sendrecv(x, x, source=source, dest=dest, comm=comm)
 
-
-def _accumulation_dtype(dtype):
-    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype

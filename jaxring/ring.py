@@ -2,9 +2,16 @@
 
 Each op is one XLA custom call (jaxring/csrc): the handlers of the devices
 along the mapped axis meet in a host-side rendezvous and run the ring of
-DESIGN.md. The devices of each ring, in axis order, are read from the mesh
-when the op is lowered and passed as a static attribute, so a handler learns
-its rank without reading device memory.
+docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
+the mesh when the op is lowered and passed as a static attribute, so a
+handler learns its rank without reading device memory.
+
+The public ops take lax's arguments and return lax's shapes and types:
+`allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
+`all_gather` lax.all_gather. Under shard_map(check_vma=True) their outputs
+carry lax's varying axes, so shard_map accepts and refuses what it does with
+lax. A ring of one device (or an empty array) has nothing to move: those
+calls are lax's own op, which XLA compiles to nothing.
 """
 
 import itertools
@@ -12,113 +19,142 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.sharding_impls import SPMDAxisContext
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from jaxring import _ffi
+from jaxring import _ffi, _jax_compat, accumulation, timeout as timeout_lib
 
-ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2
+_MODES = _ffi.modes()
+ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = _MODES["allreduce"], _MODES["reduce_scatter"], _MODES["all_gather"]
+OPS = ("sum", "mean")
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 # Stage size of the pipelined ring (per slice of a chunk), by platform.
 SLICE_BYTES = {"cpu": 4 << 20, "cuda": 4 << 20}
 
 _op_ids = itertools.count(1)
 
-ring_p = core.Primitive("jaxring_ring")
+ring_p = core.Primitive(_ffi.target_name())
 
 
 def _axis_names(axis_name):
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _ring_size(axis_name):
+def _ring_size(names):
     size = 1
-    for name in _axis_names(axis_name):
+    for name in names:
         size *= jax.lax.axis_size(name)
     return size
 
 
-def _check_dtype(x):
+def _as_supported_array(x, op_name):
+    x = jnp.asarray(x)
     if not any(x.dtype == d for d in SUPPORTED_DTYPES):
         raise TypeError(
-            f"jaxring collectives take float32, bfloat16, float16 or int32 arrays, "
+            f"jaxring.{op_name} takes float32, bfloat16, float16 or int32 arrays, "
             f"got {x.dtype}; cast the array first"
         )
+    return x
 
 
 def _timeout_ms(timeout):
+    """The handler's timeout attribute: milliseconds, 0 for the default, -1 for none."""
     if timeout is None:
-        return 0  # the handler's default (JAXRING_TIMEOUT_S, else 300 s)
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return max(1, int(round(timeout * 1000)))
+        timeout_lib.default_timeout()  # parses $JAXRING_TIMEOUT_S and hands it to the handlers
+        return 0
+    seconds = timeout_lib.check(timeout)
+    return -1 if seconds == float("inf") else max(1, int(round(seconds * 1000)))
 
 
-def _ring(flat, *, mode, axis_name, timeout):
-    """Binds one ring op on a 1-D array (padded by the caller where the mode needs it)."""
+def _canonical_axis(axis, ndim, what):
+    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise ValueError(f"{what}={axis!r} is not an axis of a {ndim}-dimensional result or input")
+    return int(axis) % ndim
+
+
+def _ring(flat, *, mode, names, timeout_ms):
+    """Binds one ring op on a 1-D array."""
     _ffi.register()
+    if mode == ALLREDUCE and _jax_compat.checking_varying_axes() and _jax_compat.auto_pcast():
+        # As lax.psum: a value not varying over a reduced axis counts once per device.
+        missing = tuple(n for n in names if n not in _jax_compat.varying_axes(jax.typeof(flat)))
+        if missing:
+            flat = jax.lax.pcast(flat, missing, to="varying")
     return ring_p.bind(
-        flat,
-        mode=mode,
-        axis_name=_axis_names(axis_name),
-        ranks=_ring_size(axis_name),
-        op_id=next(_op_ids),
-        timeout_ms=_timeout_ms(timeout),
+        flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
     )
 
 
 def allreduce(x, axis_name, op="sum", *, timeout=None):
-    """Sum (or mean) of `x` over the devices of `axis_name`, on every device.
+    """Sum (op="sum", as jax.lax.psum) or mean (as jax.lax.pmean) of every leaf of `x` over `axis_name`.
 
     Every device gets a bitwise identical result: each chunk is reduced once,
-    by one rank, in one order. bfloat16 and float16 are accumulated in float32.
+    by one rank, in one order. bfloat16 and float16 are accumulated in float32;
+    the mean of int32 is a float, as lax.pmean's. `timeout` (seconds, inf for
+    none) bounds the wait for the other devices; see jaxring/timeout.py.
     """
-    if op not in ("sum", "mean"):
-        raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
-    x = jnp.asarray(x)
-    _check_dtype(x)
-    if op == "mean" and x.dtype == jnp.int32:
-        raise TypeError("op='mean' of an int32 array is not an int32; cast to float first")
-    ranks = _ring_size(axis_name)
-    if x.size == 0:
-        return x
-    total = _ring(x.reshape(-1), mode=ALLREDUCE, axis_name=axis_name, timeout=timeout)
-    total = total.reshape(x.shape)
-    if op == "mean":
-        total = (total.astype(jnp.float32) / ranks).astype(x.dtype)
-    return total
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    names = _axis_names(axis_name)
+    timeout_ms = _timeout_ms(timeout)
+
+    def reduce_leaf(leaf):
+        x = _as_supported_array(leaf, "allreduce")
+        ranks = _ring_size(names)
+        if ranks == 1 or x.size == 0:
+            return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, names)
+        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
+        return accumulation.mean(total, ranks) if op == "mean" else total
+
+    return jax.tree_util.tree_map(reduce_leaf, x)
 
 
-def reduce_scatter(x, axis_name, *, timeout=None):
-    """The device's chunk of the sum of `x` over `axis_name`, by axis position.
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):
+    """The device's block of the sum of `x` over `axis_name`, as jax.lax.psum_scatter.
 
-    Returns a 1-D array of c = ceil(x.size / N) elements: the device at position
-    r gets elements [r*c, (r+1)*c) of the flattened sum, zero-padded past x.size.
+    Untiled, `x.shape[scatter_dimension]` must equal the number of devices N
+    and the device at axis position r gets sum[..., r, ...] (that dimension
+    dropped); tiled, it must be a multiple of N and the device gets the r-th
+    of N equal blocks along it.
     """
-    x = jnp.asarray(x)
-    _check_dtype(x)
-    ranks = _ring_size(axis_name)
-    chunk = -(-x.size // ranks)
-    flat = jnp.pad(x.reshape(-1), (0, chunk * ranks - x.size))
-    if chunk == 0:
-        return flat
-    return _ring(flat, mode=REDUCE_SCATTER, axis_name=axis_name, timeout=timeout)
+    x = _as_supported_array(x, "reduce_scatter")
+    names = _axis_names(axis_name)
+    ranks = _ring_size(names)
+    dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension")
+    size = x.shape[dim]
+    if (size % ranks if tiled else size != ranks):
+        raise ValueError(
+            f"reduce_scatter over {ranks} devices needs dimension {dim} of x "
+            f"{'to be a multiple of' if tiled else 'to equal'} {ranks}, got shape {x.shape}"
+        )
+    if ranks == 1 or x.size == 0:
+        return jax.lax.psum_scatter(x, names, scatter_dimension=dim, tiled=tiled)
+    # Device r's block must be the r-th contiguous chunk of the flat buffer.
+    blocks = jnp.moveaxis(x, dim, 0)
+    mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=_timeout_ms(timeout))
+    mine = mine.reshape((size // ranks,) + blocks.shape[1:])
+    return jnp.moveaxis(mine, 0, dim) if tiled else mine[0]
 
 
-def all_gather(x, axis_name, *, timeout=None):
-    """Concatenation, in axis order, of every device's 1-D `x`: the inverse of reduce_scatter.
+def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
+    """Every device's `x`, in axis order, stacked along a new `axis` (as jax.lax.all_gather).
 
-    `all_gather(reduce_scatter(x, a), a)[:x.size].reshape(x.shape)` equals
-    `allreduce(x, a)`.
+    Tiled, the blocks are concatenated along the existing `axis` instead.
+    `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     """
-    x = jnp.asarray(x)
-    _check_dtype(x)
-    if x.ndim != 1:
-        raise ValueError(f"all_gather takes the 1-D chunk reduce_scatter returns, got shape {x.shape}")
-    if x.size == 0:
-        return x
-    return _ring(x, mode=ALL_GATHER, axis_name=axis_name, timeout=timeout)
+    x = _as_supported_array(x, "all_gather")
+    names = _axis_names(axis_name)
+    ranks = _ring_size(names)
+    if tiled and x.ndim == 0:
+        raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
+    axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
+    if ranks == 1 or x.size == 0:
+        return jax.lax.all_gather(x, names, axis=axis, tiled=tiled)
+    flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=_timeout_ms(timeout))
+    stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
+    if not tiled:
+        return stacked
+    return stacked.reshape(x.shape[:axis] + (ranks * x.shape[axis],) + x.shape[axis + 1 :])
 
 
 # --- the primitive's rules -------------------------------------------------
@@ -128,14 +164,35 @@ def _out_elements(elements, mode, ranks):
     return {ALLREDUCE: elements, REDUCE_SCATTER: elements // ranks, ALL_GATHER: elements * ranks}[mode]
 
 
+def _out_varying(x, mode, axis_name):
+    """The varying axes of the output, by lax's rules (psum_invariant, psum_scatter, all_gather)."""
+    if not _jax_compat.checking_varying_axes():
+        return frozenset()
+    varying = _jax_compat.varying_axes(x)
+    if mode == ALLREDUCE:
+        if not varying.intersection(axis_name):
+            raise ValueError(
+                f"jaxring.allreduce over {axis_name} of a value that does not vary over any of "
+                f"them (it varies over {set(varying) or 'nothing'}): as with lax.psum, mark it "
+                "varying first with jax.lax.pcast(x, axis_name, to='varying')"
+            )
+        return varying - frozenset(axis_name)
+    if not varying.issuperset(axis_name):
+        name = "reduce_scatter" if mode == REDUCE_SCATTER else "all_gather"
+        raise ValueError(
+            f"jaxring.{name} over {axis_name} needs a value varying over all of them (as "
+            f"lax.{'psum_scatter' if mode == REDUCE_SCATTER else 'all_gather'}), got one varying "
+            f"over {set(varying) or 'nothing'}; mark it with jax.lax.pcast(x, axis_name, to='varying') "
+            "or pass check_vma=False to jax.shard_map"
+        )
+    return varying  # each device still holds its own block
+
+
 def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms):
     if mode == REDUCE_SCATTER and x.shape[0] % ranks:
         raise ValueError(f"reduce_scatter input of {x.shape[0]} elements is not a multiple of {ranks}")
-    return jax.core.ShapedArray((_out_elements(x.shape[0], mode, ranks),), x.dtype)
-
-
-def _accumulator_dtype(dtype):
-    return np.dtype(np.int32) if dtype == jnp.int32 else np.dtype(np.float32)
+    shape = (_out_elements(x.shape[0], mode, ranks),)
+    return _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
 
 
 def _workspace_elements(dtype, elements, mode):
@@ -147,7 +204,7 @@ def _workspace_elements(dtype, elements, mode):
     """
     if mode == ALL_GATHER:
         return 0
-    if mode == ALLREDUCE and np.dtype(dtype) == _accumulator_dtype(dtype):
+    if mode == ALLREDUCE and np.dtype(dtype) == accumulation.accumulation_dtype(dtype):
         return 0
     return elements
 
@@ -160,13 +217,12 @@ def _device_ordinal(device, platform):
 
 def _ring_devices(ctx, axis_name, platform):
     """Device ordinals of every ring, group by group, each in axis order."""
-    axis_context = ctx.module_context.axis_context
-    if not isinstance(axis_context, SPMDAxisContext):
+    mesh = _jax_compat.spmd_mesh(ctx)
+    if mesh is None:
         raise ValueError(
             "jaxring collectives run inside jax.pmap or jax.shard_map over the devices "
             f"of this process; axis {axis_name} is not bound by either here"
         )
-    mesh = axis_context.mesh
     names = list(mesh.axis_names)
     for name in axis_name:
         if name not in names:
@@ -190,8 +246,8 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
     if platform == "cuda":
         # One staging slice for peers that cannot map each other's memory.
         workspace_elements += SLICE_BYTES[platform] // np.dtype(x_aval.dtype).itemsize
-    workspace = jax.core.ShapedArray((workspace_elements,), _accumulator_dtype(x_aval.dtype))
-    lower = jax.ffi.ffi_lowering(_ffi.TARGET)
+    workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
+    lower = jax.ffi.ffi_lowering(_ffi.target_name())
     out, _ = lower(
         ctx.replace(avals_out=[out_aval, workspace]),
         x,
@@ -207,19 +263,19 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
 
 
 def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):
-    # In SPMD, the transpose of a sum over devices is a sum over devices, and
-    # reduce_scatter and all_gather are each other's transpose.
-    transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
+    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
+        # Typed, the cotangent of a sum is the same on every device: each
+        # input receives it whole, no communication (lax.psum's transpose).
+        return [jax.lax.pcast(cotangent, axis_name, to="varying")]
+    # Untyped, the cotangent may differ between devices, and the transpose of
+    # a sum over devices is a sum over devices; reduce_scatter and all_gather
+    # are each other's transpose.
+    transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
     return [
         ring_p.bind(
-            cotangent,
-            mode=transposed_mode,
-            axis_name=axis_name,
-            ranks=ranks,
-            op_id=next(_op_ids),
-            timeout_ms=timeout_ms,
+            cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids), timeout_ms=timeout_ms
         )
     ]
 

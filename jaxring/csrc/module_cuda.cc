@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "rendezvous.h"
+#include "ring_handler_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -13,7 +14,7 @@ extern "C" XLA_FFI_Error* kRingCuda(XLA_FFI_CallFrame*);
 NB_MODULE(_jaxring_cuda, m) {
   m.def("registrations", []() {
     nb::dict targets;
-    targets["jaxring_ring"] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCuda));
+    targets[jaxring::kTargetName] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCuda));
     return targets;
   });
   m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds);

@@ -1,7 +1,8 @@
 #include "rendezvous.h"
 
+#include <algorithm>
 #include <atomic>
-#include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -32,16 +33,10 @@ std::map<std::tuple<int64_t, int64_t, int64_t>, Uses>& UsesByRank() {
   return *uses;
 }
 
-double TimeoutFromEnvironment() {
-  const char* value = std::getenv("JAXRING_TIMEOUT_S");
-  if (value == nullptr || *value == '\0') return 300.0;
-  char* end = nullptr;
-  double seconds = std::strtod(value, &end);
-  return (end != value && seconds > 0) ? seconds : 300.0;
-}
-
+// Python sets it when it loads the module (jaxring/timeout.py owns the
+// default and the JAXRING_TIMEOUT_S rules); until then, no limit.
 std::atomic<double>& DefaultTimeout() {
-  static std::atomic<double> seconds{TimeoutFromEnvironment()};
+  static std::atomic<double> seconds{std::numeric_limits<double>::infinity()};
   return seconds;
 }
 
@@ -51,10 +46,12 @@ double DefaultTimeoutSeconds() { return DefaultTimeout().load(); }
 void SetDefaultTimeoutSeconds(double seconds) { DefaultTimeout().store(seconds); }
 
 Clock::time_point DeadlineFor(int64_t timeout_ms) {
-  const double seconds =
-      timeout_ms > 0 ? timeout_ms / 1000.0 : DefaultTimeoutSeconds();
+  const double seconds = timeout_ms > 0   ? timeout_ms / 1000.0
+                         : timeout_ms < 0 ? std::numeric_limits<double>::infinity()
+                                          : DefaultTimeoutSeconds();
+  // An infinite duration would overflow the clock's ticks; ~31 years will not.
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+                            std::chrono::duration<double>(std::min(seconds, kForeverSeconds)));
 }
 
 Rendezvous::Rendezvous(RendezvousKey key, int64_t ranks)

@@ -98,11 +98,14 @@ class RendezvousHandle {
   std::string join_error_;
 };
 
-// Default timeout for every rendezvous: JAXRING_TIMEOUT_S at load time (300 s
-// when unset), changeable at run time.
+// Default timeout for every rendezvous, in seconds (infinity: no limit); set
+// from Python, which owns its value (jaxring/timeout.py).
 double DefaultTimeoutSeconds();
 void SetDefaultTimeoutSeconds(double seconds);
-// The deadline of a call with `timeout_ms` (<= 0: the default).
+// What "no limit" waits at most: about 31 years, within the clock's range.
+inline constexpr double kForeverSeconds = 1e9;
+// The deadline of a call with `timeout_ms`: > 0 that many milliseconds, 0 the
+// default, < 0 none.
 Clock::time_point DeadlineFor(int64_t timeout_ms);
 
 }  // namespace jaxring

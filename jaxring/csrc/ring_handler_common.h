@@ -12,6 +12,10 @@
 
 namespace jaxring {
 
+// The FFI target both handlers register under; Python reads it from the
+// compiled module (jaxring/_ffi.py).
+inline constexpr char kTargetName[] = "jaxring_ring";
+
 struct RingCall {
   RendezvousKey key;
   Mode mode;
@@ -48,7 +52,9 @@ inline std::string DescribeCall(int64_t run_id, int32_t device_ordinal,
   if (ElementBytes(type) == 0) {
     return "jaxring: unsupported dtype; use float32, bfloat16, float16 or int32";
   }
-  if (mode < 0 || mode > 2) return "jaxring: unknown collective mode";
+  if (mode < 0 || mode > static_cast<int64_t>(Mode::kAllGather)) {
+    return "jaxring: unknown collective mode";
+  }
   if (ring_size < 1 || ring_devices.size() % ring_size != 0) {
     return "jaxring: ring_devices is not a whole number of rings";
   }

@@ -25,6 +25,7 @@
 
 namespace jaxring {
 
+// Python reads these values from the compiled module (MODES), never restates them.
 enum class Mode : int64_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 
 // Chunk c covers [Offset(c), Offset(c) + Size(c)). The buffer is cut in units

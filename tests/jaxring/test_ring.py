@@ -68,24 +68,33 @@ def test_allreduce_close_to_psum_and_mean(ranks):
 
 
 @pytest.mark.parametrize("ranks", (2, 3, 5, 8))
-def test_reduce_scatter_returns_the_chunk_of_the_axis_position(ranks):
-    shape = (13, 3)  # 39 elements: not divisible by any ranks here but 3
-    x = random_data(np.random.default_rng(ranks), (ranks, *shape), jnp.float32)
-    chunks, gathered = pmapped(
-        lambda v: (jaxring.reduce_scatter(v, "i"), jaxring.all_gather(jaxring.reduce_scatter(v, "i"), "i")),
+def test_reduce_scatter_returns_the_block_of_the_axis_position(ranks):
+    x = random_data(np.random.default_rng(ranks), (ranks, 13, 2 * ranks, 3), jnp.float32)
+    untiled, tiled, gathered = pmapped(
+        lambda v: (
+            jaxring.reduce_scatter(v[:, :ranks], "i", scatter_dimension=1),
+            jaxring.reduce_scatter(v, "i", scatter_dimension=1, tiled=True),
+            jaxring.all_gather(jaxring.reduce_scatter(v, "i", scatter_dimension=1, tiled=True), "i", axis=1, tiled=True),
+        ),
         ranks,
     )(x)
-    chunk = -(-39 // ranks)
-    total = np.pad(np.asarray(x, np.float64).sum(0).reshape(-1), (0, chunk * ranks - 39))
+    total = np.asarray(x, np.float64).sum(0)
+    assert untiled.shape == (ranks, 13, 3) and tiled.shape == (ranks, 13, 2, 3)
     for position in range(ranks):
-        np.testing.assert_allclose(chunks[position], total[position * chunk : (position + 1) * chunk], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(gathered)[:, :39].reshape(ranks, *shape)[0], total[:39].reshape(shape), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(untiled[position], total[:, position], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tiled[position], total[:, 2 * position : 2 * position + 2], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gathered[position], total, rtol=1e-5, atol=1e-5)
 
 
-def test_all_gather_concatenates_in_axis_order():
-    x = np.arange(8 * 5, dtype=np.int32).reshape(8, 5)
-    gathered = pmapped(lambda v: jaxring.all_gather(v, "i"), 8)(x)
-    assert (np.asarray(gathered) == x.reshape(-1)).all()
+def test_all_gather_stacks_or_concatenates_in_axis_order():
+    x = np.arange(8 * 5 * 3, dtype=np.int32).reshape(8, 5, 3)
+    stacked, on_axis_one, tiled = pmapped(
+        lambda v: (jaxring.all_gather(v, "i"), jaxring.all_gather(v, "i", axis=1), jaxring.all_gather(v, "i", axis=1, tiled=True)),
+        8,
+    )(x)
+    assert (np.asarray(stacked) == x).all(axis=(1, 2, 3)).all()
+    assert (np.asarray(on_axis_one)[0] == x.transpose(1, 0, 2)).all()
+    assert (np.asarray(tiled)[5] == np.concatenate(list(x), axis=1)).all()
 
 
 def test_grad_of_allreduce_is_allreduce_of_cotangent():
@@ -101,10 +110,10 @@ def test_grad_of_allreduce_is_allreduce_of_cotangent():
 
 
 def test_grad_through_reduce_scatter_and_all_gather():
-    x = random_data(np.random.default_rng(3), (4, 10), jnp.float32)
+    x = random_data(np.random.default_rng(3), (4, 12), jnp.float32)
 
     def via_ring(v):
-        return (jaxring.all_gather(jaxring.reduce_scatter(v, "i"), "i")[:10] ** 2).sum()
+        return (jaxring.all_gather(jaxring.reduce_scatter(v, "i", tiled=True), "i", tiled=True) ** 2).sum()
 
     def via_psum(v):
         return (jax.lax.psum(v, "i") ** 2).sum()
@@ -115,13 +124,16 @@ def test_grad_through_reduce_scatter_and_all_gather():
 
 
 def test_vmap_maps_over_the_extra_axis():
-    x = random_data(np.random.default_rng(4), (3, 6, 11), jnp.float32)  # devices, batch, data
+    x = random_data(np.random.default_rng(4), (3, 6, 12), jnp.float32)  # devices, batch, data
     summed, chunks = pmapped(
-        lambda v: (jax.vmap(lambda r: jaxring.allreduce(r, "i"))(v), jax.vmap(lambda r: jaxring.reduce_scatter(r, "i"))(v)),
+        lambda v: (
+            jax.vmap(lambda r: jaxring.allreduce(r, "i"))(v),
+            jax.vmap(lambda r: jaxring.reduce_scatter(r, "i", tiled=True))(v),
+        ),
         3,
     )(x)
     np.testing.assert_allclose(summed[0], np.asarray(x, np.float64).sum(0), rtol=1e-5, atol=1e-5)
-    total = np.pad(np.asarray(x, np.float64).sum(0), ((0, 0), (0, 1)))  # 11 -> 3 chunks of 4
+    total = np.asarray(x, np.float64).sum(0)  # 12 -> 3 chunks of 4
     for position in range(3):
         np.testing.assert_allclose(chunks[position], total[:, 4 * position : 4 * position + 4], rtol=1e-5, atol=1e-5)
 
@@ -174,9 +186,12 @@ def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks,
     x = random_data(np.random.default_rng(7), (ranks, 3001), dtype)
     whole = np.asarray(pmapped(lambda v: jaxring.allreduce(v, "i"), ranks)(x))
     monkeypatch.setitem(jaxring.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
-    sliced, chunks = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(v, "i")), ranks)(x)
-    assert (np.asarray(sliced).view(np.uint8) == whole.view(np.uint8)).all()
     chunk = -(-3001 // ranks)
+    sliced, chunks = pmapped(
+        lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(jnp.pad(v, (0, chunk * ranks - 3001)), "i", tiled=True)),
+        ranks,
+    )(x)
+    assert (np.asarray(sliced).view(np.uint8) == whole.view(np.uint8)).all()
     total = np.pad(np.asarray(x, np.float64).sum(0), (0, chunk * ranks - 3001))
     for position in range(ranks):
         np.testing.assert_allclose(
