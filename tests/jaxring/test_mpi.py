@@ -15,11 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxring import mpi, topology
+from jaxring import mpi, timeout, topology
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 MPIRUN = pathlib.Path(sys.executable).parent / "mpirun"
-CHECKS = ["topology", "allreduce", "mean_and_auto", "mismatch", "broadcast_and_replicas", "host_leaf_divergence"]
+CHECKS = ["topology", "allreduce", "mean_and_auto", "int32_and_pytrees", "mismatch", "broadcast_and_replicas", "host_leaf_divergence"]
 
 
 def mpirun(worker, args, n_procs, devices_per_proc, env=(), timeout_s=150):
@@ -91,11 +91,23 @@ def test_one_process_is_the_local_allreduce(algorithm, shape):
     np.testing.assert_allclose(mean, np.broadcast_to(want / n, x.shape), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ("ring", "mpi"))
+def test_one_process_int32_is_exact_and_pytrees_go_leaf_by_leaf(algorithm):
+    n = len(topology.init().local_devices)
+    rng = np.random.default_rng(1)
+    tree = {"ints": rng.integers(-(2**20), 2**20, (n, 6, 5)).astype(np.int32), "more": [rng.standard_normal((n, 3)).astype(np.float32)]}
+    out = mpi.global_allreduce(tree, algorithm=algorithm)
+    assert out["ints"].dtype == np.int32
+    assert (np.asarray(out["ints"]) == tree["ints"].astype(np.int64).sum(0)).all()
+    np.testing.assert_allclose(out["more"][0], np.broadcast_to(tree["more"][0].astype(np.float64).sum(0), (n, 3)), rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, words",
     [
         (dict(x=np.zeros((3, 2), np.float32)), ValueError, "leading axis of 8"),
-        (dict(x=np.zeros((8, 2), np.int32)), TypeError, "floating point"),
+        (dict(x=np.zeros((8, 2), np.uint8)), TypeError, "float32, bfloat16, float16 or int32"),
+        (dict(x=np.zeros((8, 2), np.float32), timeout="5"), TypeError, "positive number"),
         (dict(x=np.zeros((8, 2), np.float32), op="max"), ValueError, "op must be"),
         (dict(x=np.zeros((8, 2), np.float32), algorithm="nccl"), ValueError, "algorithm must be"),
         (dict(x=np.zeros((8, 2), np.float32), timeout=0), ValueError, "positive number"),
@@ -112,6 +124,7 @@ def test_calling_inside_jit_is_explained():
 
 
 def test_bad_timeout_variable_is_explained(monkeypatch):
+    monkeypatch.setattr(timeout, "_default_s", None)  # as if the variable were read for the first time
     monkeypatch.setenv("JAXRING_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="JAXRING_TIMEOUT_S must be a positive number"):
         mpi.global_allreduce(np.zeros((8, 2), np.float32))

@@ -96,6 +96,27 @@ def check_mean_and_auto():
     passed("mean_and_auto")
 
 
+def int_data(rank, shape):
+    return np.random.default_rng([SEED, rank, 300]).integers(-1000, 1000, (L, *shape)).astype(np.int32)
+
+
+def check_int32_and_pytrees():
+    shape = (3, 7)
+    want = sum(int_data(r, shape).astype(np.int64).sum(0) for r in range(world.size))
+    tree = {"ints": int_data(world.rank, shape), "floats": [data(world.rank, 400, (9,), jnp.float32)]}
+    float_want, magnitude = reference(400, (9,), jnp.float32)
+    for alg in ("ring", "mpi"):
+        out = mpi.global_allreduce(tree, algorithm=alg)
+        assert out["ints"].dtype == np.int32 and (np.asarray(out["ints"]) == want).all(), alg
+        tolerance = world.n_devices * float(jnp.finfo(jnp.float32).eps) * magnitude
+        assert (np.abs(np.asarray(out["floats"][0], np.float64) - float_want) <= tolerance).all(), alg
+        mean = mpi.global_allreduce(tree["ints"], op="mean", algorithm=alg)
+        # As lax.pmean: the mean of integers is a float.
+        assert mean.dtype == np.float32, mean.dtype
+        np.testing.assert_allclose(np.asarray(mean), np.broadcast_to(want / world.n_devices, mean.shape), rtol=1e-6)
+    passed("int32_and_pytrees")
+
+
 def check_mismatch():
     odd_one = world.size - 1
     length = 11 if world.rank == odd_one else 10
