@@ -25,6 +25,11 @@ def varying_axes(aval) -> frozenset:
     return aval.mat.varying
 
 
+def unreduced_or_reduced_axes(aval) -> frozenset:
+    """The mesh axes over which `aval` is typed unreduced or reduced (explicit sharding)."""
+    return aval.mat.unreduced | aval.mat.reduced
+
+
 def with_shape_and_varying(aval, shape, varying):
     """`aval` with a new shape and set of varying axes."""
     return aval.update(shape=shape, manual_axis_type=aval.mat.update(varying=frozenset(varying)))

@@ -10,10 +10,12 @@ The public ops take lax's arguments and return lax's shapes and types:
 `allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
 `all_gather` lax.all_gather. Under shard_map(check_vma=True) their outputs
 carry lax's varying axes, so shard_map accepts and refuses what it does with
-lax. A ring of one device (or an empty array) has nothing to move: those
-calls are lax's own op, which XLA compiles to nothing.
+lax. A ring of one device has nothing to move: no custom call, no
+collective at all, except under check_vma=True, where lax's op types the
+result (see _ring_of_one). An empty array is lax's op.
 """
 
+import functools
 import itertools
 
 import jax
@@ -75,14 +77,42 @@ def _canonical_axis(axis, ndim, what):
 def _ring(flat, *, mode, names, timeout_ms):
     """Binds one ring op on a 1-D array."""
     _ffi.register()
-    if mode == ALLREDUCE and _jax_compat.checking_varying_axes() and _jax_compat.auto_pcast():
-        # As lax.psum: a value not varying over a reduced axis counts once per device.
-        missing = tuple(n for n in names if n not in _jax_compat.varying_axes(jax.typeof(flat)))
-        if missing:
-            flat = jax.lax.pcast(flat, missing, to="varying")
+    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
+        flat = _varying_over_all(flat, names)
     return ring_p.bind(
         flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
     )
+
+
+def _ring_of_one(lax_op, local_result):
+    """A collective over one device: its local result, computed without a collective.
+
+    Under shard_map(check_vma=True) the result's type must drop the reduced
+    axes, which only lax's collectives do; there lax's op runs (a collective
+    over a group of one, as a lax user would pay).
+    """
+    return lax_op() if _jax_compat.checking_varying_axes() else local_result()
+
+
+def _varying_over_all(flat, names):
+    """As lax.psum before it reduces: a value invariant over every reduced axis counts once per device."""
+    aval = jax.typeof(flat)
+    if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
+        raise ValueError(
+            f"jaxring.allreduce over {names} of an unreduced or reduced value ({aval}): "
+            "use jax.lax.psum for explicit-sharding reductions"
+        )
+    varying = _jax_compat.varying_axes(aval)
+    missing = tuple(n for n in names if n not in varying)
+    if len(missing) not in (0, len(names)):
+        raise ValueError(
+            f"jaxring.allreduce over {names} of a value varying over some of them only ({aval}): "
+            f"as lax.psum, it takes one that varies over all or none; mark it with "
+            f"jax.lax.pcast(x, {missing}, to='varying')"
+        )
+    if missing and _jax_compat.auto_pcast():
+        return jax.lax.pcast(flat, missing, to="varying")
+    return flat
 
 
 def allreduce(x, axis_name, op="sum", *, timeout=None):
@@ -101,8 +131,11 @@ def allreduce(x, axis_name, op="sum", *, timeout=None):
     def reduce_leaf(leaf):
         x = _as_supported_array(leaf, "allreduce")
         ranks = _ring_size(names)
-        if ranks == 1 or x.size == 0:
-            return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, names)
+        lax_op = functools.partial(jax.lax.psum if op == "sum" else jax.lax.pmean, x, names)
+        if ranks == 1:
+            return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
+        if x.size == 0:
+            return lax_op()
         total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
@@ -127,8 +160,11 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
             f"reduce_scatter over {ranks} devices needs dimension {dim} of x "
             f"{'to be a multiple of' if tiled else 'to equal'} {ranks}, got shape {x.shape}"
         )
-    if ranks == 1 or x.size == 0:
-        return jax.lax.psum_scatter(x, names, scatter_dimension=dim, tiled=tiled)
+    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
+    if ranks == 1:
+        return _ring_of_one(lax_op, lambda: x if tiled else jnp.squeeze(x, dim))
+    if x.size == 0:
+        return lax_op()
     # Device r's block must be the r-th contiguous chunk of the flat buffer.
     blocks = jnp.moveaxis(x, dim, 0)
     mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=_timeout_ms(timeout))
@@ -148,8 +184,11 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     if tiled and x.ndim == 0:
         raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
     axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
-    if ranks == 1 or x.size == 0:
-        return jax.lax.all_gather(x, names, axis=axis, tiled=tiled)
+    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled)
+    if ranks == 1:
+        return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
+    if x.size == 0:
+        return lax_op()
     flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=_timeout_ms(timeout))
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
