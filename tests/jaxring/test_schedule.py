@@ -12,8 +12,8 @@ import itertools
 import pytest
 
 from jaxring import _ffi
+from jaxring.ring import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
 
-ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2
 SEED, REDUCE_FIRST, REDUCE, REDUCE_LAST, COPY = range(5)
 
 
