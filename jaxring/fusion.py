@@ -42,8 +42,10 @@ def plan_buckets(leaves, bucket_bytes):
     return sorted(buckets, key=lambda b: b[0])
 
 
-def tree_allreduce(tree, axis_name, op="mean", bucket_bytes=DEFAULT_BUCKET_BYTES, *, timeout=None):
+def tree_allreduce(tree, axis_name, op="mean", *, bucket_bytes=DEFAULT_BUCKET_BYTES, timeout=None):
     """All-reduces every leaf of `tree` over `axis_name` with one ring per fused bucket."""
+    if jax.lax.axis_size(axis_name) == 1:  # nothing moves, so packing would only copy
+        return ring.allreduce(tree, axis_name, op, timeout=timeout)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     reduced = list(leaves)
