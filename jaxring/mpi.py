@@ -153,7 +153,7 @@ def _check_leaf(x, world):
         )
     if not any(x.dtype == d for d in ring.SUPPORTED_DTYPES):
         raise TypeError(
-            f"global_allreduce reduces float32, bfloat16, float16 or int32 arrays, got dtype {x.dtype}"
+            f"global_allreduce reduces arrays of {ring.SUPPORTED_DTYPE_NAMES}, got dtype {x.dtype}"
         )
 
 

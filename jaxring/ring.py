@@ -30,6 +30,7 @@ _MODES = _ffi.modes()
 ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = _MODES["allreduce"], _MODES["reduce_scatter"], _MODES["all_gather"]
 OPS = ("sum", "mean")
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
+SUPPORTED_DTYPE_NAMES = ", ".join(np.dtype(d).name for d in SUPPORTED_DTYPES)
 # Stage size of the pipelined ring (per slice of a chunk), by platform.
 SLICE_BYTES = {"cpu": 4 << 20, "cuda": 4 << 20}
 
@@ -53,8 +54,7 @@ def _as_supported_array(x, op_name):
     x = jnp.asarray(x)
     if not any(x.dtype == d for d in SUPPORTED_DTYPES):
         raise TypeError(
-            f"jaxring.{op_name} takes float32, bfloat16, float16 or int32 arrays, "
-            f"got {x.dtype}; cast the array first"
+            f"jaxring.{op_name} takes arrays of {SUPPORTED_DTYPE_NAMES}, got {x.dtype}; cast the array first"
         )
     return x
 
@@ -151,6 +151,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
     of N equal blocks along it.
     """
     x = _as_supported_array(x, "reduce_scatter")
+    timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
     ranks = _ring_size(names)
     dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension")
@@ -167,7 +168,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
         return lax_op()
     # Device r's block must be the r-th contiguous chunk of the flat buffer.
     blocks = jnp.moveaxis(x, dim, 0)
-    mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=_timeout_ms(timeout))
+    mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
     mine = mine.reshape((size // ranks,) + blocks.shape[1:])
     return jnp.moveaxis(mine, 0, dim) if tiled else mine[0]
 
@@ -179,6 +180,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     """
     x = _as_supported_array(x, "all_gather")
+    timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
     ranks = _ring_size(names)
     if tiled and x.ndim == 0:
@@ -189,7 +191,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
     if x.size == 0:
         return lax_op()
-    flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=_timeout_ms(timeout))
+    flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=timeout_ms)
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
         return stacked

@@ -106,7 +106,7 @@ def test_one_process_int32_is_exact_and_pytrees_go_leaf_by_leaf(algorithm):
     "kwargs, error, words",
     [
         (dict(x=np.zeros((3, 2), np.float32)), ValueError, "leading axis of 8"),
-        (dict(x=np.zeros((8, 2), np.uint8)), TypeError, "float32, bfloat16, float16 or int32"),
+        (dict(x=np.zeros((8, 2), np.uint8)), TypeError, "float32, bfloat16, float16, int32"),
         (dict(x=np.zeros((8, 2), np.float32), timeout="5"), TypeError, "positive number"),
         (dict(x=np.zeros((8, 2), np.float32), op="max"), ValueError, "op must be"),
         (dict(x=np.zeros((8, 2), np.float32), algorithm="nccl"), ValueError, "algorithm must be"),
