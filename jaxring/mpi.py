@@ -64,7 +64,8 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
         table measured by scripts/bench_allreduce_mpi.py says is faster for
         this size). Only the cross-process step differs; with one process all
         three are the local ring all-reduce.
-      timeout: seconds (inf: no limit) to wait for every process to arrive
+      timeout: seconds (inf: no limit) that every process waits for the
+        others, at the agreement before the exchange and in the local rings,
         before raising TimeoutError; default jaxring.default_timeout().
 
     Returns:
@@ -83,7 +84,7 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    timeout = timeout_lib.resolve(timeout)
+    timeout_lib.resolve(timeout)  # a bad timeout fails here, before any process waits
     return jax.tree_util.tree_map(lambda leaf: _global_allreduce_leaf(leaf, op, algorithm, timeout, world), x)
 
 
@@ -98,18 +99,18 @@ def _global_allreduce_leaf(x, op, algorithm, timeout, world):
         timeout,
     )
     if world.size == 1 or x.size == 0:  # nothing crosses processes
-        return _local_allreduce(world.local_devices, op)(x)
+        return _local_allreduce(world.local_devices, op, timeout)(x)
     divisor = world.n_devices if op == "mean" else 1
     if len(world.local_devices) == 1:  # the local ring would only copy
         return _across_processes(world, 0, algorithm, divisor)(jax.device_put(x, world.local_devices[0]))
-    shards = _local_reduce_scatter(world.local_devices)(x)
+    shards = _local_reduce_scatter(world.local_devices, timeout)(x)
     reduced = _map_devices(
         world,
         lambda i, shard: _across_processes(world, i, algorithm, divisor)(shard),
         [s.data for s in shards.addressable_shards],
     )
     reduced = jax.make_array_from_single_device_arrays(shards.shape, shards.sharding, reduced)
-    return _local_all_gather(world.local_devices, x.shape[1:])(reduced)
+    return _local_all_gather(world.local_devices, x.shape[1:], timeout)(reduced)
 
 
 def choose_algorithm(nbytes: int, n_procs: int) -> str:
@@ -170,29 +171,30 @@ def _pool(world):
 
 
 @functools.cache
-def _local_allreduce(devices, op):
-    return jax.pmap(lambda x: ring.allreduce(x, _AXIS, op), _AXIS, devices=devices)
+def _local_allreduce(devices, op, timeout):
+    return jax.pmap(lambda x: ring.allreduce(x, _AXIS, op, timeout=timeout), _AXIS, devices=devices)
 
 
 @functools.cache
-def _local_reduce_scatter(devices):
+def _local_reduce_scatter(devices, timeout):
     """Local device i gets chunk i of the flattened local sum, zero-padded to equal chunks."""
     n = len(devices)
 
     def reduce_scatter(x):
         flat = x.reshape(-1)
         chunk = -(-flat.size // n)
-        return ring.reduce_scatter(jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk), _AXIS)
+        padded = jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk)
+        return ring.reduce_scatter(padded, _AXIS, timeout=timeout)
 
     return jax.pmap(reduce_scatter, _AXIS, devices=devices)
 
 
 @functools.cache
-def _local_all_gather(devices, shape):
+def _local_all_gather(devices, shape, timeout):
     """The inverse of _local_reduce_scatter: the chunks joined, unpadded, in `shape`."""
 
     def all_gather(chunk):
-        return ring.all_gather(chunk, _AXIS).reshape(-1)[: math.prod(shape)].reshape(shape)
+        return ring.all_gather(chunk, _AXIS, timeout=timeout).reshape(-1)[: math.prod(shape)].reshape(shape)
 
     return jax.pmap(all_gather, _AXIS, devices=devices)
 
