@@ -117,6 +117,7 @@ CASES = [
     Case("grad-scatter-gather", {"x": 4}, grad_through_scatter_and_gather, (P("x"), P("x")), P("x"), ((8, 8), (8, 8))),
     Case("fori-loop-carry", {"x": 4}, pmean_fori_loop, (P("x"),), P("x"), ((8, 5),)),
     Case("scan-carry", {"x": 2}, scan_carry, (P(None, "x"),), (P("x"), P(None, "x")), ((3, 4, 5),)),
+    Case("vmap-inside", {"x": 4}, lambda ops, x: jax.vmap(lambda r: all_three(ops, r, "x"))(x), (P("x"),), P("x"), ((8, 8, 3),)),
     Case("pytree", {"x": 2, "y": 2}, pytree, (P("x", "y"), P("y", "x")), P(), ((4, 6), (4, 6))),
     Case("pytree-leaf-varying-over-one-axis", {"x": 2, "y": 2}, pytree, (P("x", "y"), P("x")), P(), ((4, 6), (4, 3))),
 ]
