@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 CUDA_ROOT ?= $(firstword $(wildcard /usr/local/cuda-13.0 /usr/local/cuda))
 export CUDA_ROOT
 export MPI4JAX_BUILD_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
-SOURCES := $(wildcard jaxring/csrc/*) CMakeLists.txt pyproject.toml
+SOURCES := $(wildcard jaxring/collectives/csrc/*) CMakeLists.txt pyproject.toml
 # Prints the requirements of pyproject.toml (the one place for pins) named in
 # its arguments, one per line.
 REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \

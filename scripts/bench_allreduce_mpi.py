@@ -64,7 +64,7 @@ def run_job(args):
     comm = MPI.COMM_WORLD
     if args.impls == ["jax_gloo"]:
         start_jax_distributed(comm)
-    from jaxring import mpi, topology
+    from jaxring.collectives import mpi, topology
 
     world = topology.init()
     impls = [i for i in args.impls if not (i == "mpi4jax" and len(world.local_devices) > 1)]
@@ -211,7 +211,7 @@ def print_table(records):
 
 
 def write_table(records, args):
-    from jaxring import mpi
+    from jaxring.collectives import mpi
 
     times = {(r["n_procs"], r["bytes"], r["impl"]): r["median_s"] for r in records}
     measured = [

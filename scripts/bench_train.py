@@ -62,8 +62,8 @@ def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
     import numpy as np
 
-    from jaxring import config as config_lib
-    from jaxring.trainer import Trainer, replicate
+    from jaxring.engine import config as config_lib
+    from jaxring.engine.trainer import Trainer, replicate
     from models.deepspeech2 import summary as model_summary
     from models.deepspeech2.task import CONFIG_SECTIONS, DeepSpeech2Task
 
@@ -126,9 +126,9 @@ def main() -> None:
     args = parser.parse_args()
     expose_host_devices(args.host_devices)
 
-    import jaxring.topology
+    import jaxring
 
-    world = jaxring.topology.init()
+    world = jaxring.init()
     records = [bench(name, allreduce, args, world) for name in args.configs for allreduce in args.allreduce]
     if world.rank != 0:
         return

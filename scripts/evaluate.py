@@ -25,7 +25,7 @@ def main(argv=None) -> dict:
     import jax
 
     from models.deepspeech2.task import load_run
-    from jaxring.trainer import Shard, evaluate, make_predict, replicate
+    from jaxring.engine.trainer import Shard, evaluate, make_predict, replicate
 
     try:
         config, task, variables, step = load_run(args.workdir, args.checkpoint)

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import jiwer
 import numpy as np
 
-from jaxring import config as config_lib
-from jaxring.trainer import AXIS, Shard, load_variables
+from jaxring.engine import config as config_lib
+from jaxring.engine.trainer import AXIS, Shard, load_variables
 from models.deepspeech2 import alphabet, ctc, decode
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxring import config as config_lib
-from jaxring.trainer import Shard, Trainer, replicate, unreplicate
+from jaxring.engine import config as config_lib
+from jaxring.engine.trainer import Shard, Trainer, replicate, unreplicate
 from models.deepspeech2 import alphabet
 from models.deepspeech2 import metrics as ds2_metrics
 from models.deepspeech2.data import read_manifest

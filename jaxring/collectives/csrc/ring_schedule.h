@@ -1,7 +1,7 @@
 // The ring schedule shared by the CPU and CUDA handlers.
 //
 // N ranks, buffer of S elements cut into N chunks. Chunk labels are shifted by
-// one from DESIGN.md ("rank r sends chunk r-s") so that after the
+// one from docs/ARCHITECTURE.md ("rank r sends chunk r-s") so that after the
 // reduce-scatter rank r owns chunk r, which is what reduce_scatter must return
 // by axis position; the ring itself is the same.
 //

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring import ring
+from jaxring.collectives import ring
 
 # Small leaves (biases, norms) are fused; leaves of a bucket's size or more
 # travel alone, uncopied. On 2 host devices, a 71 MB tree of 3 MB weights

@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from mpi4py import MPI
 
-from jaxring import mpi, replicas, topology
+from jaxring.collectives import mpi, replicas, topology
 
 SEED = 20261121
 SHAPES = [(0,), (1,), (3,), (7,), (129,), (5, 33)]  # empty, tiny, below the device counts, odd

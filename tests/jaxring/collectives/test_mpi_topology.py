@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from jaxring.topology import devices_for_process
+from jaxring.collectives.topology import devices_for_process
 
 
 @dataclasses.dataclass(frozen=True)

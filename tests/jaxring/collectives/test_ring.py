@@ -173,7 +173,7 @@ def test_bad_arguments_say_what_to_do():
 def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks, dtype):
     x = random_data(np.random.default_rng(7), (ranks, 3001), dtype)
     whole = np.asarray(pmapped(lambda v: jaxring.allreduce(v, "i"), ranks)(x))
-    monkeypatch.setitem(jaxring.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
+    monkeypatch.setitem(jaxring.collectives.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
     sliced, chunks = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(v, "i")), ranks)(x)
     assert (np.asarray(sliced).view(np.uint8) == whole.view(np.uint8)).all()
     chunk = -(-3001 // ranks)

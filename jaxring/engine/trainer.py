@@ -9,7 +9,7 @@ One process: a single pmapped step does forward, backward, the all-reduce
 (jaxring's fused ring, or jax.lax.pmean with `allreduce: psum`) and the
 update. Several MPI processes: mpi4jax ops cannot sit in a multi-device pmap,
 so the step is cut in two pmaps around `jaxring.global_allreduce`, which
-joins the local ring with the cross-process one (see DESIGN "Data flow").
+joins the local ring with the cross-process one (docs/ARCHITECTURE.md, "Data flow of one step").
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import optax
 from jax.flatten_util import ravel_pytree
 from tqdm import tqdm
 
-from jaxring import config as config_lib
-from jaxring import metrics as metrics_lib
-from jaxring.checkpoint import Checkpoints
-from jaxring.fusion import tree_allreduce
-from jaxring.replicas import broadcast, check_replicas
+from jaxring.engine import config as config_lib
+from jaxring.engine import metrics as metrics_lib
+from jaxring.engine.checkpoint import Checkpoints
+from jaxring.collectives.fusion import tree_allreduce
+from jaxring.collectives.replicas import broadcast, check_replicas
 
 AXIS = "batch"  # the pmapped axis: local devices
 
@@ -129,7 +129,7 @@ def global_mean(flat: jax.Array, method: str) -> jax.Array:
 
     `method` "ring" crosses processes with jaxring's ring, "psum" with MPI_Allreduce.
     """
-    from jaxring.mpi import global_allreduce  # imports mpi4jax: only when several processes
+    from jaxring.collectives.mpi import global_allreduce  # imports mpi4jax: only when several processes
 
     return global_allreduce(flat, op="mean", algorithm="ring" if method == "ring" else "mpi")
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxring import mpi, topology
+from jaxring.collectives import mpi, topology
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 MPIRUN = pathlib.Path(sys.executable).parent / "mpirun"

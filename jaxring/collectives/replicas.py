@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring import agreement, topology
+from jaxring.collectives import agreement, topology
 
 
 class ReplicasDivergedError(RuntimeError):

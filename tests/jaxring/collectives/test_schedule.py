@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from jaxring import _ffi
+from jaxring.collectives import _ffi
 
 ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2
 SEED, REDUCE_FIRST, REDUCE, REDUCE_LAST, COPY = range(5)

@@ -5,7 +5,7 @@ The timeout comes from $JAXRING_TIMEOUT_S, set by the test.
 
 import numpy as np
 
-from jaxring import mpi, topology
+from jaxring.collectives import mpi, topology
 
 world = topology.init()
 if world.rank != 1:

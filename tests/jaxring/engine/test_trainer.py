@@ -15,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxring import config as config_lib
-from jaxring import trainer as trainer_lib
+from jaxring.engine import config as config_lib
+from jaxring.engine import trainer as trainer_lib
 
 DIM = 5
 HIDDEN = 8
@@ -213,7 +213,7 @@ _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
 from test_trainer import ToyTask, toy_config, world_of
-from jaxring.trainer import Trainer
+from jaxring.engine.trainer import Trainer
 cfg = toy_config(train={{"epochs": 4}}, checkpoint={{"every_steps": 4}}, eval={{"every_steps": 0}})
 Trainer(ToyTask(delay={delay}), cfg, {workdir!r}, world_of(4)).fit(resume={resume})
 """

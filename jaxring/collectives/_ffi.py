@@ -10,7 +10,7 @@ TARGET = "jaxring_ring"
 @functools.cache
 def cpu_module():
     try:
-        from jaxring import _jaxring_cpu
+        from jaxring.collectives import _jaxring_cpu
     except ImportError as e:
         raise ImportError(
             "jaxring's compiled CPU handlers are missing: install the package "
@@ -24,7 +24,7 @@ def cpu_module():
 def cuda_module():
     """The CUDA handlers, or None when the package was built without a CUDA toolkit."""
     try:
-        from jaxring import _jaxring_cuda
+        from jaxring.collectives import _jaxring_cuda
     except ImportError:
         return None
     return _jaxring_cuda

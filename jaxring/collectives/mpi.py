@@ -34,7 +34,7 @@ import mpi4jax
 import numpy as np
 from mpi4py import MPI
 
-from jaxring import agreement, ring, topology
+from jaxring.collectives import agreement, ring, topology
 
 ALGORITHMS = ("ring", "mpi", "auto")
 OPS = ("sum", "mean")
@@ -196,7 +196,7 @@ def _across_processes(world, index, algorithm, divisor):
 
 
 def _ring_allreduce(flat, comm, rank, size):
-    """Ring all-reduce of a 1-D array over the processes of `comm` (DESIGN.md, "The ring").
+    """Ring all-reduce of a 1-D array over the processes of `comm` (docs/ARCHITECTURE.md, "The ring").
 
     Each chunk is summed once, by one process, in one order, then copied to the
     others: every process ends with the same bits.

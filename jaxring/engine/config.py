@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from jaxring.fusion import DEFAULT_BUCKET_BYTES
+from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES
 
 
 class ConfigError(ValueError):

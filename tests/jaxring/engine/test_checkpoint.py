@@ -4,7 +4,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxring.checkpoint import Checkpoints
+from jaxring.engine.checkpoint import Checkpoints
 
 
 def make_state(seed):

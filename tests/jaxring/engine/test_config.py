@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import yaml
 
-from jaxring import config as config_lib
+from jaxring.engine import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 import json
 
-from jaxring import metrics
+from jaxring.engine import metrics
 
 
 def test_resume_drops_rows_after_the_checkpoint(tmp_path):

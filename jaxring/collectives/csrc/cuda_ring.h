@@ -1,5 +1,5 @@
-// The CUDA ring engine, separate from its XLA binding so that a test harness
-// can drive several ranks on one GPU exactly as XLA drives one rank per GPU.
+// The CUDA ring engine, kept apart from its XLA binding (module_cuda.cc) so
+// that the engine can be driven without XLA, several ranks on one GPU.
 #pragma once
 
 #include <cuda_runtime.h>

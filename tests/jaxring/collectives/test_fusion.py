@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxring
-from jaxring.fusion import plan_buckets
+from jaxring.collectives.fusion import plan_buckets
 
 
 def test_buckets_keep_dtypes_apart_respect_the_size_and_skip_empty_leaves():

@@ -1,8 +1,8 @@
 """The ring collectives as JAX ops, usable inside jit under pmap or shard_map.
 
-Each op is one XLA custom call (jaxring/csrc): the handlers of the devices
+Each op is one XLA custom call (jaxring/collectives/csrc): the handlers of the devices
 along the mapped axis meet in a host-side rendezvous and run the ring of
-DESIGN.md. The devices of each ring, in axis order, are read from the mesh
+docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from the mesh
 when the op is lowered and passed as a static attribute, so a handler learns
 its rank without reading device memory.
 """
@@ -16,7 +16,7 @@ from jax._src.sharding_impls import SPMDAxisContext
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from jaxring import _ffi
+from jaxring.collectives import _ffi
 
 ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)

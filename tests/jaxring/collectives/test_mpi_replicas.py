@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxring import replicas
+from jaxring.collectives import replicas
 
 
 def replicated(row):
