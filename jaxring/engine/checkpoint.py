@@ -40,12 +40,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class Checkpoints:
     """The checkpoints of one run, in `directory`."""
 
-    def __init__(self, directory: str | Path, keep: int = 3, best_metric: str = "wer"):
+    def __init__(self, directory: str | Path, keep: int = 3, best_metric: str | None = None):
         if keep < 1:
             raise ValueError(f"keep must be at least 1; got {keep}")
         self.directory = Path(directory)
         self.keep = keep
-        self.best_metric = best_metric
+        self.best_metric = best_metric  # None: no best checkpoint is tracked
 
     def discard_partial(self) -> None:
         """Deletes files a run killed mid-save left; call only while no process is saving."""
@@ -86,7 +86,7 @@ class Checkpoints:
         path = self.path(step)
         self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, flax.serialization.msgpack_serialize(payload))
-        value = (metrics or {}).get(self.best_metric)
+        value = (metrics or {}).get(self.best_metric) if self.best_metric else None
         best = self.best()
         if value is not None and (best is None or value < best["value"] or best["step"] == step):
             record = {"step": step, "metric": self.best_metric, "value": float(value)}
@@ -133,3 +133,16 @@ def _check_shapes(target, state):
         return got
 
     return jax.tree_util.tree_map_with_path(check, target, state)
+
+
+def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict, int]:
+    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step."""
+    checkpoints = Checkpoints(Path(workdir) / "checkpoints")
+    if checkpoint == "best":
+        step = (checkpoints.best() or {}).get("step")
+    elif checkpoint == "latest":
+        step = None
+    else:
+        step = int(checkpoint)
+    state, _ = checkpoints.read(step)
+    return {"params": state["params"], **state["model_state"]}, int(state["step"])

@@ -1,9 +1,10 @@
 """Experiment configs: YAML files checked against typed dataclass sections.
 
-An experiment file has one YAML mapping per section. The engine owns the
-`train`, `optim`, `eval` and `checkpoint` sections (dataclasses below); a task
-brings its own sections (for Deep Speech 2: `model` and `data`) as dataclasses
-or as classes with a `from_dict` that validates them. Every key is checked:
+An experiment file names its task (`task: NAME`, resolved by the scripts
+through the registry in models/__init__.py) and has one YAML mapping per
+section. The engine owns the `train`, `optim`, `eval` and `checkpoint`
+sections (dataclasses below); the task brings its own sections as
+dataclasses. Every key is checked:
 a misspelled one is an error that names the closest valid key, and
 `--set section.key=value` overrides are converted to the type the schema
 declares, so `--set optim.learning_rate=1e-3` is a float, not YAML's string.
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 import yaml
 
 from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES
+from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
 
 
 class ConfigError(ValueError):
@@ -35,7 +37,7 @@ class TrainConfig:
     max_steps: int | None = None  # stop before the epochs run out
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
-    log_every: int = 10  # steps between metrics.jsonl rows and all-reduce timings
+    log_every: int = 10  # steps between metrics.jsonl rows
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
@@ -57,14 +59,14 @@ class OptimConfig:
     clip_norm: float | None = 400.0  # global gradient-norm clipping; null disables
 
     def __post_init__(self):
-        _check_choice("optim.name", self.name, ("sgd", "adamw"))
-        _check_choice("optim.schedule", self.schedule, ("anneal", "warmup_cosine", "constant"))
+        _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
+        _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
         _check_positive("optim.learning_rate", self.learning_rate)
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    every_steps: int = 0  # dev CER/WER every this many steps (0: only at the end)
+    every_steps: int = 0  # dev metrics every this many steps (0: only at the end)
     batch_size: int = 32
     max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
@@ -74,11 +76,13 @@ class EvalConfig:
 class CheckpointConfig:
     every_steps: int = 0  # 0: only at the end (and at each dev evaluation)
     keep: int = 3  # most recent checkpoints kept, besides the best one
-    best_metric: str = "wer"  # dev metric that picks the best checkpoint (lower is better)
+    best_metric: str | None = None  # dev metric that picks the best checkpoint (lower is better); null: the task's
 
     def __post_init__(self):
         _check_positive("checkpoint.keep", self.keep)
 
+
+TASK_KEY = "task"  # the top-level key that names the task
 
 ENGINE_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -162,24 +166,21 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
 
 
 def section_from_dict(cls, values: Mapping[str, Any] | None, where: str):
-    """Builds section `cls` from a mapping, checking every key and type.
-
-    A class with its own `from_dict` (the model's ModelConfig) validates itself.
-    """
+    """Builds dataclass section `cls` from a mapping, checking every key and type."""
     if values is None:
         values = {}
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of keys to values; got {values!r}")
-    if hasattr(cls, "from_dict"):
-        try:
-            return cls.from_dict(dict(values))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{where}: {e}") from None
     fields = _field_types(cls)
     for key in values:
         if key not in fields:
             raise _unknown_key_error(where, key, fields)
-    return cls(**{key: _coerce(f"{where}.{key}", values[key], fields[key]) for key in values})
+    try:  # the section's own checks (__post_init__) name the key they reject
+        return cls(**{key: _coerce(f"{where}.{key}", values[key], fields[key]) for key in values})
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
 
 
 def parse_override_value(text: str, annotation: Any) -> Any:
@@ -218,16 +219,13 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
         if section not in sections:
             raise _unknown_key_error("the config", section, sections)
         cls = sections[section]
-        if dataclasses.is_dataclass(cls):
-            fields = _field_types(cls)
-            if key not in fields:
-                raise _unknown_key_error(section, key, fields)
-            try:
-                value = parse_override_value(text, fields[key])
-            except ConfigError as e:
-                raise ConfigError(f"--set {path}: {e}") from None
-        else:
-            value = yaml.safe_load(text)
+        fields = _field_types(cls)
+        if key not in fields:
+            raise _unknown_key_error(section, key, fields)
+        try:
+            value = parse_override_value(text, fields[key])
+        except ConfigError as e:
+            raise ConfigError(f"--set {path}: {e}") from None
         current = raw.get(section) or {}
         if not isinstance(current, Mapping):
             raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
@@ -237,9 +235,10 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A resolved experiment: one typed object per section, by section name."""
+    """A resolved experiment: the task's name and one typed object per section, by section name."""
 
     sections: Mapping[str, Any]
+    task: str | None = None
 
     def __getattr__(self, name):
         if name == "sections":  # not yet set (copy, unpickling): no recursion
@@ -250,38 +249,53 @@ class Config:
             raise AttributeError(name) from None
 
     def to_dict(self) -> dict:
-        return {name: to_dict(value) for name, value in self.sections.items()}
+        named = {TASK_KEY: self.task} if self.task is not None else {}
+        return {**named, **{name: to_dict(value) for name, value in self.sections.items()}}
 
 
 def to_dict(section) -> Any:
     if dataclasses.is_dataclass(section):
         return {f.name: to_dict(getattr(section, f.name)) for f in dataclasses.fields(section)}
-    if hasattr(section, "to_dict"):
-        return section.to_dict()
     if isinstance(section, tuple):
         return list(section)
     return section
 
 
 def build(raw: Mapping[str, Any], task_sections: Mapping[str, type], overrides=()) -> Config:
-    """A Config from a parsed YAML mapping: engine sections plus the task's."""
+    """A Config from a parsed YAML mapping: the task's name, engine sections plus the task's."""
     sections = {**task_sections, **ENGINE_SECTIONS}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config is a mapping of sections ({', '.join(sections)}); got {raw!r}")
+    task = raw.get(TASK_KEY)
+    if task is not None and not isinstance(task, str):
+        raise ConfigError(f"{TASK_KEY} must be the name of a registered task; got {task!r}")
     for name in raw:
-        if name not in sections:
-            raise _unknown_key_error("the config", name, sections)
+        if name not in sections and name != TASK_KEY:
+            raise _unknown_key_error("the config", name, [TASK_KEY, *sections])
     raw = apply_overrides(dict(raw), list(overrides), sections)
-    return Config({name: section_from_dict(cls, raw.get(name), name) for name, cls in sections.items()})
+    return Config({name: section_from_dict(cls, raw.get(name), name) for name, cls in sections.items()}, task)
 
 
-def load(path: str | Path, task_sections: Mapping[str, type], overrides=()) -> Config:
-    """Reads and validates the YAML experiment at `path`."""
+def _read(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        return yaml.safe_load(f) or {}
+
+
+def task_name(path: str | Path) -> str:
+    """The `task:` an experiment file names, which picks the sections it may have."""
+    raw = _read(path)
+    name = raw.get(TASK_KEY) if isinstance(raw, Mapping) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: the config needs a top-level `{TASK_KEY}: NAME` naming the model's task")
+    return name
+
+
+def load(path: str | Path, task_sections: Mapping[str, type], overrides=()) -> Config:
+    """Reads and validates the YAML experiment at `path`."""
+    raw = _read(path)
     try:
         return build(raw, task_sections, overrides)
     except ConfigError as e:

@@ -1,12 +1,26 @@
-"""What a run leaves in its directory: metrics.jsonl, TensorBoard events, summary, plots."""
+"""What a run leaves in its directory: metrics.jsonl, TensorBoard events, summary, plots.
+
+TensorBoard events and plots need tensorboardX and matplotlib (the `speech`
+extra of pyproject.toml installs them); without them a run writes
+metrics.jsonl and summary.json only, and says so once.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
-from tensorboardX import SummaryWriter
+from jaxring.engine.task import MetricNames
+
+
+def _missing(module: str, what: str) -> bool:
+    """True (after a note) when optional `module`, needed for `what`, is not installed."""
+    if importlib.util.find_spec(module) is not None:
+        return False
+    print(f"note: {module} is not installed, so the run writes no {what} (pip install {module})", flush=True)
+    return True
 
 
 class RunLog:
@@ -23,7 +37,11 @@ class RunLog:
         self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
         self._file = open(self.path, "a")
         purge = None if resume_step is None else resume_step + 1
-        self._writer = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=purge)
+        self._writer = None
+        if not _missing("tensorboardX", "TensorBoard events"):
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=purge)
 
     def rows(self) -> list[dict]:
         return read_rows(self.path)
@@ -32,13 +50,16 @@ class RunLog:
         """Appends `row` (it must have "step"); numbers also go to TensorBoard."""
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        if self._writer is None:
+            return
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 self._writer.add_scalar(key, value, row["step"])
 
     def close(self) -> None:
         self._file.close()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -52,15 +73,10 @@ def write_json(path: str | Path, values: dict) -> None:
     Path(path).write_text(json.dumps(values, indent=2) + "\n")
 
 
-# Each plot: file name, y label, the row keys drawn as curves.
-_PLOTS = (
-    ("loss.png", "training loss", ("loss",)),
-    ("error_rates.png", "dev error rate (%)", ("dev_cer", "dev_wer")),
-)
-
-
-def plot_curves(rows: list[dict], out_dir: str | Path) -> list[Path]:
-    """PNG curves of the logged rows; returns the files written."""
+def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> list[Path]:
+    """PNG curves of the logged rows: the loss, and the task's dev metrics; returns the files written."""
+    if _missing("matplotlib", "plots"):
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,7 +85,11 @@ def plot_curves(rows: list[dict], out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, ylabel, keys in _PLOTS:
+    plots = (  # file name, y label, the row keys drawn as curves
+        ("loss.png", "training loss", ("loss",)),
+        ("dev_metrics.png", metrics.label, tuple(f"dev_{name}" for name in metrics.plotted)),
+    )
+    for name, ylabel, keys in plots:
         curves = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
         curves = {k: points for k, points in curves.items() if points}
         if not curves:

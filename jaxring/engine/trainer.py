@@ -1,15 +1,10 @@
 """The synchronous data-parallel SGD engine: model-agnostic, pmapped, jaxring all-reduce.
 
-A model comes in as a `Task` (init, loss, predict, scoring and batches); the
-engine owns everything else: splitting the global batch over processes and
-local devices, the gradient all-reduce, the optimizer and its schedule,
-evaluation, checkpoints and what the run writes to its directory.
-
-One process: a single pmapped step does forward, backward, the all-reduce
-(jaxring's fused ring, or jax.lax.pmean with `allreduce: psum`) and the
-update. Several MPI processes: mpi4jax ops cannot sit in a multi-device pmap,
-so the step is cut in two pmaps around `jaxring.global_allreduce`, which
-joins the local ring with the cross-process one (docs/ARCHITECTURE.md, "Data flow of one step").
+A model comes in as a `Task` (jaxring/engine/task.py); the engine owns
+everything else: splitting the global batch over processes and local
+devices, the optimizer and its schedule, evaluation, checkpoints and what the
+run writes to its directory. The gradient all-reduce is the `sync` object's
+(jaxring/engine/sync.py), chosen once from the world.
 """
 
 from __future__ import annotations
@@ -18,66 +13,27 @@ import collections
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+from typing import Any, Iterable
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 from tqdm import tqdm
 
+from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
 from jaxring.engine.checkpoint import Checkpoints
-from jaxring.collectives.fusion import tree_allreduce
-from jaxring.collectives.replicas import broadcast, check_replicas
+from jaxring.engine.optim import learning_rate_schedule, make_optimizer
+from jaxring.engine.sync import make_sync
+from jaxring.engine.task import AXIS, Shard, Task
 
-AXIS = "batch"  # the pmapped axis: local devices
-
-
-class Shard(NamedTuple):
-    """This process's share of the data: shard `index` of `count`."""
-
-    index: int
-    count: int
-
-
-class Batches(Protocol):
-    """This process's training batches, epoch after epoch, with a resumable position."""
-
-    steps_per_epoch: int
-
-    def __iter__(self) -> Iterator[dict]: ...
-
-    def state(self) -> dict:
-        """JSON-serialisable position: after restore(), iteration yields the batches that would have come next."""
-
-    def restore(self, state: dict) -> None: ...
-
-
-class Task(Protocol):
-    """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = utterances."""
-
-    def init(self, rng) -> dict:
-        """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats")."""
-
-    def loss(self, variables: dict, batch: dict, rng) -> tuple[jax.Array, dict]:
-        """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS."""
-
-    def predict(self, variables: dict, batch: dict) -> Any:
-        """Evaluation-mode outputs, every leaf with a leading batch axis; inside pmap over AXIS."""
-
-    def score(self, outputs: Any, batch: dict) -> dict[str, float]:
-        """Additive counts (e.g. edit distances and lengths) for host numpy outputs of `batch`."""
-
-    def summarize(self, counts: dict[str, float]) -> dict[str, float]:
-        """Metrics (e.g. {"cer", "wer"}, lower is better) from summed counts."""
-
-    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches: ...
-
-    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]: ...
+# Timings of the sync alone at start-up, of which the median is kept: the
+# all-reduce share of a step is that over the measured step time, with no
+# extra collectives in the training loop.
+SYNC_TIMING_REPEATS = 3
 
 
 @flax.struct.dataclass
@@ -87,51 +43,6 @@ class TrainState:
     opt_state: Any
     model_state: Any  # non-param collections, averaged across replicas every step
     rng: jax.Array
-
-
-# ---------------------------------------------------------------- optimizer
-
-
-def learning_rate_schedule(cfg: config_lib.OptimConfig, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
-    if cfg.schedule == "anneal":
-        return optax.exponential_decay(
-            cfg.learning_rate, steps_per_epoch, 1.0 / cfg.anneal_factor, staircase=True
-        )
-    if cfg.schedule == "warmup_cosine":
-        return optax.warmup_cosine_decay_schedule(
-            0.0, cfg.learning_rate, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1), cfg.final_learning_rate
-        )
-    return optax.constant_schedule(cfg.learning_rate)
-
-
-def make_optimizer(cfg: config_lib.OptimConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
-    if cfg.name == "sgd":
-        optimizer = optax.sgd(schedule, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    else:
-        optimizer = optax.adamw(schedule, weight_decay=cfg.weight_decay)
-    if cfg.clip_norm is None:
-        return optimizer
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optimizer)
-
-
-# ---------------------------------------------------------------- all-reduce
-
-
-def local_mean(tree, method: str, bucket_bytes: int):
-    """Mean of every leaf over the local devices (AXIS), inside pmap: jaxring's ring or lax.pmean."""
-    if method == "ring":
-        return tree_allreduce(tree, AXIS, op="mean", bucket_bytes=bucket_bytes)
-    return jax.lax.pmean(tree, AXIS)
-
-
-def global_mean(flat: jax.Array, method: str) -> jax.Array:
-    """Mean over every device of every process of `flat` [local devices, n], outside jit.
-
-    `method` "ring" crosses processes with jaxring's ring, "psum" with MPI_Allreduce.
-    """
-    from jaxring.collectives.mpi import global_allreduce  # imports mpi4jax: only when several processes
-
-    return global_allreduce(flat, op="mean", algorithm="ring" if method == "ring" else "mpi")
 
 
 # ---------------------------------------------------------------- batches on devices
@@ -210,26 +121,14 @@ def variables_of(state: TrainState) -> dict:
     return {"params": state.params, **state.model_state}
 
 
-def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict, int]:
-    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step."""
-    checkpoints = Checkpoints(Path(workdir) / "checkpoints")
-    if checkpoint == "best":
-        step = (checkpoints.best() or {}).get("step")
-    elif checkpoint == "latest":
-        step = None
-    else:
-        step = int(checkpoint)
-    state, _ = checkpoints.read(step)
-    return {"params": state["params"], **state["model_state"]}, int(state["step"])
-
-
 # ---------------------------------------------------------------- the engine
 
 
 class Trainer:
     """Trains `task` with `config` in `workdir` on this process's local devices."""
 
-    def __init__(self, task: Task, config: config_lib.Config, workdir: str | Path, world=None):
+    def __init__(self, task: Task, config: config_lib.Config, workdir: str | Path, world=None, batches=None):
+        """`batches`: this process's training Batches (default: the task's, for its shard)."""
         self.task = task
         self.config = config
         self.workdir = Path(workdir)
@@ -247,15 +146,17 @@ class Trainer:
                 f"({self.world_size} processes x {self.n_local} local devices)"
             )
         self.shard = Shard(self.rank, self.world_size)
-        self.batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
+        self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         epoch_steps = self.batches.steps_per_epoch
         self.total_steps = train.epochs * epoch_steps
         if train.max_steps is not None:
             self.total_steps = min(self.total_steps, train.max_steps)
         self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
         self.optimizer = make_optimizer(config.optim, self.schedule)
-        self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, config.checkpoint.best_metric)
-        self._build_steps()
+        best_metric = config.checkpoint.best_metric or task.metrics.best
+        self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
+        self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
+        self._step = self.sync.pmap_step(self._local, self._finish)
         self.predict = make_predict(task)
 
     # -- state
@@ -274,7 +175,7 @@ class Trainer:
             rng=step_rng,
         )
         state = jax.tree_util.tree_map(np.asarray, state)
-        if self.world_size > 1:
+        if self.comm is not None:
             state = broadcast(state, root=0)  # every process starts from rank 0's weights
         return state
 
@@ -300,57 +201,22 @@ class Trainer:
             model_state=model_state,
         )
 
-    def _build_steps(self):
-        train = self.config.train
-        mean = lambda tree: local_mean(tree, train.allreduce, train.bucket_bytes)  # noqa: E731
-        if self.world_size == 1:
+    def _local(self, state: TrainState, batch: dict):
+        """What the sync averages over every replica: (gradients, new model state, loss) of one device's batch."""
+        loss, grads, model_state = self._grads(state, batch)
+        return grads, model_state, loss
 
-            def step(state, batch):
-                loss, grads, model_state = self._grads(state, batch)
-                grads, model_state, loss = mean((grads, model_state, loss))
-                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-            self._step = jax.pmap(step, axis_name=AXIS, donate_argnums=0)
-        else:
-            # Gradients, model state and loss travel across processes as one flat buffer.
-            def forward_backward(state, batch):
-                loss, grads, model_state = self._grads(state, batch)
-                return ravel_pytree((grads, model_state, loss))[0]
-
-            def update(state, flat):
-                grads, model_state, loss = self._unravel(flat)
-                return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-            self._unravel = None  # set on the first step, from the state's shapes
-            self._forward_backward = jax.pmap(forward_backward, axis_name=AXIS)
-            self._ravel = jax.pmap(lambda tree: ravel_pytree(tree)[0], axis_name=AXIS)
-            self._update = jax.pmap(update, axis_name=AXIS, donate_argnums=0)
-        self._probe = jax.pmap(mean, axis_name=AXIS)
+    def _finish(self, state: TrainState, averaged):
+        grads, model_state, loss = averaged
+        return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
-        device_batch = split_for_devices(batch, self.n_local)
-        if self.world_size == 1:
-            return self._step(state, device_batch)
-        if self._unravel is None:  # the layout of the flat buffer: (grads, model state, loss)
-            one_replica = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape[1:], x.dtype), (state.params, state.model_state))
-            self._unravel = ravel_pytree((*one_replica, jnp.zeros((), jnp.float32)))[1]
-        flat = self._forward_backward(state, device_batch)
-        flat = global_mean(flat, self.config.train.allreduce)
-        return self._update(state, flat)
+        return self._step(state, split_for_devices(batch, self.n_local))
 
-    def time_allreduce(self, params, repeats: int = 3) -> float:
-        """Median seconds of the gradient all-reduce alone, on a tree shaped like the gradients."""
-        times = []
-        for _ in range(repeats + 1):  # the first call compiles
-            start = time.perf_counter()
-            if self.world_size == 1:
-                jax.block_until_ready(self._probe(params))
-            else:
-                flat = self._ravel(params)
-                jax.block_until_ready(global_mean(flat, self.config.train.allreduce))
-            times.append(time.perf_counter() - start)
-        return float(np.median(times[1:]))
+    def time_sync(self, state: TrainState) -> float:
+        """Median seconds of the sync alone on a tree shaped like the gradients (collective)."""
+        return self.sync.time_mean(state.params, SYNC_TIMING_REPEATS)
 
     # -- evaluation and checkpoints
 
@@ -363,7 +229,7 @@ class Trainer:
         return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
 
     def save(self, state: TrainState, metrics: dict | None = None) -> None:
-        if self.world_size > 1:
+        if self.comm is not None:
             check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
@@ -378,7 +244,7 @@ class Trainer:
 
     # -- the loop
 
-    def _log_row(self, step: int, out: dict, utterances: int, elapsed: float, steps: int, state) -> dict:
+    def _log_row(self, step: int, out: dict, examples: int, elapsed: float, steps: int, sync_s: float) -> dict:
         loss = float(out["loss"][0])
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step}; lower optim.learning_rate or set optim.clip_norm")
@@ -389,10 +255,10 @@ class Trainer:
             "loss": loss,
             "grad_norm": float(out["grad_norm"][0]),
             "learning_rate": float(self.schedule(step - 1)),
-            "utt_per_s": utterances / elapsed,
+            "examples_per_s": examples / elapsed,
             "step_s": step_s,
-            # The all-reduce timed alone on a gradient-shaped tree, as a share of the whole step.
-            "allreduce_share": min(1.0, self.time_allreduce(state.params) / step_s),
+            # The sync timed alone at start-up (time_sync), as a share of this window's mean step.
+            "allreduce_share": min(1.0, sync_s / step_s),
         }
 
     def _best_step(self) -> int | None:
@@ -430,22 +296,25 @@ class Trainer:
                 flush=True,
             )
         state = replicate(state, self.devices)
+        sync_s = self.time_sync(state)
+        if lead:
+            print(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)", flush=True)
         bar = tqdm(total=self.total_steps, initial=start, disable=not lead, dynamic_ncols=True)
         started = window_start = time.perf_counter()
-        utterances = window_steps = 0
+        examples = window_steps = 0
         last: dict = {}  # the latest value of every logged key
         row: dict = {"step": start}
         batches = iter(self.batches)
         for step in range(start + 1, self.total_steps + 1):
             batch = next(batches)
-            utterances += batch_rows(batch) * self.world_size
+            examples += batch_rows(batch) * self.world_size
             state, out = self.train_step(state, batch)
             window_steps += 1
             row = {"step": step}
             if step % cfg.train.log_every == 0 or step == self.total_steps:
                 jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
                 elapsed = time.perf_counter() - window_start
-                row.update(self._log_row(step, out, utterances, elapsed, window_steps, state))
+                row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
             if step == self.total_steps:
                 break  # evaluated and saved below
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
@@ -458,8 +327,8 @@ class Trainer:
                 last.update(row)
                 if lead:
                     log.write(row)
-                    bar.set_postfix(_postfix(last), refresh=False)
-                utterances, window_steps, window_start = 0, 0, time.perf_counter()
+                    bar.set_postfix(self._postfix(last), refresh=False)
+                examples, window_steps, window_start = 0, 0, time.perf_counter()
             bar.update(1)
         bar.update(self.total_steps - bar.n)
         bar.close()
@@ -477,7 +346,8 @@ class Trainer:
             "global_batch": cfg.train.batch_size,
             "allreduce": cfg.train.allreduce,
             "train_seconds": time.perf_counter() - started,
-            **{k: last.get(k) for k in ("loss", "utt_per_s", "step_s", "allreduce_share")},
+            **{k: last.get(k) for k in ("loss", "examples_per_s", "step_s", "allreduce_share")},
+            "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
         }
         best_step = self._best_step()
@@ -493,16 +363,16 @@ class Trainer:
             rows = log.rows()
             log.close()
             metrics_lib.write_json(self.workdir / "summary.json", summary)
-            metrics_lib.plot_curves(rows, self.workdir / "plots")
+            metrics_lib.plot_curves(rows, self.workdir / "plots", self.task.metrics)
         return summary
 
-
-def _postfix(row: dict) -> dict:
-    shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
-    if "dev_cer" in row:
-        shown["cer"] = f"{100 * row['dev_cer']:.1f}%"
-    if "utt_per_s" in row:
-        shown["utt/s"] = f"{row['utt_per_s']:.0f}"
-    if "allreduce_share" in row:
-        shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
-    return shown
+    def _postfix(self, row: dict) -> dict:
+        shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
+        for name in self.task.metrics.shown:
+            if f"dev_{name}" in row:
+                shown[name] = f"{100 * row[f'dev_{name}']:.1f}%"
+        if "examples_per_s" in row:
+            shown["ex/s"] = f"{row['examples_per_s']:.0f}"
+        if "allreduce_share" in row:
+            shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
+        return shown
