@@ -16,30 +16,23 @@ class DataSection:
     splits: tuple[str, ...] = ("train", "dev")
 
 
-class SelfValidating:
-    """Stands in for a model config that checks its own keys through from_dict."""
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    width: int = 4
 
-    def __init__(self, values):
-        self.values = values
-
-    @classmethod
-    def from_dict(cls, values):
-        if set(values) - {"width"}:
-            raise ValueError(f"unknown model key {sorted(set(values) - {'width'})[0]!r}")
-        return cls(values)
-
-    def to_dict(self):
-        return dict(self.values)
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"model.width must be at least 1; got {self.width}")
 
 
-TASK = {"data": DataSection, "model": SelfValidating}
+TASK = {"data": DataSection, "model": ModelSection}
 
 
 def test_defaults_and_types():
     cfg = config_lib.build({"optim": {"learning_rate": 1}, "data": {"max_seconds": 3}}, TASK)
     assert cfg.optim.learning_rate == 1.0 and isinstance(cfg.optim.learning_rate, float)
     assert cfg.data.max_seconds == 3.0 and cfg.train == config_lib.TrainConfig()
-    assert cfg.model.values == {}
+    assert cfg.model == ModelSection() and cfg.task is None
 
 
 @pytest.mark.parametrize(
@@ -53,7 +46,9 @@ def test_defaults_and_types():
         ({"train": {"allreduce": "nccl"}}, "train.allreduce must be one of ring, psum; got 'nccl'"),
         ({"train": {"batch_size": 0}}, "train.batch_size must be positive"),
         ({"data": {"splits": "train"}}, "data.splits must be a list"),
-        ({"model": {"widht": 3}}, "model: unknown model key 'widht'"),
+        ({"model": {"widht": 3}}, "unknown key 'widht' in model; did you mean 'width'"),
+        ({"model": {"width": 0}}, "model.width must be at least 1; got 0"),
+        ({"task": 3}, "task must be the name of a registered task; got 3"),
         ({"optim": [1, 2]}, "optim must be a mapping"),
     ],
 )
@@ -74,13 +69,13 @@ def test_overrides_are_typed_by_the_schema():
             "data.corpus=123",  # a str field keeps the text
             "data.splits=[train, test]",
             "train.max_steps=7",
-            "model.width=4",
+            "model.width=5",
         ],
     )
     assert cfg.optim.learning_rate == 1e-3 and cfg.train.batch_size == 16
     assert cfg.optim.nesterov is False and cfg.optim.clip_norm is None
     assert cfg.data.corpus == "123" and cfg.data.splits == ("train", "test")
-    assert cfg.train.max_steps == 7 and cfg.model.values == {"width": 4}
+    assert cfg.train.max_steps == 7 and cfg.model.width == 5
 
 
 @pytest.mark.parametrize(
@@ -92,6 +87,8 @@ def test_overrides_are_typed_by_the_schema():
         ("optimizer.learning_rate=1", "did you mean 'optim'"),
         ("train.batch_size=eight", "--set train.batch_size: expected int; got 'eight'"),
         ("optim.nesterov=maybe", "expected true or false"),
+        ("optim.name=lamb", "optim.name must be one of sgd, adamw; got 'lamb'"),
+        ("optim.schedule=cyclic", "optim.schedule must be one of anneal, warmup_cosine, constant"),
     ],
 )
 def test_bad_overrides(override, message):
@@ -101,12 +98,13 @@ def test_bad_overrides(override, message):
 
 def test_saved_config_loads_back_identical(tmp_path):
     source = tmp_path / "exp.yaml"
-    source.write_text(yaml.safe_dump({"train": {"epochs": 3}, "data": {"utterances": 7}, "model": {"width": 2}}))
+    source.write_text(yaml.safe_dump({"task": "toy", "train": {"epochs": 3}, "data": {"utterances": 7}, "model": {"width": 2}}))
     cfg = config_lib.load(source, TASK, ["optim.name=adamw"])
     config_lib.save(cfg, tmp_path / "config.yaml")
     again = config_lib.load(tmp_path / "config.yaml", TASK)
     assert again.to_dict() == cfg.to_dict()
     assert again.optim.name == "adamw" and again.train.epochs == 3 and again.data.utterances == 7
+    assert again.task == "toy" and config_lib.task_name(tmp_path / "config.yaml") == "toy"
 
 
 def test_missing_file_and_file_name_in_errors(tmp_path):

@@ -3,6 +3,9 @@
 import json
 
 from jaxring.engine import metrics
+from jaxring.engine.task import MetricNames
+
+NAMES = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
 
 
 def test_resume_drops_rows_after_the_checkpoint(tmp_path):
@@ -26,7 +29,7 @@ def test_fresh_run_starts_an_empty_file(tmp_path):
 
 def test_plots(tmp_path):
     rows = [{"step": s, "loss": 10.0 / s} for s in range(1, 50)] + [{"step": 50, "dev_cer": 0.2, "dev_wer": 0.4}]
-    written = metrics.plot_curves(rows, tmp_path)
-    assert [p.name for p in written] == ["loss.png", "error_rates.png"]
+    written = metrics.plot_curves(rows, tmp_path, NAMES)
+    assert [p.name for p in written] == ["loss.png", "dev_metrics.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
-    assert metrics.plot_curves([{"step": 1, "loss": 1.0}], tmp_path / "only_loss")[0].name == "loss.png"
+    assert metrics.plot_curves([{"step": 1, "loss": 1.0}], tmp_path / "only_loss", NAMES)[0].name == "loss.png"

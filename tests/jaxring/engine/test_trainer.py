@@ -16,7 +16,10 @@ import optax
 import pytest
 
 from jaxring.engine import config as config_lib
+from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
+from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.task import MetricNames
 
 DIM = 5
 HIDDEN = 8
@@ -49,6 +52,8 @@ class ToyBatches:
 
 class ToyTask:
     """y = tanh(x W1) W2 by squared error, with a running input mean as non-param state."""
+
+    metrics = MetricNames(best="mse", plotted=("mse",), shown=("mse",), label="dev mse (%)")
 
     def __init__(self, rows=96, delay=0.0, compute_dtype=jnp.float32):
         rng = np.random.default_rng(0)
@@ -97,7 +102,7 @@ def toy_config(**sections):
         "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "psum"},
         "optim": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 1.0},
         "eval": {"every_steps": 6, "batch_size": 16},
-        "checkpoint": {"best_metric": "mse", "keep": 2},
+        "checkpoint": {"keep": 2},  # the best checkpoint by the task's metric, mse
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
@@ -150,7 +155,7 @@ def test_run_directory(tmp_path):
     state, summary = train_params(tmp_path, 4, train={"epochs": 2})
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
-    assert all({"loss", "utt_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
+    assert all({"loss", "examples_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(0 <= r["allreduce_share"] <= 1 for r in rows)
@@ -158,7 +163,9 @@ def test_run_directory(tmp_path):
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
     assert "test_mse" in on_disk and on_disk["best_step"] in (6, 12, 18, 24)
     assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(train={"epochs": 2}).to_dict()
-    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0 and (tmp_path / "plots" / "dev_metrics.png").exists()
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert best["metric"] == "mse" and best["value"] == min(r["dev_mse"] for r in rows if "dev_mse" in r)
     assert any((tmp_path / "tensorboard").iterdir())
     # dev evaluation in the engine equals a float64 numpy evaluation of the final weights
     p = {k: np.float64(v) for k, v in state.params.items()}
@@ -175,7 +182,7 @@ def test_master_weights_stay_float32_under_bfloat16_compute(tmp_path):
 
 def test_nesterov_sgd_with_clipping_matches_numpy():
     cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, clip_norm=1.0, schedule="constant")
-    optimizer = trainer_lib.make_optimizer(cfg, trainer_lib.learning_rate_schedule(cfg, 10, 100))
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
     rng = np.random.default_rng(1)
     params = rng.normal(size=7)
     state = optimizer.init(jnp.asarray(params, jnp.float32))
@@ -193,15 +200,39 @@ def test_nesterov_sgd_with_clipping_matches_numpy():
 
 def test_schedules():
     anneal = config_lib.OptimConfig(learning_rate=6e-4, anneal_factor=1.2)
-    schedule = trainer_lib.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
+    schedule = optim.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
     assert [float(schedule(s)) for s in (0, 4)] == pytest.approx([6e-4, 6e-4])
     assert float(schedule(5)) == pytest.approx(6e-4 / 1.2) and float(schedule(14)) == pytest.approx(6e-4 / 1.44)
     cosine = config_lib.OptimConfig(learning_rate=1.0, schedule="warmup_cosine", warmup_steps=10, final_learning_rate=0.1)
-    schedule = trainer_lib.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
+    schedule = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
     assert float(schedule(5)) == pytest.approx(0.5)
     assert float(schedule(10)) == pytest.approx(1.0)
     assert float(schedule(60)) == pytest.approx(0.55)  # halfway down the cosine
     assert float(schedule(110)) == pytest.approx(0.1)
+
+
+def test_adamw_matches_numpy():
+    cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, clip_norm=None, schedule="constant")
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+    rng = np.random.default_rng(3)
+    p = rng.normal(size=5)
+    m, v = np.zeros(5), np.zeros(5)
+    current = jnp.asarray(p, jnp.float32)
+    state = optimizer.init(current)
+    for t in range(1, 4):
+        grad = rng.normal(size=5)
+        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad**2
+        step = (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        p = p - 0.01 * (step + 0.1 * p)
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_unknown_optimizer_names_the_valid_ones():
+    cfg = SimpleNamespace(name="lamb", clip_norm=None)
+    with pytest.raises(ValueError, match="unknown optim.name 'lamb'; valid names: sgd, adamw"):
+        optim.make_optimizer(cfg, optax.constant_schedule(0.1))
 
 
 def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
@@ -242,8 +273,8 @@ def test_resume_after_sigkill_ends_bitwise_equal(tmp_path):
     assert "resuming at step" in output
     task = ToyTask()
     template = trainer_lib.Trainer(task, toy_config(train={"epochs": 4}), tmp_path / "t", world_of(4)).init_state()
-    a, _ = trainer_lib.Checkpoints(tmp_path / "straight" / "checkpoints").restore(template)
-    b, _ = trainer_lib.Checkpoints(killed_dir / "checkpoints").restore(template)
+    a, _ = Checkpoints(tmp_path / "straight" / "checkpoints").restore(template)
+    b, _ = Checkpoints(killed_dir / "checkpoints").restore(template)
     assert int(a.step) == int(b.step) == 48
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(x, y)
