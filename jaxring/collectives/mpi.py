@@ -26,6 +26,7 @@ import concurrent.futures
 import functools
 import json
 import math
+import os
 import pathlib
 
 import jax
@@ -38,9 +39,13 @@ from jaxring.collectives import agreement, ring, topology
 
 ALGORITHMS = ("ring", "mpi", "auto")
 OPS = ("sum", "mean")
-# Written by scripts/bench_allreduce_mpi.py --write-table: which cross-process
-# algorithm was faster, by process count and bytes per device.
-TABLE_PATH = pathlib.Path(__file__).with_name("global_allreduce_table.json")
+# Which cross-process algorithm was faster, by process count and bytes per
+# device: the table at $JAXRING_ALLREDUCE_TABLE (scripts/bench_allreduce_mpi.py
+# --write-table PATH measures one), else the one shipped with the package,
+# measured on the machine and date written inside it. jaxring never writes it.
+TABLE_PATH = pathlib.Path(
+    os.environ.get("JAXRING_ALLREDUCE_TABLE") or pathlib.Path(__file__).with_name("global_allreduce_table.json")
+)
 # "auto" without a table: MPI_Allreduce below this many bytes per device, ring above.
 DEFAULT_RING_MIN_BYTES = 1 << 20
 _AXIS = "jaxring_local"
