@@ -54,7 +54,7 @@ def split_for_devices(batch: dict, n_devices: int) -> dict:
     def split(x):
         if x.shape[0] % n_devices:
             raise ValueError(
-                f"a batch of {x.shape[0]} utterances cannot be split evenly over {n_devices} local devices; "
+                f"a batch of {x.shape[0]} examples cannot be split evenly over {n_devices} local devices; "
                 f"make train.batch_size a multiple of processes x local devices"
             )
         return x.reshape((n_devices, x.shape[0] // n_devices) + x.shape[1:])

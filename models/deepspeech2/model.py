@@ -13,7 +13,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from models.deepspeech2 import alphabet
 
