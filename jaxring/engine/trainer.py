@@ -181,8 +181,8 @@ class Trainer:
 
     # -- the step
 
-    def _grads(self, state: TrainState, batch: dict):
-        """Loss, gradients and new model state of one device's batch (inside pmap)."""
+    def _local(self, state: TrainState, batch: dict):
+        """What the sync averages over every replica: (gradients, new model state, loss) of one device's batch."""
         replica = jax.lax.axis_index(AXIS) + self.rank * self.n_local
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
 
@@ -190,25 +190,19 @@ class Trainer:
             return self.task.loss({"params": params, **state.model_state}, batch, rng)
 
         (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        return loss, grads, model_state
+        return grads, model_state, loss
 
-    def _apply(self, state: TrainState, grads, model_state) -> TrainState:
+    def _finish(self, state: TrainState, averaged):
+        """The optimizer update from the averaged (gradients, model state, loss), and the step's outputs."""
+        grads, model_state, loss = averaged
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        return state.replace(
+        state = state.replace(
             step=state.step + 1,
             params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
             model_state=model_state,
         )
-
-    def _local(self, state: TrainState, batch: dict):
-        """What the sync averages over every replica: (gradients, new model state, loss) of one device's batch."""
-        loss, grads, model_state = self._grads(state, batch)
-        return grads, model_state, loss
-
-    def _finish(self, state: TrainState, averaged):
-        grads, model_state, loss = averaged
-        return self._apply(state, grads, model_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
