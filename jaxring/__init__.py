@@ -2,20 +2,20 @@
 
 import importlib
 
-from jaxring.fusion import tree_allreduce
-from jaxring.ring import all_gather, allreduce, reduce_scatter
-from jaxring.timeout import default_timeout, set_default_timeout
+from jaxring.collectives.fusion import tree_allreduce
+from jaxring.collectives.ring import all_gather, allreduce, reduce_scatter
+from jaxring.collectives.timeout import default_timeout, set_default_timeout
 
 # Importing mpi4py starts MPI and mpi4jax takes seconds to load, so the
 # cross-process names load on first use.
 _LAZY = {
-    "World": "jaxring.topology",
-    "init": "jaxring.topology",
-    "global_allreduce": "jaxring.mpi",
-    "broadcast": "jaxring.replicas",
-    "replicas_consistent": "jaxring.replicas",
-    "check_replicas": "jaxring.replicas",
-    "ReplicasDivergedError": "jaxring.replicas",
+    "World": "jaxring.collectives.topology",
+    "init": "jaxring.collectives.topology",
+    "global_allreduce": "jaxring.collectives.mpi",
+    "broadcast": "jaxring.collectives.replicas",
+    "replicas_consistent": "jaxring.collectives.replicas",
+    "check_replicas": "jaxring.collectives.replicas",
+    "ReplicasDivergedError": "jaxring.collectives.replicas",
 }
 
 

@@ -3,7 +3,7 @@
 Run it without mpirun; it launches the mpirun jobs itself:
 
     python scripts/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
-        [--max-bytes 64M] [--json OUT] [--write-table]
+        [--max-bytes 64M] [--json OUT] [--write-table TABLE]
 
 For each process count, float32 buffers of 1 KiB .. --max-bytes per device, it times
 
@@ -20,9 +20,9 @@ For each process count, float32 buffers of 1 KiB .. --max-bytes per device, it t
 Each time is the slowest rank's, median over iterations. Records carry impl,
 n_devices, n_procs, bytes (per device), dtype, median_s, algbw_GBps,
 busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and speedup_vs_mpi_allreduce
-(baseline time / this time, same job count and size). --write-table stores
-which of "ring" and "mpi" was faster per size in jaxring/, for
-global_allreduce(algorithm="auto").
+(baseline time / this time, same job count and size). --write-table TABLE stores
+which of "ring" and "mpi" was faster per size in TABLE; global_allreduce(
+algorithm="auto") reads it when JAXRING_ALLREDUCE_TABLE=TABLE is set.
 """
 
 import argparse
@@ -64,7 +64,7 @@ def run_job(args):
     comm = MPI.COMM_WORLD
     if args.impls == ["jax_gloo"]:
         start_jax_distributed(comm)
-    from jaxring import mpi, topology
+    from jaxring.collectives import mpi, topology
 
     world = topology.init()
     impls = [i for i in args.impls if not (i == "mpi4jax" and len(world.local_devices) > 1)]
@@ -211,8 +211,6 @@ def print_table(records):
 
 
 def write_table(records, args):
-    from jaxring import mpi
-
     times = {(r["n_procs"], r["bytes"], r["impl"]): r["median_s"] for r in records}
     measured = [
         dict(n_procs=p, bytes=b, fastest=min(("ring", "mpi"), key=lambda a: times[p, b, a]))
@@ -225,8 +223,9 @@ def write_table(records, args):
         devices_per_proc=args.devices_per_proc,
         measured=measured,
     )
-    mpi.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {mpi.TABLE_PATH}")
+    args.write_table.parent.mkdir(parents=True, exist_ok=True)
+    args.write_table.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {args.write_table}; use it with JAXRING_ALLREDUCE_TABLE={args.write_table}")
 
 
 def main():
@@ -238,8 +237,8 @@ def main():
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
     parser.add_argument("--json", help="write the records here")
-    parser.add_argument("--write-table", action="store_true",
-                        help="store ring-vs-mpi winners for algorithm='auto' in jaxring/")
+    parser.add_argument("--write-table", type=pathlib.Path, metavar="TABLE",
+                        help="store ring-vs-mpi winners for algorithm='auto' in this JSON file")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs
     args = parser.parse_args()
     if args.job_json:

@@ -6,16 +6,21 @@
 import argparse
 import json
 import platform
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.deepspeech2 import alphabet
-from models.deepspeech2.ctc import ctc_loss
-from models.deepspeech2.model import FRAMES_PER_SECOND, DeepSpeech2, ModelConfig, init_variables, output_lengths
-from models.deepspeech2.summary import count_params, flops_per_audio_second
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ lives in the checkout, not the wheel
+
+import models  # noqa: E402
+from models.deepspeech2 import alphabet  # noqa: E402
+from models.deepspeech2.ctc import ctc_loss  # noqa: E402
+from models.deepspeech2.model import FRAMES_PER_SECOND, DeepSpeech2, ModelConfig, init_variables, output_lengths  # noqa: E402
+from models.deepspeech2.summary import count_params, flops_per_audio_second  # noqa: E402
 
 
 def make_step(config: ModelConfig):
@@ -75,7 +80,7 @@ def main():
     records = []
     print(f"{'config':28} {'params':>11} {'dtype':>8} {'batch':>5} {'step s':>8} {'s/audio s':>10} {'audio s/s':>10} {'GFLOP/s':>8}")
     for path in args.config:
-        config = ModelConfig.from_yaml(path)
+        config = models.load_config(path).model
         if args.dtype:
             config = ModelConfig(**{**config.__dict__, "dtype": args.dtype})
         record = {"config": path, **bench(config, args.batch, args.seconds, args.repeats)}

@@ -62,17 +62,14 @@ def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
     import numpy as np
 
-    from jaxring import config as config_lib
-    from jaxring.trainer import Trainer, replicate
+    import models
+    from jaxring.engine.trainer import Trainer, replicate
     from models.deepspeech2 import summary as model_summary
-    from models.deepspeech2.task import CONFIG_SECTIONS, DeepSpeech2Task
 
     overrides = [f"train.batch_size={args.batch_size}", f"train.allreduce={allreduce}", *args.overrides]
-    config = config_lib.load(ROOT / "configs" / f"{name}.yaml", CONFIG_SECTIONS, overrides)
+    config = models.load_config(ROOT / "configs" / f"{name}.yaml", overrides)
     batch = random_batch(args.batch_size // world.size, args.seconds)
-    task = DeepSpeech2Task.from_config(config)
-    task.train_batches = lambda batch_size, shard, seed: FixedBatches(batch)
-    trainer = Trainer(task, config, ROOT / "runs" / "bench_train", world)
+    trainer = Trainer(models.build_task(config), config, ROOT / "runs" / "bench_train", world, batches=FixedBatches(batch))
     state = replicate(trainer.init_state(), trainer.devices)
     start = time.perf_counter()
     state, out = trainer.train_step(state, batch)
@@ -85,7 +82,7 @@ def bench(name: str, allreduce: str, args, world) -> dict:
         jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
     step_s = float(np.median(times))
-    allreduce_s = trainer.time_allreduce(state.params)
+    allreduce_s = trainer.time_sync(state)
     audio_seconds = args.batch_size * args.seconds
     flops = model_summary.flops_per_audio_second(config.model, training=True) * audio_seconds
     record = {
@@ -126,9 +123,9 @@ def main() -> None:
     args = parser.parse_args()
     expose_host_devices(args.host_devices)
 
-    import jaxring.topology
+    import jaxring
 
-    world = jaxring.topology.init()
+    world = jaxring.init()
     records = [bench(name, allreduce, args, world) for name in args.configs for allreduce in args.allreduce]
     if world.rank != 0:
         return

@@ -24,11 +24,12 @@ def main(argv=None) -> dict:
 
     import jax
 
-    from models.deepspeech2.task import load_run
-    from jaxring.trainer import Shard, evaluate, make_predict, replicate
+    import models
+    from jaxring.engine.task import Shard
+    from jaxring.engine.trainer import evaluate, make_predict, replicate
 
     try:
-        config, task, variables, step = load_run(args.workdir, args.checkpoint)
+        config, task, variables, step = models.load_run(args.workdir, args.checkpoint)
     except FileNotFoundError as e:
         sys.exit(f"error: {e}")
     manifest = args.manifest or task.manifests[args.split]

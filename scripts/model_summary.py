@@ -4,16 +4,21 @@
 """
 
 import argparse
+import sys
+from pathlib import Path
 
-from models.deepspeech2.model import FRAMES_PER_SECOND, ModelConfig, output_lengths
-from models.deepspeech2.summary import count_params, flops_per_audio_second
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ lives in the checkout, not the wheel
+
+import models  # noqa: E402
+from models.deepspeech2.model import FRAMES_PER_SECOND, output_lengths  # noqa: E402
+from models.deepspeech2.summary import count_params, flops_per_audio_second  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="YAML file with a model: section")
+    parser.add_argument("--config", required=True, help="experiment YAML of a deepspeech2 task")
     args = parser.parse_args()
-    config = ModelConfig.from_yaml(args.config)
+    config = models.load_config(args.config).model
     print(f"config: {args.config}")
     print(f"model: {config}")
     print(f"params: {count_params(config)}")

@@ -54,17 +54,17 @@ def main(argv=None) -> dict:
     if args.host_devices:
         expose_host_devices(args.host_devices)
 
-    import jaxring.topology
-    from jaxring import config as config_lib
-    from jaxring.trainer import Trainer
-    from models.deepspeech2.task import CONFIG_SECTIONS, DeepSpeech2Task
+    import jaxring
+    import models
+    from jaxring.engine import config as config_lib
+    from jaxring.engine.trainer import Trainer
 
     try:
-        config = config_lib.load(args.config, CONFIG_SECTIONS, args.overrides)
+        config = models.load_config(args.config, args.overrides)
     except config_lib.ConfigError as e:
         sys.exit(f"error: {e}")
-    world = jaxring.topology.init()
-    summary = Trainer(DeepSpeech2Task.from_config(config), config, args.workdir, world).fit(resume=args.resume)
+    world = jaxring.init()
+    summary = Trainer(models.build_task(config), config, args.workdir, world).fit(resume=args.resume)
     if world.rank == 0:
         line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
         if "test_cer" in summary:

@@ -21,10 +21,10 @@ def main(argv=None) -> list[str]:
     if missing:
         sys.exit(f"error: no such audio file: {', '.join(missing)}")
 
-    from models.deepspeech2.task import load_run
+    import models
 
     try:
-        _, task, variables, _ = load_run(args.workdir, args.checkpoint)
+        _, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
     except FileNotFoundError as e:
         sys.exit(f"error: {e}")
     transcripts = task.transcribe(variables, args.audio)

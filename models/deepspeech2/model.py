@@ -8,14 +8,11 @@ batch adds.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
-import yaml
 
 from models.deepspeech2 import alphabet
 
@@ -73,29 +70,6 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be at least 1, got {value}")
         if self.lookahead < 0:
             raise ValueError(f"model.lookahead must be >= 0, got {self.lookahead}")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Builds a config from a mapping, rejecting unknown keys with the closest valid one."""
-        valid = [f.name for f in dataclasses.fields(cls)]
-        for key in d:
-            if key not in valid:
-                close = difflib.get_close_matches(key, valid, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {valid}"
-                raise ValueError(f"unknown model config key {key!r}{hint}")
-        d = dict(d)
-        if "conv_channels" in d:
-            d["conv_channels"] = tuple(d["conv_channels"])
-        return cls(**d)
-
-    @classmethod
-    def from_yaml(cls, path) -> ModelConfig:
-        """Reads the `model:` section of a config file; other sections are ignored."""
-        with open(path) as f:
-            document = yaml.safe_load(f) or {}
-        if "model" not in document:
-            raise ValueError(f"{path} has no top-level 'model:' section")
-        return cls.from_dict(document["model"] or {})
 
     @property
     def compute_dtype(self):

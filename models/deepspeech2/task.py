@@ -1,7 +1,7 @@
 """Deep Speech 2 as a jaxring training task: init, CTC loss, greedy-decoded CER/WER, speech batches.
 
-The engine (jaxring.trainer) is model-agnostic; this adapter gives it what is
-specific to speech. Experiment configs get two sections from here: `model`
+The engine (jaxring.engine) is model-agnostic; this adapter meets its Task
+contract (jaxring/engine/task.py) with what is specific to speech. Experiment configs get two sections from here: `model`
 (models.deepspeech2.model.ModelConfig) and `data` (DataConfig below).
 """
 
@@ -15,12 +15,10 @@ from typing import Iterator
 
 import jax
 import jax.numpy as jnp
-import jiwer
 import numpy as np
 
-from jaxring import config as config_lib
-from jaxring.trainer import AXIS, Shard, load_variables
-from models.deepspeech2 import alphabet, ctc, decode
+from jaxring.engine.task import AXIS, MetricNames, Shard
+from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
 from models.deepspeech2.data import read_manifest
@@ -55,9 +53,6 @@ class DataConfig:
                 raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set")
 
 
-CONFIG_SECTIONS = {"model": ds2.ModelConfig, "data": DataConfig}
-
-
 class TrainBatches:
     """The engine's view of a BatchIterator: flat [B, ...] arrays, a resumable position."""
 
@@ -83,6 +78,9 @@ def _flatten(batch: dict) -> dict:
 
 class DeepSpeech2Task:
     """Deep Speech 2 trained by CTC and scored by greedy decoding."""
+
+    config_sections = {"model": ds2.ModelConfig, "data": DataConfig}
+    metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
 
     def __init__(self, model: ds2.ModelConfig, data: DataConfig):
         self.model_config = model
@@ -136,24 +134,10 @@ class DeepSpeech2Task:
             return {}
         hyps = decode.greedy_decode(outputs["logits"][real], outputs["lengths"][real])
         refs = [alphabet.decode(batch["labels"][i, : batch["label_lengths"][i]]) for i in real]
-        chars = jiwer.process_characters(refs, hyps)
-        words = jiwer.process_words(refs, hyps)
-        return {
-            "char_edits": chars.substitutions + chars.deletions + chars.insertions,
-            "chars": chars.hits + chars.substitutions + chars.deletions,
-            "word_edits": words.substitutions + words.deletions + words.insertions,
-            "words": words.hits + words.substitutions + words.deletions,
-            "utterances": len(real),
-        }
+        return {**metrics.edit_counts(refs, hyps), "utterances": len(real)}
 
     def summarize(self, counts: dict[str, float]) -> dict[str, float]:
-        if not counts.get("chars"):
-            raise ValueError("no utterance with a non-empty transcript was evaluated; check the manifest")
-        return {
-            "cer": counts["char_edits"] / counts["chars"],
-            "wer": counts["word_edits"] / counts["words"],
-            "utterances": int(counts["utterances"]),
-        }
+        return {**metrics.error_rates(counts), "utterances": int(counts["utterances"])}
 
     def _batches(self, dataset: SpeechDataset, batch_size: int, shard: Shard, **order) -> BatchIterator:
         d = self.data
@@ -200,12 +184,3 @@ class DeepSpeech2Task:
         outputs = jax.jit(self.predict)(variables, self.audio_batch(paths))
         return decode.greedy_decode(outputs["logits"], outputs["lengths"])
 
-
-def load_run(workdir, checkpoint: str = "best"):
-    """(config, task, variables, step) of a run directory written by scripts/train.py."""
-    path = Path(workdir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {workdir} a run directory of scripts/train.py?")
-    config = config_lib.load(path, CONFIG_SECTIONS)
-    variables, step = load_variables(workdir, checkpoint)
-    return config, DeepSpeech2Task.from_config(config), variables, step

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import models
+from jaxring.engine import config as config_lib
 from models.deepspeech2 import alphabet
 from models.deepspeech2.ctc import ctc_loss
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables, output_lengths
@@ -158,7 +160,7 @@ def test_parameter_counts_match_hand_counts():
     assert count_params(gru) == _hand_count_bidirectional_gru(5, 12, 3)
     rnn = tiny(conv_layers=3, conv_channels=(2, 3, 4), rnn_cell="rnn", rnn_layers=2, bidirectional=False, lookahead=6)
     assert count_params(rnn) == _hand_count_lookahead_rnn((2, 3, 4), 8, 2, 6)
-    assert count_params(ModelConfig.from_yaml("configs/ds2_small.yaml")) == _hand_count_bidirectional_gru_2conv(32, 32, 512, 3)
+    assert count_params(models.load_config("configs/ds2_small.yaml").model) == _hand_count_bidirectional_gru_2conv(32, 32, 512, 3)
 
 
 def _hand_count_bidirectional_gru_2conv(c0, c1, hidden, layers):
@@ -187,28 +189,31 @@ def test_features_of_the_wrong_shape_are_rejected():
         DeepSpeech2(ONE_CONV).apply(variables_of(ONE_CONV), jnp.zeros((2, 10, 80)), jnp.array([10, 10]), train=False)
 
 
-def test_config_from_dict_names_the_closest_key():
-    with pytest.raises(ValueError, match="did you mean 'rnn_hidden'"):
-        ModelConfig.from_dict({"rnn_hiden": 10})
-    with pytest.raises(ValueError, match="conv_channels has 1 entries"):
-        ModelConfig.from_dict({"conv_layers": 2, "conv_channels": [32]})
-    with pytest.raises(ValueError, match="rnn_cell"):
-        ModelConfig.from_dict({"rnn_cell": "lstm"})
-    assert ModelConfig.from_dict({"conv_layers": 1, "conv_channels": [4]}).conv_channels == (4,)
+def model_section(values):
+    return config_lib.section_from_dict(ModelConfig, values, "model")
 
 
-def test_config_yaml_ignores_other_sections(tmp_path):
+def test_model_section_errors_name_the_key():
+    with pytest.raises(config_lib.ConfigError, match="did you mean 'rnn_hidden'"):
+        model_section({"rnn_hiden": 10})
+    with pytest.raises(config_lib.ConfigError, match="conv_channels has 1 entries"):
+        model_section({"conv_layers": 2, "conv_channels": [32]})
+    with pytest.raises(config_lib.ConfigError, match="rnn_cell"):
+        model_section({"rnn_cell": "lstm"})
+    assert model_section({"conv_layers": 1, "conv_channels": [4]}).conv_channels == (4,)
+
+
+def test_config_file_resolves_its_task(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("model:\n  rnn_hidden: 64\ntrain:\n  steps: 3\ndata: {}\n")
-    assert ModelConfig.from_yaml(path).rnn_hidden == 64
-    (tmp_path / "bad.yaml").write_text("train: {}\n")
-    with pytest.raises(ValueError, match="no top-level 'model:'"):
-        ModelConfig.from_yaml(tmp_path / "bad.yaml")
-
-
-@pytest.mark.parametrize("name", ["ds2_tiny", "ds2_small", "ds2_paper", "deepspeech_pytorch"])
-def test_shipped_configs_load(name):
-    ModelConfig.from_yaml(f"configs/{name}.yaml")
+    path.write_text("task: deepspeech2\nmodel:\n  rnn_hidden: 64\ntrain:\n  epochs: 3\n")
+    config = models.load_config(path)
+    assert config.model.rnn_hidden == 64 and config.train.epochs == 3 and config.task == "deepspeech2"
+    (tmp_path / "untasked.yaml").write_text("model: {}\n")
+    with pytest.raises(config_lib.ConfigError, match="needs a top-level `task: NAME`"):
+        models.load_config(tmp_path / "untasked.yaml")
+    (tmp_path / "other.yaml").write_text("task: wav2vec\n")
+    with pytest.raises(config_lib.ConfigError, match="unknown task 'wav2vec'; registered tasks: deepspeech2"):
+        models.load_config(tmp_path / "other.yaml")
 
 
 def test_gradients_are_finite_with_an_infeasible_utterance():

@@ -3,16 +3,18 @@
 from pathlib import Path
 
 import jax
+import jiwer
 import numpy as np
 import pytest
 
-from jaxring import config as config_lib
-from jaxring.trainer import Shard, Trainer, replicate, unreplicate
+import models
+from jaxring.engine import config as config_lib
+from jaxring.engine.task import Shard
+from jaxring.engine.trainer import Trainer, replicate, unreplicate
 from models.deepspeech2 import alphabet
-from models.deepspeech2 import metrics as ds2_metrics
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.model import ModelConfig
-from models.deepspeech2.task import CONFIG_SECTIONS, DataConfig, DeepSpeech2Task
+from models.deepspeech2.task import DataConfig, DeepSpeech2Task
 
 TINY_MODEL = {"conv_layers": 1, "conv_channels": [2], "rnn_layers": 1, "rnn_hidden": 8}
 
@@ -29,7 +31,7 @@ def random_batch(rng, size, frames=40, label_length=6):
 
 @pytest.fixture(scope="module")
 def task():
-    return DeepSpeech2Task(ModelConfig.from_dict(TINY_MODEL), DataConfig())
+    return DeepSpeech2Task(config_lib.section_from_dict(ModelConfig, TINY_MODEL, "model"), DataConfig())
 
 
 def test_filler_rows_change_neither_loss_nor_gradients(task):
@@ -79,8 +81,8 @@ def test_scores_match_jiwer_over_the_whole_set(task):
     hyps = greedy_decode(logits[kept], lengths[kept])
     refs = [texts[i] for i in kept]
     assert result["utterances"] == 4
-    assert result["cer"] == pytest.approx(ds2_metrics.cer(refs, hyps))
-    assert result["wer"] == pytest.approx(ds2_metrics.wer(refs, hyps))
+    assert result["cer"] == pytest.approx(jiwer.cer(refs, hyps))
+    assert result["wer"] == pytest.approx(jiwer.wer(refs, hyps))
 
 
 class FixedBatches:
@@ -108,25 +110,23 @@ def test_replicas_with_synced_batch_norm_match_one_device(task, tmp_path):
         batch["feature_lengths"][:] = batch["features"].shape[1]
     config = config_lib.build(
         {"model": TINY_MODEL, "train": {"batch_size": 8, "allreduce": "psum"}, "optim": {"name": "adamw", "learning_rate": 1e-3}},
-        CONFIG_SECTIONS,
+        DeepSpeech2Task.config_sections,
     )
     finals = []
     for n_devices in (1, 4):
-        task.train_batches = lambda batch_size, shard, seed: FixedBatches(batches)
         world = type("World", (), {"rank": 0, "size": 1, "local_devices": jax.local_devices()[:n_devices]})
-        trainer = Trainer(task, config, tmp_path / str(n_devices), world)
+        trainer = Trainer(task, config, tmp_path / str(n_devices), world, batches=FixedBatches(batches))
         state = replicate(trainer.init_state(), trainer.devices)
         for batch in batches:
             state, _ = trainer.train_step(state, batch)
         finals.append(unreplicate(state))
-    del task.train_batches
     for a, b in zip(jax.tree_util.tree_leaves(finals[0]), jax.tree_util.tree_leaves(finals[1])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_batches_from_a_synthetic_corpus(tmp_path):
     task = DeepSpeech2Task(
-        ModelConfig.from_dict(TINY_MODEL), DataConfig(cache_dir=str(tmp_path), utterances=30, pad_frames_to=32)
+        config_lib.section_from_dict(ModelConfig, TINY_MODEL, "model"), DataConfig(cache_dir=str(tmp_path), utterances=30, pad_frames_to=32)
     )
     train = task.train_batches(4, Shard(0, 1), seed=0)
     assert train.steps_per_epoch == 24 // 4
@@ -150,5 +150,5 @@ def test_manifest_corpus_needs_its_manifests():
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "configs").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_config_validates(path):
-    config = config_lib.load(path, CONFIG_SECTIONS)
+    config = models.load_config(path)
     assert config.train.batch_size > 0 and config.model.conv_layers >= 1

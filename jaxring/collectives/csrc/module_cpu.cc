@@ -1,0 +1,46 @@
+// Python module of the CPU handlers: their FFI capsules and the runtime knobs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <tuple>
+#include <vector>
+
+#include "rendezvous.h"
+#include "ring_handler_common.h"
+#include "ring_schedule.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+
+namespace jaxring {
+extern "C" XLA_FFI_Error* kRingCpu(XLA_FFI_CallFrame*);
+}
+
+NB_MODULE(_jaxring_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets[jaxring::kTargetName] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCpu));
+    return targets;
+  });
+  m.attr("TARGET_NAME") = jaxring::kTargetName;
+  nb::dict modes;
+  modes["allreduce"] = static_cast<int64_t>(jaxring::Mode::kAllReduce);
+  modes["reduce_scatter"] = static_cast<int64_t>(jaxring::Mode::kReduceScatter);
+  modes["all_gather"] = static_cast<int64_t>(jaxring::Mode::kAllGather);
+  m.attr("MODES") = modes;
+  // The schedule both handlers run, for tests that check it by brute force.
+  m.def("schedule", [](int64_t mode, int64_t elements, int64_t ranks, int64_t rank,
+                       int64_t slice_elements, int64_t align) {
+    std::vector<std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t>> stages;
+    for (const auto& st : jaxring::BuildSchedule(static_cast<jaxring::Mode>(mode), elements,
+                                                 ranks, rank, slice_elements, align)) {
+      stages.emplace_back(static_cast<int>(st.kind), st.left_is_input, st.src, st.dst,
+                          st.count, st.wait_left, st.wait_right);
+    }
+    return stages;
+  }, "Stages of one rank: (kind, left_is_input, src, dst, count, wait_left, wait_right).");
+  m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds,
+        "Seconds a rendezvous waits for missing ranks (inf: no limit); jaxring/collectives/timeout.py sets it.");
+  m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
+}

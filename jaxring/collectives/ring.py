@@ -1,0 +1,350 @@
+"""The ring collectives as JAX ops, usable inside jit under pmap or shard_map.
+
+Each op is one XLA custom call (jaxring/collectives/csrc): the handlers of the devices
+along the mapped axis meet in a host-side rendezvous and run the ring of
+docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
+the mesh when the op is lowered and passed as a static attribute, so a
+handler learns its rank without reading device memory.
+
+The public ops take lax's arguments and return lax's shapes and types:
+`allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
+`all_gather` lax.all_gather. Under shard_map(check_vma=True) their outputs
+carry lax's varying axes, so shard_map accepts and refuses what it does with
+lax. A ring of one device has nothing to move: no custom call, no
+collective at all, except under check_vma=True, where lax's op types the
+result (see _ring_of_one). An empty array is lax's op.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
+
+from jaxring.collectives import _ffi, _jax_compat, accumulation, timeout as timeout_lib
+
+_MODES = _ffi.modes()
+ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = _MODES["allreduce"], _MODES["reduce_scatter"], _MODES["all_gather"]
+OPS = ("sum", "mean")
+SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
+SUPPORTED_DTYPE_NAMES = ", ".join(np.dtype(d).name for d in SUPPORTED_DTYPES)
+# Stage size of the pipelined ring (per slice of a chunk), by platform.
+SLICE_BYTES = {"cpu": 4 << 20, "cuda": 4 << 20}
+
+_op_ids = itertools.count(1)
+
+ring_p = core.Primitive(_ffi.target_name())
+
+
+def _axis_names(axis_name):
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _ring_size(names):
+    size = 1
+    for name in names:
+        size *= jax.lax.axis_size(name)
+    return size
+
+
+def _as_supported_array(x, op_name):
+    x = jnp.asarray(x)
+    if not any(x.dtype == d for d in SUPPORTED_DTYPES):
+        raise TypeError(
+            f"jaxring.{op_name} takes arrays of {SUPPORTED_DTYPE_NAMES}, got {x.dtype}; cast the array first"
+        )
+    return x
+
+
+def _timeout_ms(timeout):
+    """The handler's timeout attribute: milliseconds, 0 for the default, -1 for none."""
+    if timeout is None:
+        timeout_lib.default_timeout()  # parses $JAXRING_TIMEOUT_S and hands it to the handlers
+        return 0
+    seconds = timeout_lib.check(timeout)
+    return -1 if seconds == float("inf") else max(1, int(round(seconds * 1000)))
+
+
+def _canonical_axis(axis, ndim, what):
+    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise ValueError(f"{what}={axis!r} is not an axis of a {ndim}-dimensional result or input")
+    return int(axis) % ndim
+
+
+def _ring(flat, *, mode, names, timeout_ms):
+    """Binds one ring op on a 1-D array."""
+    _ffi.register()
+    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
+        flat = _varying_over_all(flat, names)
+    return ring_p.bind(
+        flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
+    )
+
+
+def _ring_of_one(lax_op, local_result):
+    """A collective over one device: its local result, computed without a collective.
+
+    Under shard_map(check_vma=True) the result's type must drop the reduced
+    axes, which only lax's collectives do; there lax's op runs (a collective
+    over a group of one, as a lax user would pay).
+    """
+    return lax_op() if _jax_compat.checking_varying_axes() else local_result()
+
+
+def _varying_over_all(flat, names):
+    """As lax.psum before it reduces: a value invariant over every reduced axis counts once per device."""
+    aval = jax.typeof(flat)
+    if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
+        raise ValueError(
+            f"jaxring.allreduce over {names} of an unreduced or reduced value ({aval}): "
+            "use jax.lax.psum for explicit-sharding reductions"
+        )
+    varying = _jax_compat.varying_axes(aval)
+    missing = tuple(n for n in names if n not in varying)
+    if len(missing) not in (0, len(names)):
+        raise ValueError(
+            f"jaxring.allreduce over {names} of a value varying over some of them only ({aval}): "
+            f"as lax.psum, it takes one that varies over all or none; mark it with "
+            f"jax.lax.pcast(x, {missing}, to='varying')"
+        )
+    if missing and _jax_compat.auto_pcast():
+        return jax.lax.pcast(flat, missing, to="varying")
+    return flat
+
+
+def allreduce(x, axis_name, op="sum", *, timeout=None):
+    """Sum (op="sum", as jax.lax.psum) or mean (as jax.lax.pmean) of every leaf of `x` over `axis_name`.
+
+    Every device gets a bitwise identical result: each chunk is reduced once,
+    by one rank, in one order. bfloat16 and float16 are accumulated in float32;
+    the mean of int32 is a float, as lax.pmean's. `timeout` (seconds, inf for
+    none) bounds the wait for the other devices; see jaxring/collectives/timeout.py.
+    """
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    names = _axis_names(axis_name)
+    timeout_ms = _timeout_ms(timeout)
+
+    def reduce_leaf(leaf):
+        x = _as_supported_array(leaf, "allreduce")
+        ranks = _ring_size(names)
+        lax_op = functools.partial(jax.lax.psum if op == "sum" else jax.lax.pmean, x, names)
+        if ranks == 1:
+            return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
+        if x.size == 0:
+            return lax_op()
+        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
+        return accumulation.mean(total, ranks) if op == "mean" else total
+
+    return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):
+    """The device's block of the sum of `x` over `axis_name`, as jax.lax.psum_scatter.
+
+    Untiled, `x.shape[scatter_dimension]` must equal the number of devices N
+    and the device at axis position r gets sum[..., r, ...] (that dimension
+    dropped); tiled, it must be a multiple of N and the device gets the r-th
+    of N equal blocks along it.
+    """
+    x = _as_supported_array(x, "reduce_scatter")
+    timeout_ms = _timeout_ms(timeout)
+    names = _axis_names(axis_name)
+    ranks = _ring_size(names)
+    dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension")
+    size = x.shape[dim]
+    if (size % ranks if tiled else size != ranks):
+        raise ValueError(
+            f"reduce_scatter over {ranks} devices needs dimension {dim} of x "
+            f"{'to be a multiple of' if tiled else 'to equal'} {ranks}, got shape {x.shape}"
+        )
+    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
+    if ranks == 1:
+        return _ring_of_one(lax_op, lambda: x if tiled else jnp.squeeze(x, dim))
+    if x.size == 0:
+        return lax_op()
+    # Device r's block must be the r-th contiguous chunk of the flat buffer.
+    blocks = jnp.moveaxis(x, dim, 0)
+    mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
+    mine = mine.reshape((size // ranks,) + blocks.shape[1:])
+    return jnp.moveaxis(mine, 0, dim) if tiled else mine[0]
+
+
+def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
+    """Every device's `x`, in axis order, stacked along a new `axis` (as jax.lax.all_gather).
+
+    Tiled, the blocks are concatenated along the existing `axis` instead.
+    `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
+    """
+    x = _as_supported_array(x, "all_gather")
+    timeout_ms = _timeout_ms(timeout)
+    names = _axis_names(axis_name)
+    ranks = _ring_size(names)
+    if tiled and x.ndim == 0:
+        raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
+    axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
+    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled)
+    if ranks == 1:
+        return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
+    if x.size == 0:
+        return lax_op()
+    flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=timeout_ms)
+    stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
+    if not tiled:
+        return stacked
+    return stacked.reshape(x.shape[:axis] + (ranks * x.shape[axis],) + x.shape[axis + 1 :])
+
+
+# --- the primitive's rules -------------------------------------------------
+
+
+def _out_elements(elements, mode, ranks):
+    return {ALLREDUCE: elements, REDUCE_SCATTER: elements // ranks, ALL_GATHER: elements * ranks}[mode]
+
+
+def _out_varying(x, mode, axis_name):
+    """The varying axes of the output, by lax's rules (psum_invariant, psum_scatter, all_gather)."""
+    if not _jax_compat.checking_varying_axes():
+        return frozenset()
+    varying = _jax_compat.varying_axes(x)
+    if mode == ALLREDUCE:
+        if not varying.intersection(axis_name):
+            raise ValueError(
+                f"jaxring.allreduce over {axis_name} of a value that does not vary over any of "
+                f"them (it varies over {set(varying) or 'nothing'}): as with lax.psum, mark it "
+                "varying first with jax.lax.pcast(x, axis_name, to='varying')"
+            )
+        return varying - frozenset(axis_name)
+    if not varying.issuperset(axis_name):
+        name = "reduce_scatter" if mode == REDUCE_SCATTER else "all_gather"
+        raise ValueError(
+            f"jaxring.{name} over {axis_name} needs a value varying over all of them (as "
+            f"lax.{'psum_scatter' if mode == REDUCE_SCATTER else 'all_gather'}), got one varying "
+            f"over {set(varying) or 'nothing'}; mark it with jax.lax.pcast(x, axis_name, to='varying') "
+            "or pass check_vma=False to jax.shard_map"
+        )
+    return varying  # each device still holds its own block
+
+
+def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms):
+    if mode == REDUCE_SCATTER and x.shape[0] % ranks:
+        raise ValueError(f"reduce_scatter input of {x.shape[0]} elements is not a multiple of {ranks}")
+    shape = (_out_elements(x.shape[0], mode, ranks),)
+    return _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
+
+
+def _workspace_elements(dtype, elements, mode):
+    """Elements of partial sums the handler needs besides the output.
+
+    All-reduce keeps its partial sums in the output when it has the
+    accumulation type; reduce_scatter's output is one chunk, so its partial
+    sums need a full buffer; all_gather adds nothing.
+    """
+    if mode == ALL_GATHER:
+        return 0
+    if mode == ALLREDUCE and np.dtype(dtype) == accumulation.accumulation_dtype(dtype):
+        return 0
+    return elements
+
+
+def _device_ordinal(device, platform):
+    # What the handler's DeviceOrdinal reports: the CUDA ordinal on GPU, the
+    # device id on CPU (they differ in a multi-process jax.distributed run).
+    return device.local_hardware_id if platform == "cuda" else device.id
+
+
+def _ring_devices(ctx, axis_name, platform):
+    """Device ordinals of every ring, group by group, each in axis order."""
+    mesh = _jax_compat.spmd_mesh(ctx)
+    if mesh is None:
+        raise ValueError(
+            "jaxring collectives run inside jax.pmap or jax.shard_map over the devices "
+            f"of this process; axis {axis_name} is not bound by either here"
+        )
+    names = list(mesh.axis_names)
+    for name in axis_name:
+        if name not in names:
+            raise ValueError(f"axis {name!r} is not an axis of the mesh {tuple(names)}")
+    others = [n for n in names if n not in axis_name]
+    order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
+    devices = np.transpose(mesh.devices, order)
+    ring = int(np.prod([mesh.shape[n] for n in axis_name]))
+    ordinals = np.vectorize(lambda d: _device_ordinal(d, platform), otypes=[np.int64])(devices)
+    return ordinals.reshape(-1, ring).reshape(-1), ring
+
+
+def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
+    (x_aval,) = ctx.avals_in
+    (out_aval,) = ctx.avals_out
+    ring_devices, ring = _ring_devices(ctx, axis_name, platform)
+    if ring != ranks:
+        raise ValueError(f"axis {axis_name} has {ring} devices in the mesh but {ranks} when traced")
+    full = x_aval.shape[0] * (ranks if mode == ALL_GATHER else 1)
+    workspace_elements = _workspace_elements(x_aval.dtype, full, mode)
+    if platform == "cuda":
+        # One staging slice for peers that cannot map each other's memory.
+        workspace_elements += SLICE_BYTES[platform] // np.dtype(x_aval.dtype).itemsize
+    workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
+    lower = jax.ffi.ffi_lowering(_ffi.target_name())
+    out, _ = lower(
+        ctx.replace(avals_out=[out_aval, workspace]),
+        x,
+        op_id=np.int64(op_id),
+        mode=np.int64(mode),
+        elements=np.int64(full),
+        ring_devices=ring_devices,
+        ring_size=np.int64(ring),
+        timeout_ms=np.int64(timeout_ms),
+        slice_bytes=np.int64(SLICE_BYTES[platform]),
+    )
+    return [out]
+
+
+def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
+        # Typed, the cotangent of a sum is the same on every device: each
+        # input receives it whole, no communication (lax.psum's transpose).
+        return [jax.lax.pcast(cotangent, axis_name, to="varying")]
+    # Untyped, the cotangent may differ between devices, and the transpose of
+    # a sum over devices is a sum over devices; reduce_scatter and all_gather
+    # are each other's transpose.
+    transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
+    return [
+        ring_p.bind(
+            cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids), timeout_ms=timeout_ms
+        )
+    ]
+
+
+def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
+    if axis_data.name in axis_name:
+        raise ValueError(
+            f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
+            "axis, not a device axis. Map it with jax.pmap or jax.shard_map, or use jax.lax.psum"
+        )
+    # Lay the batch out so that each device's chunk holds its chunk of every
+    # batch element: [B, N*c] -> [N, B, c] for reduce_scatter, and back for
+    # all_gather. All-reduce is elementwise, so any layout works.
+    (x,), (dim,) = args, dims
+    x = jnp.moveaxis(x, dim, 0)
+    batch, length = x.shape
+    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms)
+    if mode == REDUCE_SCATTER:
+        x = x.reshape(batch, ranks, length // ranks).transpose(1, 0, 2)
+        return ring_p.bind(x.reshape(-1), **params).reshape(batch, length // ranks), 0
+    out = ring_p.bind(x.reshape(-1), **params)
+    if mode == ALL_GATHER:
+        return out.reshape(ranks, batch, length).transpose(1, 0, 2).reshape(batch, ranks * length), 0
+    return out.reshape(batch, length), 0
+
+
+ring_p.def_abstract_eval(_abstract_eval)
+ad.deflinear2(ring_p, _transpose)
+batching.fancy_primitive_batchers[ring_p] = _batch
+mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cpu", **p), platform="cpu")
+mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cuda", **p), platform="cuda")

@@ -1,0 +1,307 @@
+"""Experiment configs: YAML files checked against typed dataclass sections.
+
+An experiment file names its task (`task: NAME`, resolved by the scripts
+through the registry in models/__init__.py) and has one YAML mapping per
+section. The engine owns the `train`, `optim`, `eval` and `checkpoint`
+sections (dataclasses below); the task brings its own sections as
+dataclasses. Every key is checked:
+a misspelled one is an error that names the closest valid key, and
+`--set section.key=value` overrides are converted to the type the schema
+declares, so `--set optim.learning_rate=1e-3` is a float, not YAML's string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES
+from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    batch_size: int = 32  # global: split across processes, then local devices
+    epochs: int = 20
+    max_steps: int | None = None  # stop before the epochs run out
+    allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
+    log_every: int = 10  # steps between metrics.jsonl rows
+
+    def __post_init__(self):
+        _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
+        _check_positive("train.batch_size", self.batch_size)
+        _check_positive("train.log_every", self.log_every)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "sgd"  # "sgd" (Nesterov momentum, the paper's recipe) | "adamw"
+    learning_rate: float = 3e-4
+    momentum: float = 0.99  # sgd
+    nesterov: bool = True  # sgd
+    weight_decay: float = 0.0  # adamw
+    schedule: str = "anneal"  # "anneal" | "warmup_cosine" | "constant"
+    anneal_factor: float = 1.2  # anneal: learning rate divided by this after each epoch
+    warmup_steps: int = 0  # warmup_cosine
+    final_learning_rate: float = 0.0  # warmup_cosine
+    clip_norm: float | None = 400.0  # global gradient-norm clipping; null disables
+
+    def __post_init__(self):
+        _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
+        _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
+        _check_positive("optim.learning_rate", self.learning_rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0  # dev metrics every this many steps (0: only at the end)
+    batch_size: int = 32
+    max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
+    test_at_end: bool = True  # also score the test split when training ends
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at the end (and at each dev evaluation)
+    keep: int = 3  # most recent checkpoints kept, besides the best one
+    best_metric: str | None = None  # dev metric that picks the best checkpoint (lower is better); null: the task's
+
+    def __post_init__(self):
+        _check_positive("checkpoint.keep", self.keep)
+
+
+TASK_KEY = "task"  # the top-level key that names the task
+
+ENGINE_SECTIONS: dict[str, type] = {
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+}
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_positive(name, value):
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive; got {value!r}")
+
+
+def closest_key(key: str, valid) -> str | None:
+    """The valid key a user most likely meant: abbreviation ("lr"), prefix, else spelling."""
+    valid = list(valid)
+    key = str(key).lower()
+    for candidate in valid:
+        if key == "".join(part[0] for part in candidate.split("_") if part):
+            return candidate
+    for candidate in valid:
+        if candidate.startswith(key) or key.startswith(candidate):
+            return candidate
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    return close[0] if close else None
+
+
+def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
+    close = closest_key(key, valid)
+    hint = f"; did you mean {close!r}?" if close else ""
+    return ConfigError(f"unknown key {key!r} in {where}{hint} (valid keys: {', '.join(valid)})")
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _coerce(where: str, value: Any, annotation: Any) -> Any:
+    """`value` as an instance of `annotation` (int -> float allowed, nothing lossy)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(where, value, option)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list; got {value!r}")
+        args = typing.get_args(annotation)
+        item = args[0] if args else Any
+        return origin(_coerce(f"{where}[{i}]", v, item) for i, v in enumerate(value))
+    if annotation is Any:
+        return value
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool):
+        raise ConfigError(f"{where} must be an int; got {value!r}")
+    if dataclasses.is_dataclass(annotation):
+        return section_from_dict(annotation, value, where)
+    if not isinstance(value, annotation):
+        raise ConfigError(
+            f"{where} must be {getattr(annotation, '__name__', annotation)}; "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def section_from_dict(cls, values: Mapping[str, Any] | None, where: str):
+    """Builds dataclass section `cls` from a mapping, checking every key and type."""
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping of keys to values; got {values!r}")
+    fields = _field_types(cls)
+    for key in values:
+        if key not in fields:
+            raise _unknown_key_error(where, key, fields)
+    try:  # the section's own checks (__post_init__) name the key they reject
+        return cls(**{key: _coerce(f"{where}.{key}", values[key], fields[key]) for key in values})
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+
+
+def parse_override_value(text: str, annotation: Any) -> Any:
+    """The value of `--set key=text` for a field declared as `annotation`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("null", "none", "~") and type(None) in typing.get_args(annotation):
+            return None
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return parse_override_value(text, options[0])
+    if annotation is bool:
+        lowered = text.lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+        raise ConfigError(f"expected true or false; got {text!r}")
+    if annotation in (int, float):
+        try:
+            return annotation(text)
+        except ValueError:
+            raise ConfigError(f"expected {annotation.__name__}; got {text!r}") from None
+    if annotation is str:
+        return text
+    return yaml.safe_load(text)
+
+
+def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type]) -> dict:
+    """`raw` (section -> mapping) with each `section.key=value` of `overrides` applied."""
+    raw = dict(raw)
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep or "." not in path:
+            raise ConfigError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
+        section, _, key = path.partition(".")
+        if section not in sections:
+            raise _unknown_key_error("the config", section, sections)
+        cls = sections[section]
+        fields = _field_types(cls)
+        if key not in fields:
+            raise _unknown_key_error(section, key, fields)
+        try:
+            value = parse_override_value(text, fields[key])
+        except ConfigError as e:
+            raise ConfigError(f"--set {path}: {e}") from None
+        current = raw.get(section) or {}
+        if not isinstance(current, Mapping):
+            raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
+        raw[section] = {**current, key: value}
+    return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A resolved experiment: the task's name and one typed object per section, by section name."""
+
+    sections: Mapping[str, Any]
+    task: str | None = None
+
+    def __getattr__(self, name):
+        if name == "sections":  # not yet set (copy, unpickling): no recursion
+            raise AttributeError(name)
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict:
+        named = {TASK_KEY: self.task} if self.task is not None else {}
+        return {**named, **{name: to_dict(value) for name, value in self.sections.items()}}
+
+
+def to_dict(section) -> Any:
+    if dataclasses.is_dataclass(section):
+        return {f.name: to_dict(getattr(section, f.name)) for f in dataclasses.fields(section)}
+    if isinstance(section, tuple):
+        return list(section)
+    return section
+
+
+def build(raw: Mapping[str, Any], task_sections: Mapping[str, type], overrides=()) -> Config:
+    """A Config from a parsed YAML mapping: the task's name, engine sections plus the task's."""
+    sections = {**task_sections, **ENGINE_SECTIONS}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config is a mapping of sections ({', '.join(sections)}); got {raw!r}")
+    task = raw.get(TASK_KEY)
+    if task is not None and not isinstance(task, str):
+        raise ConfigError(f"{TASK_KEY} must be the name of a registered task; got {task!r}")
+    for name in raw:
+        if name not in sections and name != TASK_KEY:
+            raise _unknown_key_error("the config", name, [TASK_KEY, *sections])
+    raw = apply_overrides(dict(raw), list(overrides), sections)
+    return Config({name: section_from_dict(cls, raw.get(name), name) for name, cls in sections.items()}, task)
+
+
+def _read(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def task_name(path: str | Path) -> str:
+    """The `task:` an experiment file names, which picks the sections it may have."""
+    raw = _read(path)
+    name = raw.get(TASK_KEY) if isinstance(raw, Mapping) else None
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: the config needs a top-level `{TASK_KEY}: NAME` naming the model's task")
+    return name
+
+
+def load(path: str | Path, task_sections: Mapping[str, type], overrides=()) -> Config:
+    """Reads and validates the YAML experiment at `path`."""
+    raw = _read(path)
+    try:
+        return build(raw, task_sections, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def save(config: Config, path: str | Path) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)

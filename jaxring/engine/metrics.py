@@ -1,0 +1,112 @@
+"""What a run leaves in its directory: metrics.jsonl, TensorBoard events, summary, plots.
+
+TensorBoard events and plots need tensorboardX and matplotlib (the `speech`
+extra of pyproject.toml installs them); without them a run writes
+metrics.jsonl and summary.json only, and says so once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+from jaxring.engine.task import MetricNames
+
+
+def _missing(module: str, what: str) -> bool:
+    """True (after a note) when optional `module`, needed for `what`, is not installed."""
+    if importlib.util.find_spec(module) is not None:
+        return False
+    print(f"note: {module} is not installed, so the run writes no {what} (pip install {module})", flush=True)
+    return True
+
+
+class RunLog:
+    """One JSON object per logged step in DIR/metrics.jsonl, mirrored to TensorBoard.
+
+    On resume from step S the rows after S are dropped (the resumed run
+    writes them again), so the file reads as if the run had never stopped.
+    """
+
+    def __init__(self, workdir: str | Path, resume_step: int | None = None):
+        self.workdir = Path(workdir)
+        self.path = self.workdir / "metrics.jsonl"
+        kept = [row for row in self.rows() if row["step"] <= resume_step] if resume_step is not None else []
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self._file = open(self.path, "a")
+        purge = None if resume_step is None else resume_step + 1
+        self._writer = None
+        if not _missing("tensorboardX", "TensorBoard events"):
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=purge)
+
+    def rows(self) -> list[dict]:
+        return read_rows(self.path)
+
+    def write(self, row: dict) -> None:
+        """Appends `row` (it must have "step"); numbers also go to TensorBoard."""
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._writer is None:
+            return
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self._writer.add_scalar(key, value, row["step"])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: str | Path, values: dict) -> None:
+    Path(path).write_text(json.dumps(values, indent=2) + "\n")
+
+
+def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> list[Path]:
+    """PNG curves of the logged rows: the loss, and the task's dev metrics; returns the files written."""
+    if _missing("matplotlib", "plots"):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    plots = (  # file name, y label, the row keys drawn as curves
+        ("loss.png", "training loss", ("loss",)),
+        ("dev_metrics.png", metrics.label, tuple(f"dev_{name}" for name in metrics.plotted)),
+    )
+    for name, ylabel, keys in plots:
+        curves = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
+        curves = {k: points for k, points in curves.items() if points}
+        if not curves:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, points in curves.items():
+            steps, values = zip(*points)
+            scale = 100.0 if key.startswith("dev_") else 1.0
+            ax.plot(steps, [v * scale for v in values], marker="o" if len(points) < 30 else None, label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if name == "loss.png":
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=100)
+        plt.close(fig)
+        written.append(out_dir / name)
+    return written

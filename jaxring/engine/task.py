@@ -1,0 +1,68 @@
+"""The contract between the engine and a model: what a task brings, and the names they share.
+
+Models and scripts import this module, never the trainer, to implement a task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+
+import jax
+
+AXIS = "batch"  # the pmapped axis: local devices
+
+
+class Shard(NamedTuple):
+    """This process's share of the data: shard `index` of `count`."""
+
+    index: int
+    count: int
+
+
+class Batches(Protocol):
+    """This process's training batches, epoch after epoch, with a resumable position."""
+
+    steps_per_epoch: int
+
+    def __iter__(self) -> Iterator[dict]: ...
+
+    def state(self) -> dict:
+        """JSON-serialisable position: after restore(), iteration yields the batches that would have come next."""
+
+    def restore(self, state: dict) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricNames:
+    """How the engine reports a task's evaluation metrics: keys of `Task.summarize`, lower is better."""
+
+    best: str  # the dev metric that selects the best checkpoint (unless checkpoint.best_metric says otherwise)
+    plotted: tuple[str, ...]  # drawn together in the run's plots/dev_metrics.png, as percentages
+    shown: tuple[str, ...]  # in the progress bar, as percentages
+    label: str = "dev metric (%)"  # the y axis of plots/dev_metrics.png
+
+
+class Task(Protocol):
+    """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = examples."""
+
+    metrics: MetricNames
+
+    def init(self, rng) -> dict:
+        """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats")."""
+
+    def loss(self, variables: dict, batch: dict, rng) -> tuple[jax.Array, dict]:
+        """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS."""
+
+    def predict(self, variables: dict, batch: dict) -> Any:
+        """Evaluation-mode outputs, every leaf with a leading batch axis; inside pmap over AXIS."""
+
+    def score(self, outputs: Any, batch: dict) -> dict[str, float]:
+        """Additive counts (e.g. edit distances and lengths) for host numpy outputs of `batch`."""
+
+    def summarize(self, counts: dict[str, float]) -> dict[str, float]:
+        """Metrics named by `metrics` (lower is better) from summed counts."""
+
+    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches: ...
+
+    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]: ...

@@ -1,0 +1,372 @@
+"""The synchronous data-parallel SGD engine: model-agnostic, pmapped, jaxring all-reduce.
+
+A model comes in as a `Task` (jaxring/engine/task.py); the engine owns
+everything else: splitting the global batch over processes and local
+devices, the optimizer and its schedule, evaluation, checkpoints and what the
+run writes to its directory. The gradient all-reduce is the `sync` object's
+(jaxring/engine/sync.py), chosen once from the world.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from jaxring.collectives.replicas import broadcast, check_replicas
+from jaxring.engine import config as config_lib
+from jaxring.engine import metrics as metrics_lib
+from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.optim import learning_rate_schedule, make_optimizer
+from jaxring.engine.sync import make_sync
+from jaxring.engine.task import AXIS, Shard, Task
+
+# Timings of the sync alone at start-up, of which the median is kept: the
+# all-reduce share of a step is that over the measured step time, with no
+# extra collectives in the training loop.
+SYNC_TIMING_REPEATS = 3
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any  # float32 master weights; the model may compute in bfloat16
+    opt_state: Any
+    model_state: Any  # non-param collections, averaged across replicas every step
+    rng: jax.Array
+
+
+# ---------------------------------------------------------------- batches on devices
+
+
+def split_for_devices(batch: dict, n_devices: int) -> dict:
+    """[B, ...] leaves -> [n_devices, B / n_devices, ...]."""
+
+    def split(x):
+        if x.shape[0] % n_devices:
+            raise ValueError(
+                f"a batch of {x.shape[0]} examples cannot be split evenly over {n_devices} local devices; "
+                f"make train.batch_size a multiple of processes x local devices"
+            )
+        return x.reshape((n_devices, x.shape[0] // n_devices) + x.shape[1:])
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def pad_batch(batch: dict, size: int) -> dict:
+    """Leaves padded to `size` rows by repeating the last row (outputs of the copies are dropped)."""
+    index = np.minimum(np.arange(size), batch_rows(batch) - 1)
+    return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
+
+
+def batch_rows(batch: dict) -> int:
+    return len(jax.tree_util.tree_leaves(batch)[0])
+
+
+def replicate(tree, devices):
+    """A copy of `tree` on each device, stacked along a leading axis (what pmap takes)."""
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), (AXIS,)), jax.sharding.PartitionSpec(AXIS))
+    stack = lambda x: np.broadcast_to(np.asarray(x)[None], (len(devices),) + np.shape(x))  # noqa: E731
+    return jax.tree_util.tree_map(lambda x: jax.device_put(stack(x), sharding), tree)
+
+
+def unreplicate(tree):
+    return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), tree)
+
+
+def count_params(params) -> int:
+    return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
+
+
+def sum_across_processes(counts: dict[str, float], comm) -> dict[str, float]:
+    """`counts` summed over the processes of MPI communicator `comm` (None: this process only)."""
+    if comm is None:
+        return counts
+    keys = sorted(set().union(*comm.allgather(set(counts))))
+    totals = comm.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64))  # elementwise sum
+    return dict(zip(keys, totals.tolist()))
+
+
+def make_predict(task: Task):
+    return jax.pmap(task.predict, axis_name=AXIS)
+
+
+def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices: int, comm=None):
+    """Task metrics over `batches` (this process's share), summed across processes.
+
+    `variables` are replicated over the local devices; each batch is padded
+    to a multiple of them and the padding's outputs dropped before scoring.
+    """
+    counts = collections.defaultdict(float)
+    for batch in batches:
+        rows = batch_rows(batch)
+        padded = pad_batch(batch, math.ceil(rows / n_devices) * n_devices)
+        outputs = predict(variables, split_for_devices(padded, n_devices))
+        outputs = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])[:rows], outputs)
+        for key, value in task.score(outputs, batch).items():
+            counts[key] += value
+    return task.summarize(sum_across_processes(dict(counts), comm))
+
+
+def variables_of(state: TrainState) -> dict:
+    return {"params": state.params, **state.model_state}
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class Trainer:
+    """Trains `task` with `config` in `workdir` on this process's local devices."""
+
+    def __init__(self, task: Task, config: config_lib.Config, workdir: str | Path, world=None, batches=None):
+        """`batches`: this process's training Batches (default: the task's, for its shard)."""
+        self.task = task
+        self.config = config
+        self.workdir = Path(workdir)
+        self.world = world
+        self.rank = world.rank if world is not None else 0
+        self.world_size = world.size if world is not None else 1
+        self.devices = list(world.local_devices) if world is not None else jax.local_devices()
+        self.n_local = len(self.devices)
+        self.comm = world.comm if self.world_size > 1 else None  # host-side sums and broadcasts
+        train = config.train
+        replicas = self.world_size * self.n_local
+        if train.batch_size % replicas:
+            raise ValueError(
+                f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
+                f"({self.world_size} processes x {self.n_local} local devices)"
+            )
+        self.shard = Shard(self.rank, self.world_size)
+        self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
+        epoch_steps = self.batches.steps_per_epoch
+        self.total_steps = train.epochs * epoch_steps
+        if train.max_steps is not None:
+            self.total_steps = min(self.total_steps, train.max_steps)
+        self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
+        self.optimizer = make_optimizer(config.optim, self.schedule)
+        best_metric = config.checkpoint.best_metric or task.metrics.best
+        self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
+        self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
+        self._step = self.sync.pmap_step(self._local, self._finish)
+        self.predict = make_predict(task)
+
+    # -- state
+
+    def init_state(self) -> TrainState:
+        rng = jax.random.PRNGKey(self.config.train.seed)
+        init_rng, step_rng = jax.random.split(rng)
+        variables = jax.jit(self.task.init)(init_rng)
+        params = variables["params"]
+        model_state = {k: v for k, v in variables.items() if k != "params"}
+        state = TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=self.optimizer.init(params),
+            model_state=model_state,
+            rng=step_rng,
+        )
+        state = jax.tree_util.tree_map(np.asarray, state)
+        if self.comm is not None:
+            state = broadcast(state, root=0)  # every process starts from rank 0's weights
+        return state
+
+    # -- the step
+
+    def _local(self, state: TrainState, batch: dict):
+        """What the sync averages over every replica: (gradients, new model state, loss) of one device's batch."""
+        replica = jax.lax.axis_index(AXIS) + self.rank * self.n_local
+        rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
+
+        def loss_fn(params):
+            return self.task.loss({"params": params, **state.model_state}, batch, rng)
+
+        (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        return grads, model_state, loss
+
+    def _finish(self, state: TrainState, averaged):
+        """The optimizer update from the averaged (gradients, model state, loss), and the step's outputs."""
+        grads, model_state, loss = averaged
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        state = state.replace(
+            step=state.step + 1,
+            params=optax.apply_updates(state.params, updates),
+            opt_state=opt_state,
+            model_state=model_state,
+        )
+        return state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    def train_step(self, state: TrainState, batch: dict):
+        """One synchronous step on a process batch; `state` is replicated over local devices."""
+        return self._step(state, split_for_devices(batch, self.n_local))
+
+    def time_sync(self, state: TrainState) -> float:
+        """Median seconds of the sync alone on a tree shaped like the gradients (collective)."""
+        return self.sync.time_mean(state.params, SYNC_TIMING_REPEATS)
+
+    # -- evaluation and checkpoints
+
+    def evaluate(self, state: TrainState, split: str) -> dict[str, float]:
+        """Task metrics on `split`; dev is cut to eval.max_utterances, test is scored whole."""
+        cfg = self.config.eval
+        limit = cfg.max_utterances if split == "dev" else None
+        batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
+        variables = variables_of(state)
+        return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
+
+    def save(self, state: TrainState, metrics: dict | None = None) -> None:
+        if self.comm is not None:
+            check_replicas(state.params)  # collective: every process verifies before rank 0 writes
+        if self.rank != 0:
+            return
+        host_state = unreplicate(state)
+        self.checkpoints.save(int(host_state.step), host_state, {"batches": self.batches.state()}, metrics)
+
+    def restore(self, template: TrainState) -> TrainState:
+        step = self.checkpoints.latest()
+        state, extra = self.checkpoints.restore(template, step)
+        self.batches.restore(extra["batches"])
+        return state
+
+    # -- the loop
+
+    def _log_row(self, step: int, out: dict, examples: int, elapsed: float, steps: int, sync_s: float) -> dict:
+        loss = float(out["loss"][0])
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step}; lower optim.learning_rate or set optim.clip_norm")
+        step_s = elapsed / steps
+        return {
+            "step": step,
+            "epoch": (step - 1) // self.batches.steps_per_epoch,
+            "loss": loss,
+            "grad_norm": float(out["grad_norm"][0]),
+            "learning_rate": float(self.schedule(step - 1)),
+            "examples_per_s": examples / elapsed,
+            "step_s": step_s,
+            # The sync timed alone at start-up (time_sync), as a share of this window's mean step.
+            "allreduce_share": min(1.0, sync_s / step_s),
+        }
+
+    def _best_step(self) -> int | None:
+        """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
+        best = self.checkpoints.best() if self.rank == 0 else None
+        if self.comm is not None:
+            best = self.comm.bcast(best, root=0)
+        return None if best is None else best["step"]
+
+    def fit(self, resume: bool = False) -> dict:
+        """Trains to the end, evaluates and writes the run directory; returns the summary."""
+        cfg = self.config
+        lead = self.rank == 0
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        state = self.init_state()
+        n_params = count_params(state.params)
+        if resume:
+            if self.checkpoints.latest() is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpoints.directory}")
+            state = self.restore(state)
+        start = int(state.step)
+        if lead:
+            self.checkpoints.discard_partial()
+            if not resume and (removed := self.checkpoints.clear()):
+                print(f"fresh run: removed {removed} old checkpoints from {self.checkpoints.directory} "
+                      "(--resume continues from them instead)", flush=True)
+            config_lib.save(cfg, self.workdir / "config.yaml")
+            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
+            per_device = cfg.train.batch_size // (self.world_size * self.n_local)
+            print(
+                f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
+                f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
+                f"all-reduce {cfg.train.allreduce}, {self.total_steps} steps "
+                f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else ""),
+                flush=True,
+            )
+        state = replicate(state, self.devices)
+        sync_s = self.time_sync(state)
+        if lead:
+            print(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)", flush=True)
+        bar = tqdm(total=self.total_steps, initial=start, disable=not lead, dynamic_ncols=True)
+        started = window_start = time.perf_counter()
+        examples = window_steps = 0
+        last: dict = {}  # the latest value of every logged key
+        row: dict = {"step": start}
+        batches = iter(self.batches)
+        for step in range(start + 1, self.total_steps + 1):
+            batch = next(batches)
+            examples += batch_rows(batch) * self.world_size
+            state, out = self.train_step(state, batch)
+            window_steps += 1
+            row = {"step": step}
+            if step % cfg.train.log_every == 0 or step == self.total_steps:
+                jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
+                elapsed = time.perf_counter() - window_start
+                row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
+            if step == self.total_steps:
+                break  # evaluated and saved below
+            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+                dev = self.evaluate(state, "dev")
+                row.update({f"dev_{k}": v for k, v in dev.items()})
+                self.save(state, dev)
+            elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                self.save(state)
+            if len(row) > 1:
+                last.update(row)
+                if lead:
+                    log.write(row)
+                    bar.set_postfix(self._postfix(last), refresh=False)
+                examples, window_steps, window_start = 0, 0, time.perf_counter()
+            bar.update(1)
+        bar.update(self.total_steps - bar.n)
+        bar.close()
+
+        dev = self.evaluate(state, "dev")
+        row.update({f"dev_{k}": v for k, v in dev.items()})
+        last.update(row)
+        self.save(state, dev)
+        summary = {
+            "steps": self.total_steps,
+            "epochs": self.total_steps / self.batches.steps_per_epoch,
+            "parameters": n_params,
+            "processes": self.world_size,
+            "local_devices": self.n_local,
+            "global_batch": cfg.train.batch_size,
+            "allreduce": cfg.train.allreduce,
+            "train_seconds": time.perf_counter() - started,
+            **{k: last.get(k) for k in ("loss", "examples_per_s", "step_s", "allreduce_share")},
+            "allreduce_s": sync_s,
+            **{f"dev_{k}": v for k, v in dev.items()},
+        }
+        best_step = self._best_step()
+        summary["best_step"] = best_step
+        if cfg.eval.test_at_end:
+            if best_step is not None and best_step != self.total_steps:
+                best, _ = self.checkpoints.restore(unreplicate(state), best_step)
+                state = replicate(best, self.devices)
+            test = self.evaluate(state, "test")
+            summary.update({f"test_{k}": v for k, v in test.items()})
+        if lead:
+            log.write(row)
+            rows = log.rows()
+            log.close()
+            metrics_lib.write_json(self.workdir / "summary.json", summary)
+            metrics_lib.plot_curves(rows, self.workdir / "plots", self.task.metrics)
+        return summary
+
+    def _postfix(self, row: dict) -> dict:
+        shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
+        for name in self.task.metrics.shown:
+            if f"dev_{name}" in row:
+                shown[name] = f"{100 * row[f'dev_{name}']:.1f}%"
+        if "examples_per_s" in row:
+            shown["ex/s"] = f"{row['examples_per_s']:.0f}"
+        if "allreduce_share" in row:
+            shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
+        return shown

@@ -1,0 +1,55 @@
+"""Tensor fusion: buckets are planned by dtype and size, and unfused exactly."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxring
+from jaxring.collectives.fusion import plan_buckets
+
+
+def test_buckets_keep_dtypes_apart_respect_the_size_and_skip_empty_leaves():
+    leaves = [
+        np.zeros(10, np.float32),  # 40 B
+        np.zeros(4, jnp.bfloat16),  # 8 B
+        np.zeros(20, np.float32),  # 80 B: 40 + 80 > 100, new bucket
+        np.zeros(0, np.float32),
+        np.zeros(100, np.float32),  # 400 B: bigger than a bucket, alone
+        np.zeros(3, jnp.bfloat16),
+    ]
+    assert plan_buckets(leaves, bucket_bytes=100) == [[0], [1, 5], [2], [4]]
+    with pytest.raises(ValueError, match="positive"):
+        plan_buckets(leaves, bucket_bytes=0)
+
+
+@pytest.mark.parametrize("ranks", (1, 3))  # one: no ring, no packing
+@pytest.mark.parametrize("bucket_bytes", (16, 1000, 1 << 25))
+def test_tree_allreduce_equals_a_mean_per_leaf(bucket_bytes, ranks):
+    rng = np.random.default_rng(bucket_bytes)
+    tree = {
+        "dense": {"kernel": rng.standard_normal((ranks, 7, 5)).astype(np.float32), "bias": rng.standard_normal((ranks, 5)).astype(np.float32)},
+        "scalar": rng.standard_normal((ranks,)).astype(np.float32),
+        "half": rng.standard_normal((ranks, 9)).astype(jnp.bfloat16),
+        "empty": np.zeros((ranks, 0), np.float32),
+        "count": rng.integers(0, 9, (ranks, 4)).astype(np.int32),
+    }
+    reduced = jax.pmap(
+        lambda t: jaxring.tree_allreduce({k: v for k, v in t.items() if k != "count"}, "i", bucket_bytes=bucket_bytes)
+        | {"count": jaxring.tree_allreduce(t["count"], "i", op="sum", bucket_bytes=bucket_bytes)},
+        axis_name="i",
+        devices=jax.devices()[:ranks],
+    )(tree)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        out = np.asarray(_at(reduced, path))
+        expected = np.asarray(leaf, np.float64)
+        expected = expected.sum(0) if path[0].key == "count" else expected.mean(0)
+        tol = 1e-2 if leaf.dtype == jnp.bfloat16 else 1e-5
+        assert out.shape == leaf.shape and out.dtype == leaf.dtype
+        np.testing.assert_allclose(np.asarray(out[-1], np.float64), expected, rtol=tol, atol=tol)
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree

@@ -1,0 +1,116 @@
+"""Config schema: typed sections, closest-key errors, typed --set overrides, round trip."""
+
+import dataclasses
+
+import pytest
+import yaml
+
+from jaxring.engine import config as config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    corpus: str = "synthetic"
+    utterances: int = 100
+    max_seconds: float | None = None
+    splits: tuple[str, ...] = ("train", "dev")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    width: int = 4
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"model.width must be at least 1; got {self.width}")
+
+
+TASK = {"data": DataSection, "model": ModelSection}
+
+
+def test_defaults_and_types():
+    cfg = config_lib.build({"optim": {"learning_rate": 1}, "data": {"max_seconds": 3}}, TASK)
+    assert cfg.optim.learning_rate == 1.0 and isinstance(cfg.optim.learning_rate, float)
+    assert cfg.data.max_seconds == 3.0 and cfg.train == config_lib.TrainConfig()
+    assert cfg.model == ModelSection() and cfg.task is None
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"optim": {"learnin_rate": 0.1}}, "unknown key 'learnin_rate' in optim; did you mean 'learning_rate'"),
+        ({"trian": {}}, "unknown key 'trian' in the config; did you mean 'train'"),
+        ({"data": {"utterance": 3}}, "did you mean 'utterances'"),
+        ({"train": {"batch_size": "big"}}, "train.batch_size must be int; got str 'big'"),
+        ({"train": {"batch_size": 2.5}}, "train.batch_size must be int"),
+        ({"train": {"allreduce": "nccl"}}, "train.allreduce must be one of ring, psum; got 'nccl'"),
+        ({"train": {"batch_size": 0}}, "train.batch_size must be positive"),
+        ({"data": {"splits": "train"}}, "data.splits must be a list"),
+        ({"model": {"widht": 3}}, "unknown key 'widht' in model; did you mean 'width'"),
+        ({"model": {"width": 0}}, "model.width must be at least 1; got 0"),
+        ({"task": 3}, "task must be the name of a registered task; got 3"),
+        ({"optim": [1, 2]}, "optim must be a mapping"),
+    ],
+)
+def test_bad_configs_name_the_problem(raw, message):
+    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        config_lib.build(raw, TASK)
+
+
+def test_overrides_are_typed_by_the_schema():
+    cfg = config_lib.build(
+        {"optim": {"learning_rate": 0.5}},
+        TASK,
+        [
+            "optim.learning_rate=1e-3",  # YAML alone would read this as a string
+            "train.batch_size=16",
+            "optim.nesterov=false",
+            "optim.clip_norm=null",
+            "data.corpus=123",  # a str field keeps the text
+            "data.splits=[train, test]",
+            "train.max_steps=7",
+            "model.width=5",
+        ],
+    )
+    assert cfg.optim.learning_rate == 1e-3 and cfg.train.batch_size == 16
+    assert cfg.optim.nesterov is False and cfg.optim.clip_norm is None
+    assert cfg.data.corpus == "123" and cfg.data.splits == ("train", "test")
+    assert cfg.train.max_steps == 7 and cfg.model.width == 5
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.learning_rate", "section.key=value"),
+        ("lr=1", "section.key=value"),
+        ("optim.lr=1", "did you mean 'learning_rate'"),
+        ("optimizer.learning_rate=1", "did you mean 'optim'"),
+        ("train.batch_size=eight", "--set train.batch_size: expected int; got 'eight'"),
+        ("optim.nesterov=maybe", "expected true or false"),
+        ("optim.name=lamb", "optim.name must be one of sgd, adamw; got 'lamb'"),
+        ("optim.schedule=cyclic", "optim.schedule must be one of anneal, warmup_cosine, constant"),
+    ],
+)
+def test_bad_overrides(override, message):
+    with pytest.raises(config_lib.ConfigError, match=message.replace(".", r"\.")):
+        config_lib.build({}, TASK, [override])
+
+
+def test_saved_config_loads_back_identical(tmp_path):
+    source = tmp_path / "exp.yaml"
+    source.write_text(yaml.safe_dump({"task": "toy", "train": {"epochs": 3}, "data": {"utterances": 7}, "model": {"width": 2}}))
+    cfg = config_lib.load(source, TASK, ["optim.name=adamw"])
+    config_lib.save(cfg, tmp_path / "config.yaml")
+    again = config_lib.load(tmp_path / "config.yaml", TASK)
+    assert again.to_dict() == cfg.to_dict()
+    assert again.optim.name == "adamw" and again.train.epochs == 3 and again.data.utterances == 7
+    assert again.task == "toy" and config_lib.task_name(tmp_path / "config.yaml") == "toy"
+
+
+def test_missing_file_and_file_name_in_errors(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="does not exist"):
+        config_lib.load(tmp_path / "nope.yaml", TASK)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(config_lib.ConfigError, match=r"bad\.yaml: unknown key 'epoch' in train; did you mean 'epochs'"):
+        config_lib.load(bad, TASK)

@@ -1,0 +1,282 @@
+"""The engine on a toy task: replica equivalence, determinism, optimizer recipe, resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxring.engine import config as config_lib
+from jaxring.engine import optim
+from jaxring.engine import trainer as trainer_lib
+from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.task import MetricNames
+
+DIM = 5
+HIDDEN = 8
+
+
+class ToyBatches:
+    """Seeded shuffles of a fixed data set; the position is (epoch, batch index)."""
+
+    def __init__(self, x, y, batch_size, shard, seed, delay=0.0):
+        self.x, self.y, self.batch_size, self.shard, self.seed, self.delay = x, y, batch_size, shard, seed, delay
+        self.steps_per_epoch = len(x) // (batch_size * shard.count)
+        self.epoch, self.index = 0, 0
+
+    def state(self):
+        return {"epoch": self.epoch, "index": self.index}
+
+    def restore(self, state):
+        self.epoch, self.index = state["epoch"], state["index"]
+
+    def __iter__(self):
+        while True:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
+            while self.index < self.steps_per_epoch:
+                rows = order[(self.index * self.shard.count + self.shard.index) * self.batch_size :][: self.batch_size]
+                self.index += 1
+                time.sleep(self.delay)
+                yield {"x": self.x[rows], "y": self.y[rows]}
+            self.epoch, self.index = self.epoch + 1, 0
+
+
+class ToyTask:
+    """y = tanh(x W1) W2 by squared error, with a running input mean as non-param state."""
+
+    metrics = MetricNames(best="mse", plotted=("mse",), shown=("mse",), label="dev mse (%)")
+
+    def __init__(self, rows=96, delay=0.0, compute_dtype=jnp.float32):
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(rows, DIM)).astype(np.float32)
+        self.y = np.sin(self.x @ rng.normal(size=(DIM, 1))).astype(np.float32)
+        self.delay = delay
+        self.compute_dtype = compute_dtype
+
+    def init(self, rng):
+        k1, k2 = jax.random.split(rng)
+        return {
+            "params": {"w1": jax.random.normal(k1, (DIM, HIDDEN)) * 0.5, "w2": jax.random.normal(k2, (HIDDEN, 1)) * 0.5},
+            "stats": {"mean": jnp.zeros((DIM,))},
+        }
+
+    def _forward(self, params, x):
+        cast = lambda a: a.astype(self.compute_dtype)  # noqa: E731
+        return (jnp.tanh(cast(x) @ cast(params["w1"])) @ cast(params["w2"])).astype(jnp.float32)
+
+    def loss(self, variables, batch, rng):
+        error = self._forward(variables["params"], batch["x"]) - batch["y"]
+        mean = 0.9 * variables["stats"]["mean"] + 0.1 * batch["x"].mean(0)
+        return jnp.mean(error**2), {"stats": {"mean": mean}}
+
+    def predict(self, variables, batch):
+        return self._forward(variables["params"], batch["x"])
+
+    def score(self, outputs, batch):
+        return {"squared_error": float(np.sum((outputs - batch["y"]) ** 2)), "rows": len(batch["y"])}
+
+    def summarize(self, counts):
+        return {"mse": counts["squared_error"] / counts["rows"]}
+
+    def train_batches(self, batch_size, shard, seed):
+        return ToyBatches(self.x, self.y, batch_size, shard, seed, self.delay)
+
+    def eval_batches(self, split, batch_size, shard, limit):
+        rows = slice(0, 40) if split == "dev" else slice(40, 75)  # odd sizes: padding is exercised
+        x, y = self.x[rows][:limit], self.y[rows][:limit]
+        for start in range(0, len(x), batch_size):
+            yield {"x": x[start : start + batch_size], "y": y[start : start + batch_size]}
+
+
+def toy_config(**sections):
+    raw = {
+        "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "psum"},
+        "optim": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 1.0},
+        "eval": {"every_steps": 6, "batch_size": 16},
+        "checkpoint": {"keep": 2},  # the best checkpoint by the task's metric, mse
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return config_lib.build(raw, {})
+
+
+def world_of(n_devices):
+    return SimpleNamespace(rank=0, size=1, local_devices=jax.local_devices()[:n_devices])
+
+
+def train_params(tmp_path, n_devices, task=None, **sections):
+    trainer = trainer_lib.Trainer(task or ToyTask(), toy_config(**sections), tmp_path, world_of(n_devices))
+    summary = trainer.fit()
+    state, _ = trainer.checkpoints.restore(trainer.init_state())
+    return state, summary
+
+
+def ring_available():
+    try:
+        import jaxring
+
+        return hasattr(jaxring, "tree_allreduce")
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "allreduce",
+    ["psum", pytest.param("ring", marks=pytest.mark.skipif(not ring_available(), reason="jaxring ring not built"))],
+)
+@pytest.mark.parametrize("n_devices", [2, 8])
+def test_replicas_match_one_device_with_the_whole_batch(tmp_path, allreduce, n_devices):
+    one, _ = train_params(tmp_path / "one", 1, train={"allreduce": allreduce})
+    many, _ = train_params(tmp_path / "many", n_devices, train={"allreduce": allreduce})
+    assert int(many.step) == int(one.step) == 96 // 8
+    for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(many)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_same_seed_same_result_and_another_seed_differs(tmp_path):
+    a, _ = train_params(tmp_path / "a", 4)
+    b, _ = train_params(tmp_path / "b", 4)
+    c, _ = train_params(tmp_path / "c", 4, train={"seed": 1})
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a.params["w1"], c.params["w1"])
+
+
+def test_run_directory(tmp_path):
+    state, summary = train_params(tmp_path, 4, train={"epochs": 2})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(2, 25, 2))
+    assert all({"loss", "examples_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
+    assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert all(0 <= r["allreduce_share"] <= 1 for r in rows)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    assert "test_mse" in on_disk and on_disk["best_step"] in (6, 12, 18, 24)
+    assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(train={"epochs": 2}).to_dict()
+    assert (tmp_path / "plots" / "loss.png").stat().st_size > 0 and (tmp_path / "plots" / "dev_metrics.png").exists()
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert best["metric"] == "mse" and best["value"] == min(r["dev_mse"] for r in rows if "dev_mse" in r)
+    assert any((tmp_path / "tensorboard").iterdir())
+    # dev evaluation in the engine equals a float64 numpy evaluation of the final weights
+    p = {k: np.float64(v) for k, v in state.params.items()}
+    task = ToyTask()
+    x, y = task.x[:40].astype(np.float64), task.y[:40].astype(np.float64)
+    np.testing.assert_allclose(summary["dev_mse"], np.mean((np.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2), rtol=1e-5)
+
+
+def test_master_weights_stay_float32_under_bfloat16_compute(tmp_path):
+    state, summary = train_params(tmp_path, 2, task=ToyTask(compute_dtype=jnp.bfloat16))
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree_util.tree_leaves(state.params))
+    assert np.isfinite(summary["loss"])
+
+
+def test_nesterov_sgd_with_clipping_matches_numpy():
+    cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, clip_norm=1.0, schedule="constant")
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+    rng = np.random.default_rng(1)
+    params = rng.normal(size=7)
+    state = optimizer.init(jnp.asarray(params, jnp.float32))
+    p, velocity = params.copy(), np.zeros(7)
+    current = jnp.asarray(params, jnp.float32)
+    for _ in range(3):
+        grad = rng.normal(size=7) * 3
+        clipped = grad * min(1.0, 1.0 / np.linalg.norm(grad))
+        velocity = 0.99 * velocity + clipped
+        p = p - 0.1 * (clipped + 0.99 * velocity)  # Nesterov: look ahead along the new velocity
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_schedules():
+    anneal = config_lib.OptimConfig(learning_rate=6e-4, anneal_factor=1.2)
+    schedule = optim.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
+    assert [float(schedule(s)) for s in (0, 4)] == pytest.approx([6e-4, 6e-4])
+    assert float(schedule(5)) == pytest.approx(6e-4 / 1.2) and float(schedule(14)) == pytest.approx(6e-4 / 1.44)
+    cosine = config_lib.OptimConfig(learning_rate=1.0, schedule="warmup_cosine", warmup_steps=10, final_learning_rate=0.1)
+    schedule = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
+    assert float(schedule(5)) == pytest.approx(0.5)
+    assert float(schedule(10)) == pytest.approx(1.0)
+    assert float(schedule(60)) == pytest.approx(0.55)  # halfway down the cosine
+    assert float(schedule(110)) == pytest.approx(0.1)
+
+
+def test_adamw_matches_numpy():
+    cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, clip_norm=None, schedule="constant")
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+    rng = np.random.default_rng(3)
+    p = rng.normal(size=5)
+    m, v = np.zeros(5), np.zeros(5)
+    current = jnp.asarray(p, jnp.float32)
+    state = optimizer.init(current)
+    for t in range(1, 4):
+        grad = rng.normal(size=5)
+        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad**2
+        step = (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        p = p - 0.01 * (step + 0.1 * p)
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_unknown_optimizer_names_the_valid_ones():
+    cfg = SimpleNamespace(name="lamb", clip_norm=None)
+    with pytest.raises(ValueError, match="unknown optim.name 'lamb'; valid names: sgd, adamw"):
+        optim.make_optimizer(cfg, optax.constant_schedule(0.1))
+
+
+def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="multiple of the 3 replicas"):
+        trainer_lib.Trainer(ToyTask(), toy_config(), tmp_path, world_of(3))
+
+
+_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_trainer import ToyTask, toy_config, world_of
+from jaxring.engine.trainer import Trainer
+cfg = toy_config(train={{"epochs": 4}}, checkpoint={{"every_steps": 4}}, eval={{"every_steps": 0}})
+Trainer(ToyTask(delay={delay}), cfg, {workdir!r}, world_of(4)).fit(resume={resume})
+"""
+
+
+def _run_toy(workdir, resume, delay):
+    code = _RUN.format(tests=str(Path(__file__).parent), workdir=str(workdir), resume=resume, delay=delay)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ)
+
+
+def test_resume_after_sigkill_ends_bitwise_equal(tmp_path):
+    straight = _run_toy(tmp_path / "straight", False, 0.0)
+    killed_dir = tmp_path / "killed"
+    killed = _run_toy(killed_dir, False, 0.3)
+    deadline = time.time() + 120
+    while not (killed_dir / "checkpoints" / "step_000000008.msgpack").exists():
+        assert killed.poll() is None, killed.stdout.read().decode()
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert straight.wait() == 0, straight.stdout.read().decode()
+    resumed = _run_toy(killed_dir, True, 0.0)
+    output = resumed.communicate()[0].decode()
+    assert resumed.returncode == 0, output
+    assert "resuming at step" in output
+    task = ToyTask()
+    template = trainer_lib.Trainer(task, toy_config(train={"epochs": 4}), tmp_path / "t", world_of(4)).init_state()
+    a, _ = Checkpoints(tmp_path / "straight" / "checkpoints").restore(template)
+    b, _ = Checkpoints(killed_dir / "checkpoints").restore(template)
+    assert int(a.step) == int(b.step) == 48
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    steps = [json.loads(line)["step"] for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # the rows after the checkpoint were not written twice
