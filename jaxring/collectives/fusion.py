@@ -5,6 +5,9 @@ A gradient tree has many small leaves; one ring per leaf would pay the ring's
 buckets of up to `bucket_bytes` pays them once per bucket.
 """
 
+import math
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,17 +45,37 @@ def plan_buckets(leaves, bucket_bytes):
     return sorted(buckets, key=lambda b: b[0])
 
 
+class Layout(NamedTuple):
+    """Where each leaf of a packed tree lies: static, known at trace time."""
+
+    treedef: Any
+    leaves: list  # (shape, dtype) of each leaf
+    buckets: list  # leaf indices of each flat bucket, from plan_buckets
+
+
+def pack(tree, bucket_bytes):
+    """(flat buckets, their Layout): the leaves of `tree` concatenated per plan_buckets."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
+    buckets = plan_buckets(leaves, bucket_bytes)
+    flats = [jnp.concatenate([leaves[i].reshape(-1) for i in indices]) for indices in buckets]
+    return flats, Layout(treedef, [(leaf.shape, leaf.dtype) for leaf in leaves], buckets)
+
+
+def unpack(flats, layout: Layout):
+    """The tree that pack() packed into `layout`, its leaves taken from `flats`."""
+    leaves = [jnp.zeros(shape, dtype) for shape, dtype in layout.leaves]  # empty leaves travel in no bucket
+    for indices, flat in zip(layout.buckets, flats):
+        sizes = [math.prod(layout.leaves[i][0]) for i in indices]
+        offsets = np.cumsum([0] + sizes)
+        for i, start, stop in zip(indices, offsets[:-1], offsets[1:]):
+            leaves[i] = flat[start:stop].reshape(layout.leaves[i][0])
+    return jax.tree_util.tree_unflatten(layout.treedef, leaves)
+
+
 def tree_allreduce(tree, axis_name, op="mean", *, bucket_bytes=DEFAULT_BUCKET_BYTES, timeout=None):
     """All-reduces every leaf of `tree` over `axis_name` with one ring per fused bucket."""
     if jax.lax.axis_size(axis_name) == 1:  # nothing moves, so packing would only copy
         return ring.allreduce(tree, axis_name, op, timeout=timeout)
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    leaves = [jnp.asarray(leaf) for leaf in leaves]
-    reduced = list(leaves)
-    for indices in plan_buckets(leaves, bucket_bytes):
-        flat = jnp.concatenate([leaves[i].reshape(-1) for i in indices])
-        total = ring.allreduce(flat, axis_name, op=op, timeout=timeout)
-        offsets = np.cumsum([0] + [leaves[i].size for i in indices])
-        for i, start, stop in zip(indices, offsets[:-1], offsets[1:]):
-            reduced[i] = total[start:stop].reshape(leaves[i].shape)
-    return jax.tree_util.tree_unflatten(treedef, reduced)
+    flats, layout = pack(tree, bucket_bytes)
+    return unpack([ring.allreduce(flat, axis_name, op=op, timeout=timeout) for flat in flats], layout)

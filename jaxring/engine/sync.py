@@ -9,7 +9,7 @@
   ring of processes, local ring), one call per fused bucket.
 
 Either way the leaves travel in buckets of at most `bucket_bytes` (tensor
-fusion, jaxring.collectives.fusion.plan_buckets). See docs/ARCHITECTURE.md,
+fusion, jaxring.collectives.fusion). See docs/ARCHITECTURE.md,
 "Data flow of one step".
 """
 
@@ -19,10 +19,9 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxring.collectives.fusion import plan_buckets, tree_allreduce
+from jaxring.collectives import fusion
 from jaxring.engine.task import AXIS
 
 # local(state, batch) -> the tree to average; finish(state, averaged tree) -> the step's result.
@@ -40,7 +39,7 @@ class InProcessSync:
     def mean(self, tree):
         """Mean of every leaf over AXIS, inside pmap."""
         if self.method == "ring":
-            return tree_allreduce(tree, AXIS, op="mean", bucket_bytes=self.bucket_bytes)
+            return fusion.tree_allreduce(tree, AXIS, op="mean", bucket_bytes=self.bucket_bytes)
         return jax.lax.pmean(tree, AXIS)
 
     def pmap_step(self, local: Local, finish: Finish):
@@ -67,43 +66,31 @@ class CrossProcessSync:
 
     def pmap_step(self, local: Local, finish: Finish):
         """(state, device batch) -> finish(state, mean of local(state, batch)); `state` is donated."""
-        fusion = _Fusion(self.bucket_bytes)
-        packed = jax.pmap(lambda state, batch: fusion.pack(local(state, batch)), axis_name=AXIS)
-        update = jax.pmap(lambda state, buckets: finish(state, fusion.unpack(buckets)), axis_name=AXIS, donate_argnums=0)
+        packing = _Fusion(self.bucket_bytes)
+        packed = jax.pmap(lambda state, batch: packing.pack(local(state, batch)), axis_name=AXIS)
+        update = jax.pmap(lambda state, buckets: finish(state, packing.unpack(buckets)), axis_name=AXIS, donate_argnums=0)
         return lambda state, batch: update(state, self.mean(packed(state, batch)))
 
     def time_mean(self, tree, repeats: int) -> float:
         """Median seconds of the mean of `tree` (replicated over the local devices)."""
-        fusion = _Fusion(self.bucket_bytes)
-        pack = jax.pmap(fusion.pack, axis_name=AXIS)
+        packing = _Fusion(self.bucket_bytes)
+        pack = jax.pmap(packing.pack, axis_name=AXIS)
         return _median_seconds(lambda t: self.mean(pack(t)), tree, repeats)
 
 
 class _Fusion:
-    """A tree's leaves packed into flat per-dtype buckets inside pmap, and unpacked after the sync.
-
-    The layout is that of the first tree packed; unpack() uses it.
-    """
+    """pack() inside one pmap, unpack() inside the next: the layout of the last tree packed carries over."""
 
     def __init__(self, bucket_bytes: int):
         self.bucket_bytes = bucket_bytes
-        self.layout = None  # (treedef, leaf shapes, buckets of leaf indices)
+        self.layout = None
 
     def pack(self, tree) -> list:
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        leaves = [jnp.asarray(leaf) for leaf in leaves]
-        buckets = plan_buckets(leaves, self.bucket_bytes)
-        self.layout = (treedef, [(leaf.shape, leaf.dtype) for leaf in leaves], buckets)
-        return [jnp.concatenate([leaves[i].reshape(-1) for i in indices]) for indices in buckets]
+        flats, self.layout = fusion.pack(tree, self.bucket_bytes)
+        return flats
 
     def unpack(self, flats: list):
-        treedef, shapes, buckets = self.layout
-        leaves = [jnp.zeros(shape, dtype) for shape, dtype in shapes]  # empty leaves travel in no bucket
-        for indices, flat in zip(buckets, flats):
-            offsets = np.cumsum([0] + [int(np.prod(shapes[i][0])) for i in indices])
-            for i, start, stop in zip(indices, offsets[:-1], offsets[1:]):
-                leaves[i] = flat[start:stop].reshape(shapes[i][0])
-        return jax.tree_util.tree_unflatten(treedef, leaves)
+        return fusion.unpack(flats, self.layout)
 
 
 def _median_seconds(fn, tree, repeats: int) -> float:
