@@ -3,9 +3,6 @@
 // staging slice where the devices cannot map each other), reduces with
 // 16-byte vector loads and float32 accumulation, and orders its stream after
 // the neighbours' streams with events. The host thread only enqueues work.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_device_ring.h"
+#include "cuda_elementwise.cuh"
 #include "cuda_ring.h"
 #include "rendezvous.h"
 #include "ring_schedule.h"
@@ -22,22 +21,6 @@ namespace jaxring {
 namespace {
 
 namespace ffi = xla::ffi;
-
-__device__ __forceinline__ float ToAcc(float v) { return v; }
-__device__ __forceinline__ int32_t ToAcc(int32_t v) { return v; }
-__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-__device__ __forceinline__ void Store(float v, float* out) { *out = v; }
-__device__ __forceinline__ void Store(int32_t v, int32_t* out) { *out = v; }
-__device__ __forceinline__ void Store(float v, __half* out) { *out = __float2half_rn(v); }
-__device__ __forceinline__ void Store(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
-
-// V elements of T loaded or stored at once: 16 bytes of the input type.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 // dst[i] = mine[i] + left[i], accumulated in float32 (int32 for int32).
 template <typename T, typename Left, typename Dst>
@@ -60,11 +43,6 @@ __global__ void ReduceKernel(const T* __restrict__ mine, const Left* __restrict_
     done = packs * V;
   }
   for (int64_t e = done + i; e < n; e += stride) Store(ToAcc(mine[e]) + ToAcc(left[e]), dst + e);
-}
-
-template <typename T>
-bool Aligned(const T* p, int bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
 int BlocksFor(int device, int64_t work) {
@@ -91,26 +69,6 @@ cudaError_t LaunchReduce(const T* mine, const Left* left, Dst* dst, int64_t n,
   ReduceKernel<T, Left, Dst><<<BlocksFor(device, vectorised ? n / V + 1 : n), 256, 0, stream>>>(
       mine, left, dst, n, vectorised);
   return cudaGetLastError();
-}
-
-// Peer access is enabled once per ordered pair of devices; where it cannot
-// be, reads go through cudaMemcpyPeerAsync into the staging slice.
-bool PeerReadable(int device, int peer) {
-  if (device == peer) return true;
-  static std::mutex mu;
-  static std::set<std::pair<int, int>> readable, unreadable;
-  std::lock_guard<std::mutex> lock(mu);
-  if (readable.count({device, peer})) return true;
-  if (unreadable.count({device, peer})) return false;
-  int can = 0;
-  cudaDeviceCanAccessPeer(&can, device, peer);
-  if (can) {
-    cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-    else if (err != cudaSuccess) can = 0;
-  }
-  (can ? readable : unreadable).insert({device, peer});
-  return can;
 }
 
 struct RankState {
@@ -256,13 +214,35 @@ ffi::Error RingCuda(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordin
   CudaRank me{x.untyped_data(), out->untyped_data(),
               acc_elements > 0 ? static_cast<void*>(ws) : out->untyped_data(),
               ws + std::max<int64_t>(acc_elements, 0) * 4, device_ordinal, stream};
-  if (auto error = RunCudaRing(call, x.element_type(), me); !error.empty()) {
+  const std::vector<int> devices(ring_devices.begin() + call.key.group * call.ranks,
+                                 ring_devices.begin() + (call.key.group + 1) * call.ranks);
+  if (auto error = RunCudaCollective(call, x.element_type(), me, devices); !error.empty()) {
     return ffi::Error::Internal(error);
   }
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// Peer access is enabled once per ordered pair of devices; where it cannot
+// be, reads go through cudaMemcpyPeerAsync into the staging slice.
+bool PeerReadable(int device, int peer) {
+  if (device == peer) return true;
+  static std::mutex mu;
+  static std::set<std::pair<int, int>> readable, unreadable;
+  std::lock_guard<std::mutex> lock(mu);
+  if (readable.count({device, peer})) return true;
+  if (unreadable.count({device, peer})) return false;
+  int can = 0;
+  cudaDeviceCanAccessPeer(&can, device, peer);
+  if (can) {
+    cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else if (err != cudaSuccess) can = 0;
+  }
+  (can ? readable : unreadable).insert({device, peer});
+  return can;
+}
 
 std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank& me) {
   switch (type) {
@@ -280,7 +260,7 @@ std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank
 }
 
 // The handler blocks on the host until its neighbours have enqueued their
-// work, so it is not command-buffer compatible (no traits).
+// work (both engines), so it is not command-buffer compatible (no traits).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRingCuda, RingCuda,
                               JAXRING_RING_BINDING(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
