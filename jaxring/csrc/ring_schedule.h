@@ -14,9 +14,10 @@
 // Each step is cut into slices so that a rank can start on slice k of a step
 // as soon as its left neighbour has finished slice k of the previous one
 // (pipelining). A rank's progress is the number of stages (step x slice) it
-// has finished; every wait is "neighbour's progress >= n", which both the CPU
-// (condition variable) and CUDA (host-side wait, then an event wait) handlers
-// can express.
+// has finished; every wait is "neighbour's progress >= n", which the CPU
+// handler (condition variable), the host-staged CUDA engine (host-side wait,
+// then an event wait) and the device-synchronised one (flags polled on the
+// GPU, ring_protocol.h) all express.
 #pragma once
 
 #include <cstdint>
