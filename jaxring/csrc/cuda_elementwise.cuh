@@ -40,6 +40,35 @@ __host__ __device__ inline bool Aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// dst = a + b over [0, n) by `stride` threads, this one starting at `first`:
+// 16 bytes of A per access where every pointer is aligned for it.
+template <typename A, typename B, typename D>
+__device__ void AddStrided(const A* a, const B* b, D* dst, int64_t n, int64_t first,
+                           int64_t stride) {
+  constexpr int V = 16 / sizeof(A);
+  int64_t done = 0;
+  if (Aligned(a, sizeof(A) * V) && Aligned(b, sizeof(B) * V) && Aligned(dst, sizeof(D) * V)) {
+    const int64_t packs = n / V;
+    for (int64_t p = first; p < packs; p += stride) {
+      const Pack<A, V> x = reinterpret_cast<const Pack<A, V>*>(a)[p];
+      const Pack<B, V> y = reinterpret_cast<const Pack<B, V>*>(b)[p];
+      Pack<D, V> z;
+#pragma unroll
+      for (int k = 0; k < V; ++k) Store(ToAcc(x.v[k]) + ToAcc(y.v[k]), &z.v[k]);
+      reinterpret_cast<Pack<D, V>*>(dst)[p] = z;
+    }
+    done = packs * V;
+  }
+  for (int64_t e = done + first; e < n; e += stride) Store(ToAcc(a[e]) + ToAcc(b[e]), dst + e);
+}
+
+// The host-staged engine's reduce: the whole grid shares one stage.
+template <typename T, typename Left, typename Dst>
+__global__ void ReduceKernel(const T* mine, const Left* left, Dst* dst, int64_t n) {
+  AddStrided(mine, left, dst, n, blockIdx.x * int64_t{blockDim.x} + threadIdx.x,
+             int64_t{gridDim.x} * blockDim.x);
+}
+
 // The threads of one block share each operation, 16 bytes per thread and
 // access where the pointers allow it. Peer buffers are read with plain
 // loads, never the read-only path (__ldg, const __restrict__): a peer writes
@@ -61,23 +90,7 @@ struct BlockElementwise {
   // dst = a + b, where b (a peer's) may be of the accumulation type.
   template <typename A, typename B, typename D>
   __device__ void Add(const A* a, const B* b, D* dst, int64_t n) {
-    constexpr int V = 16 / sizeof(A);
-    int64_t done = 0;
-    if (Aligned(a, sizeof(A) * V) && Aligned(b, sizeof(B) * V) && Aligned(dst, sizeof(D) * V)) {
-      const int64_t packs = n / V;
-      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-        const Pack<A, V> x = reinterpret_cast<const Pack<A, V>*>(a)[p];
-        const Pack<B, V> y = reinterpret_cast<const Pack<B, V>*>(b)[p];
-        Pack<D, V> z;
-#pragma unroll
-        for (int k = 0; k < V; ++k) Store(ToAcc(x.v[k]) + ToAcc(y.v[k]), &z.v[k]);
-        reinterpret_cast<Pack<D, V>*>(dst)[p] = z;
-      }
-      done = packs * V;
-    }
-    for (int64_t e = done + threadIdx.x; e < n; e += blockDim.x) {
-      Store(ToAcc(a[e]) + ToAcc(b[e]), dst + e);
-    }
+    AddStrided(a, b, dst, n, threadIdx.x, blockDim.x);
   }
 
   // dst[i] = inputs[0][offset + i] + ... + inputs[ranks - 1][offset + i],

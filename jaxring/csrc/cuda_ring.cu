@@ -22,29 +22,6 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-// dst[i] = mine[i] + left[i], accumulated in float32 (int32 for int32).
-template <typename T, typename Left, typename Dst>
-__global__ void ReduceKernel(const T* __restrict__ mine, const Left* __restrict__ left,
-                             Dst* __restrict__ dst, int64_t n, bool vectorised) {
-  constexpr int V = 16 / sizeof(T);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vectorised) {
-    const int64_t packs = n / V;
-    for (int64_t p = i; p < packs; p += stride) {
-      const Pack<T, V> a = reinterpret_cast<const Pack<T, V>*>(mine)[p];
-      const Pack<Left, V> b = reinterpret_cast<const Pack<Left, V>*>(left)[p];
-      Pack<Dst, V> c;
-#pragma unroll
-      for (int k = 0; k < V; ++k) Store(ToAcc(a.v[k]) + ToAcc(b.v[k]), &c.v[k]);
-      reinterpret_cast<Pack<Dst, V>*>(dst)[p] = c;
-    }
-    done = packs * V;
-  }
-  for (int64_t e = done + i; e < n; e += stride) Store(ToAcc(mine[e]) + ToAcc(left[e]), dst + e);
-}
-
 int BlocksFor(int device, int64_t work) {
   static std::mutex mu;
   static std::vector<int> sms;
@@ -63,11 +40,13 @@ template <typename T, typename Left, typename Dst>
 cudaError_t LaunchReduce(const T* mine, const Left* left, Dst* dst, int64_t n,
                          int device, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  // Enough threads for one 16-byte pack each, or one element each where the
+  // kernel falls back to scalar accesses.
   constexpr int V = 16 / sizeof(T);
   const bool vectorised = Aligned(mine, sizeof(T) * V) && Aligned(left, sizeof(Left) * V) &&
                           Aligned(dst, sizeof(Dst) * V);
   ReduceKernel<T, Left, Dst><<<BlocksFor(device, vectorised ? n / V + 1 : n), 256, 0, stream>>>(
-      mine, left, dst, n, vectorised);
+      mine, left, dst, n);
   return cudaGetLastError();
 }
 

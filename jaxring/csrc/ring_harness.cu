@@ -307,69 +307,56 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
   return times;
 }
 
-std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls) {
-  Check(cudaSetDevice(kDevice), "cudaSetDevice");
-  void *src = nullptr, *dst = nullptr;
-  Check(cudaMalloc(&src, bytes), "cudaMalloc");
-  Check(cudaMalloc(&dst, bytes), "cudaMalloc");
+namespace {
+
+// Device-side microseconds of each of `calls` runs of `enqueue` on the
+// default stream, after one warm-up run.
+template <typename Enqueue>
+std::vector<double> TimeOnDevice(int calls, Enqueue enqueue) {
   cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  Check(cudaEventCreate(&start), "cudaEventCreate");
+  Check(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<double> times;
-  for (int i = 0; i < calls + 1; ++i) {  // the first is a warm-up
+  for (int i = 0; i < calls + 1; ++i) {
     cudaEventRecord(start);
-    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+    enqueue();
     cudaEventRecord(stop);
-    Check(cudaEventSynchronize(stop), "timing a copy");
+    Check(cudaEventSynchronize(stop), "timing on the device");
     float ms = 0;
     cudaEventElapsedTime(&ms, start, stop);
     if (i > 0) times.push_back(ms * 1000.0);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaFree(src);
-  cudaFree(dst);
   return times;
 }
 
-namespace {
-
-// Each block adds its piece, as a lane adds its piece of a stage.
-template <typename T>
-__global__ void __launch_bounds__(512, 1) ReduceBenchKernel(const T* a, const T* b, T* dst, int64_t n) {
-  const Chunking pieces{n, gridDim.x, 16 / static_cast<int64_t>(sizeof(T))};
-  BlockElementwise ew;
-  const int64_t offset = pieces.Offset(blockIdx.x);
-  ew.Add(a + offset, b + offset, dst + offset, pieces.Size(blockIdx.x));
-}
-
+// The host-staged engine's reduce kernel over a whole buffer, launched as
+// that engine launches it for a large stage (8 blocks of 256 per SM).
 template <typename T>
 std::vector<double> ReduceTimes(int64_t elements, int calls) {
   T *a = nullptr, *b = nullptr, *dst = nullptr;
   for (T** p : {&a, &b, &dst}) Check(cudaMalloc(p, elements * sizeof(T)), "cudaMalloc");
   Fill(ffi::DataType::F32, a, elements * sizeof(T) / 4, 1);  // any finite bits
   Fill(ffi::DataType::F32, b, elements * sizeof(T) / 4, 2);
-  const int blocks = HarnessDeviceInfo().sms * 2;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> times;
-  for (int i = 0; i < calls + 1; ++i) {
-    cudaEventRecord(start);
-    ReduceBenchKernel<T><<<blocks, 512>>>(a, b, dst, elements);
-    cudaEventRecord(stop);
-    Check(cudaEventSynchronize(stop), "timing the reduce kernel");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i > 0) times.push_back(ms * 1000.0);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const int blocks = HarnessDeviceInfo().sms * 8;
+  auto times = TimeOnDevice(calls, [&] { ReduceKernel<T, T, T><<<blocks, 256>>>(a, b, dst, elements); });
   for (T* p : {a, b, dst}) cudaFree(p);
   return times;
 }
 
 }  // namespace
+
+std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls) {
+  Check(cudaSetDevice(kDevice), "cudaSetDevice");
+  void *src = nullptr, *dst = nullptr;
+  Check(cudaMalloc(&src, bytes), "cudaMalloc");
+  Check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  auto times = TimeOnDevice(calls, [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+  cudaFree(src);
+  cudaFree(dst);
+  return times;
+}
 
 std::vector<double> HarnessReduceTimesUs(ffi::DataType type, int64_t elements, int calls) {
   Check(cudaSetDevice(kDevice), "cudaSetDevice");

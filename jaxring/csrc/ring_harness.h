@@ -41,8 +41,9 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
 // Device-side microseconds of cudaMemcpyAsync of `bytes` within the GPU.
 std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls);
 
-// Device-side microseconds of dst = a + b over `elements` (the elementwise
-// code the device ring's lanes run, spread over the whole GPU).
+// Device-side microseconds of dst = a + b over `elements` by the reduce
+// kernel of the host-staged engine (the same 16-byte adds the device ring's
+// lanes run, spread over the whole GPU).
 std::vector<double> HarnessReduceTimesUs(xla::ffi::DataType type, int64_t elements, int calls);
 
 struct HarnessDevice {

@@ -88,7 +88,8 @@ JAXRING_HOST_DEVICE inline Chunking LanePieces(int64_t count, int64_t lanes, int
   return Chunking{count, lanes, unit};
 }
 
-// The elements [offset, offset + n) of one stage, for the rank `me`.
+// The elements [offset, offset + n) of one stage, for the rank `me`: what
+// each stage kind reads and writes, for the device lanes and the CPU handler.
 template <typename T, typename Acc, typename Elementwise>
 JAXRING_HOST_DEVICE void RunStagePiece(const Stage& st, int64_t offset, int64_t n,
                                        const RankBuffers& me, const RankBuffers& left,
