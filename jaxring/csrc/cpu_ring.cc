@@ -12,6 +12,7 @@
 #include "xla/ffi/api/ffi.h"
 
 #include "rendezvous.h"
+#include "host_elementwise.h"
 #include "ring_handler_common.h"
 #include "ring_protocol.h"
 #include "ring_schedule.h"
@@ -20,49 +21,6 @@ namespace jaxring {
 namespace {
 
 namespace ffi = xla::ffi;
-
-struct Bf16 {
-  uint16_t bits;
-};
-
-inline float ToAcc(float v) { return v; }
-inline int32_t ToAcc(int32_t v) { return v; }
-inline float ToAcc(_Float16 v) { return static_cast<float>(v); }
-inline float ToAcc(Bf16 v) {
-  uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// Stores an accumulated value in the output type.
-inline void Store(float v, float* out) { *out = v; }
-inline void Store(int32_t v, int32_t* out) { *out = v; }
-inline void Store(float v, _Float16* out) { *out = static_cast<_Float16>(v); }
-inline void Store(float v, Bf16* out) {  // round to nearest even; NaN stays NaN
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    out->bits = static_cast<uint16_t>((bits >> 16) | 0x40);
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  out->bits = static_cast<uint16_t>(bits >> 16);
-}
-
-// ring_protocol.h's elementwise operations on one host thread.
-struct CpuElementwise {
-  template <typename T>
-  void Copy(T* dst, const T* src, int64_t n) {
-    std::memcpy(dst, src, n * sizeof(T));
-  }
-  // `B` is the type of what the left neighbour holds for this stage: its
-  // input at the first reduce-scatter step, its partial sums after.
-  template <typename A, typename B, typename D>
-  void Add(const A* a, const B* b, D* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) Store(ToAcc(a[i]) + ToAcc(b[i]), dst + i);
-  }
-};
 
 template <typename T, typename Acc>
 std::string RunRing(const RingCall& call, RankBuffers& me) {
@@ -75,7 +33,7 @@ std::string RunRing(const RingCall& call, RankBuffers& me) {
   const int64_t left_rank = Mod(call.rank - 1, call.ranks);
   const int64_t right_rank = Mod(call.rank + 1, call.ranks);
   const RankBuffers& left = *static_cast<RankBuffers*>(rendezvous->state(left_rank));
-  CpuElementwise ew;
+  HostElementwise ew;
   const auto stages = BuildSchedule(call.mode, call.elements, call.ranks,
                                     call.rank, call.slice_elements, call.align);
   for (const Stage& st : stages) {

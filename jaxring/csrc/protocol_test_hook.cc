@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "host_elementwise.h"
 #include "ring_protocol.h"
 
 namespace nb = nanobind;
@@ -54,30 +55,9 @@ struct HostSync {
   }
 };
 
-// Accumulation in T itself: the hook runs float32 and int32, whose
-// accumulation type they are.
-struct HostElementwise {
-  template <typename T>
-  void Copy(T* dst, const T* src, int64_t n) {
-    std::memcpy(dst, src, n * sizeof(T));
-  }
-  template <typename A, typename B, typename D>
-  void Add(const A* a, const B* b, D* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<D>(a[i] + b[i]);
-  }
-  template <typename T>
-  void SumInRankOrder(const T* const* inputs, int ranks, int64_t offset, T* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      T sum = inputs[0][offset + i];
-      for (int p = 1; p < ranks; ++p) sum += inputs[p][offset + i];
-      dst[i] = sum;
-    }
-  }
-};
-
 using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
 
-template <typename T>
+template <typename T, typename Acc>
 std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, Array outputs,
                                     int64_t lanes, int64_t slice_elements, int max_delay_us,
                                     int64_t absent_rank, int64_t absent_from_call,
@@ -86,14 +66,17 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
   const int64_t in_elements = inputs.shape(2), out_elements = outputs.shape(2);
   const Mode m = static_cast<Mode>(mode);
   const int64_t elements = m == Mode::kAllGather ? in_elements * ranks : in_elements;
-  // Reduce-scatter keeps its partial sums apart from its one-chunk output.
-  std::vector<std::vector<T>> partial_sums(calls * ranks);
+  // Partial sums live apart from the output, as XLA's workspace holds them,
+  // for reduce_scatter (one-chunk output) and 16-bit types.
+  const bool separate_sums =
+      m == Mode::kReduceScatter || (m == Mode::kAllReduce && sizeof(T) != sizeof(Acc));
+  std::vector<std::vector<Acc>> partial_sums(calls * ranks);
   std::vector<RankBuffers> buffers(calls * ranks);
   for (int64_t c = 0; c < calls; ++c) {
     for (int64_t r = 0; r < ranks; ++r) {
       T* out = static_cast<T*>(outputs.data()) + (c * ranks + r) * out_elements;
       void* acc = out;
-      if (m == Mode::kReduceScatter) {
+      if (separate_sums) {
         partial_sums[c * ranks + r].resize(elements);
         acc = partial_sums[c * ranks + r].data();
       }
@@ -128,7 +111,7 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
             const LaneCall<Word> call{ranks, r, lanes, lane, static_cast<uint64_t>(c + 1),
                                       block_pointers.data(), &buffers[c * ranks]};
             const LaneOutcome outcome = one_shot ? RunOneShotLane<T>(plan, call, sync, ew)
-                                                 : RunRingLane<T, T>(plan, call, sync, ew);
+                                                 : RunRingLane<T, Acc>(plan, call, sync, ew);
             if (!outcome.ok) {
               errors[r * lanes + lane] = DescribeLaneFailure(r, outcome);
               return;
@@ -142,31 +125,36 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
   return errors;
 }
 
-std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, Array inputs, Array outputs,
-                                     int64_t lanes, int64_t slice_elements, int max_delay_us,
+std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, const std::string& dtype,
+                                     Array inputs, Array outputs, int64_t lanes,
+                                     int64_t slice_elements, int max_delay_us,
                                      int64_t absent_rank, int64_t absent_from_call,
                                      double timeout_s, uint32_t seed) {
   if (inputs.ndim() != 3 || outputs.ndim() != 3 || inputs.shape(0) != outputs.shape(0) ||
       inputs.shape(1) != outputs.shape(1)) {
     throw std::invalid_argument("inputs and outputs must be [calls, ranks, elements] arrays");
   }
-  if (inputs.dtype() != outputs.dtype()) {
-    throw std::invalid_argument("inputs and outputs must have one dtype");
-  }
   if (inputs.shape(1) < 1 || inputs.shape(1) > kMaxDeviceRanks || lanes < 1 ||
       lanes > kMaxLanes) {
     throw std::invalid_argument("ranks must be 1.." + std::to_string(kMaxDeviceRanks) +
                                 " and lanes 1.." + std::to_string(kMaxLanes));
   }
-  if (inputs.dtype() == nb::dtype<float>()) {
-    return RunThreads<float>(mode, one_shot, inputs, outputs, lanes, slice_elements,
-                             max_delay_us, absent_rank, absent_from_call, timeout_s, seed);
+  const size_t itemsize = dtype == "float16" || dtype == "bfloat16" ? 2 : 4;
+  if (inputs.itemsize() != itemsize || outputs.itemsize() != itemsize) {
+    throw std::invalid_argument("inputs and outputs must have " + std::to_string(itemsize) +
+                                "-byte items for " + dtype);
   }
-  if (inputs.dtype() == nb::dtype<int32_t>()) {
-    return RunThreads<int32_t>(mode, one_shot, inputs, outputs, lanes, slice_elements,
-                               max_delay_us, absent_rank, absent_from_call, timeout_s, seed);
-  }
-  throw std::invalid_argument("the protocol hook runs float32 and int32 arrays");
+  auto run = [&](auto element, auto accumulator) {
+    return RunThreads<decltype(element), decltype(accumulator)>(
+        mode, one_shot, inputs, outputs, lanes, slice_elements, max_delay_us, absent_rank,
+        absent_from_call, timeout_s, seed);
+  };
+  if (dtype == "float32") return run(float{}, float{});
+  if (dtype == "int32") return run(int32_t{}, int32_t{});
+  if (dtype == "float16") return run(_Float16{}, float{});
+  if (dtype == "bfloat16") return run(Bf16{}, float{});
+  throw std::invalid_argument("dtype must be float32, bfloat16, float16 or int32, got '" + dtype +
+                              "'");
 }
 
 // A symbolic run of one lane of the one-shot path: every flag operation and
@@ -237,7 +225,7 @@ std::vector<Event> RecordOneShot(int64_t mode, int64_t elements, int64_t ranks, 
 
 NB_MODULE(_jaxring_protocol, m) {
   m.def("run_threads", &jaxring::RunProtocol, nb::arg("mode"), nb::arg("one_shot"),
-        nb::arg("inputs"), nb::arg("outputs"), nb::arg("lanes"), nb::arg("slice_elements"),
+        nb::arg("dtype"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("lanes"), nb::arg("slice_elements"),
         nb::arg("max_delay_us"), nb::arg("absent_rank"), nb::arg("absent_from_call"),
         nb::arg("timeout_s"), nb::arg("seed"),
         "Runs calls x ranks x lanes of the device protocol on host threads; fills `outputs` "

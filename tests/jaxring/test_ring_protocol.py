@@ -1,24 +1,39 @@
 """The device ring's synchronisation protocol (jaxring/csrc/ring_protocol.h) on host threads.
 
 The GPU kernel and these threads run the same protocol code; only the flag
-primitives differ (std::atomic release/acquire here). Each (rank, lane) is a
-thread with random pauses before every publish; results are checked against
-float64 numpy (ring) or numpy's own rank-order float32 sum (one-shot, bitwise).
+primitives differ (std::atomic release/acquire here), and the arithmetic is
+the CPU handler's. Each (rank, lane) is a thread with random pauses before
+every publish; results are checked against float64 numpy (ring) or numpy's
+own rank-order float32 sum (one-shot, bitwise).
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from jaxring import _jaxring_protocol as protocol
 
 ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2
-POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.int32): np.int32(-(2**31))}
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16), BFLOAT16]
+# Unit roundoff of each output type; sums are accumulated in float32.
+ROUNDOFF = {np.dtype(np.float32): 2.0**-24, BFLOAT16: 2.0**-8, np.dtype(np.float16): 2.0**-11,
+            np.dtype(np.int32): 0.0}
+
+
+def poison(dtype):
+    return np.iinfo(np.int32).min if dtype == np.int32 else np.nan
 
 
 def random_inputs(rng, dtype, calls, ranks, elements):
     if dtype == np.int32:
         return rng.integers(-1000, 1000, size=(calls, ranks, elements), dtype=np.int32)
-    return rng.standard_normal((calls, ranks, elements)).astype(np.float32)
+    return rng.standard_normal((calls, ranks, elements)).astype(np.float32).astype(dtype)
+
+
+def raw(array):
+    """The array as the hook takes it: bfloat16 as its 16-bit words."""
+    return array.view(np.uint16) if array.dtype == BFLOAT16 else array
 
 
 def out_elements(mode, elements, ranks):
@@ -28,37 +43,49 @@ def out_elements(mode, elements, ranks):
 def run(mode, one_shot, inputs, *, lanes, slice_elements=7, max_delay_us=50, absent_rank=-1,
         absent_from_call=0, timeout_s=60.0, seed=0):
     calls, ranks, elements = inputs.shape
-    outputs = np.full((calls, ranks, out_elements(mode, elements, ranks)), POISON[inputs.dtype], inputs.dtype)
-    errors = protocol.run_threads(mode, one_shot, inputs, outputs, lanes, slice_elements, max_delay_us,
-                                  absent_rank, absent_from_call, timeout_s, seed)
+    outputs = np.full((calls, ranks, out_elements(mode, elements, ranks)), poison(inputs.dtype), inputs.dtype)
+    errors = protocol.run_threads(mode, one_shot, inputs.dtype.name, raw(inputs), raw(outputs), lanes,
+                                  slice_elements, max_delay_us, absent_rank, absent_from_call, timeout_s, seed)
     return outputs, errors
 
 
 def expected(mode, inputs):
-    """float64 reference, [calls, ranks, out_elements]."""
+    """float64 reference and allowed error, [calls, ranks, out_elements] each."""
     calls, ranks, elements = inputs.shape
-    total = inputs.astype(np.float64).sum(axis=1)
+    wide = inputs.astype(np.float64)
+    if mode == ALL_GATHER:
+        gathered = np.repeat(wide.reshape(calls, 1, ranks * elements), ranks, axis=1)
+        return gathered, np.zeros_like(gathered)
+    total, magnitude = wide.sum(axis=1), np.abs(wide).sum(axis=1)
     if mode == ALLREDUCE:
-        return np.repeat(total[:, None], ranks, axis=1)
-    if mode == REDUCE_SCATTER:
-        return total.reshape(calls, ranks, elements // ranks)
-    gathered = inputs.astype(np.float64).reshape(calls, ranks * elements)
-    return np.repeat(gathered[:, None], ranks, axis=1)
+        total = np.repeat(total[:, None], ranks, axis=1)
+        magnitude = np.repeat(magnitude[:, None], ranks, axis=1)
+    else:
+        total = total.reshape(calls, ranks, elements // ranks)
+        magnitude = magnitude.reshape(calls, ranks, elements // ranks)
+    return total, ROUNDOFF[inputs.dtype] * np.abs(total) + ranks * 2.0**-24 * magnitude
+
+
+def assert_close(outputs, mode, inputs):
+    reference, bound = expected(mode, inputs)
+    error = np.abs(outputs.astype(np.float64) - reference)
+    assert (error <= bound).all(), f"{int((~(error <= bound)).sum())} elements off (NaN: never written)"
 
 
 def rank_order_sum(inputs):
-    """float32 sum in rank order, as the one-shot path adds."""
-    total = inputs[:, 0].copy()
+    """Sum in rank order in the accumulation type, rounded once to the input type, as one-shot adds."""
+    accumulator = np.int32 if inputs.dtype == np.int32 else np.float32
+    total = inputs[:, 0].astype(accumulator)
     for p in range(1, inputs.shape[1]):
-        total = total + inputs[:, p]
-    return total
+        total = total + inputs[:, p].astype(accumulator)
+    return total.astype(inputs.dtype)
 
 
 CASES = [
     (mode, ranks, elements, lanes, dtype)
     for mode in (ALLREDUCE, REDUCE_SCATTER, ALL_GATHER)
     for ranks, elements, lanes in ((1, 5, 1), (2, 1, 2), (3, 2, 1), (4, 37, 3), (5, 101, 2), (8, 203, 2))
-    for dtype in (np.float32, np.int32)
+    for dtype in DTYPES
 ]
 
 
@@ -75,8 +102,7 @@ def test_many_calls_with_random_delays_match_float64_and_replicas_agree(one_shot
     inputs = random_inputs(rng, dtype, 6, ranks, elements)
     outputs, errors = run(mode, one_shot, inputs, lanes=lanes, seed=int(rng.integers(1 << 30)))
     assert errors == [""] * (ranks * lanes)
-    tolerance = 1e-5 * ranks if dtype == np.float32 else 0
-    np.testing.assert_allclose(outputs.astype(np.float64), expected(mode, inputs), rtol=tolerance, atol=tolerance)
+    assert_close(outputs, mode, inputs)
     if mode == ALLREDUCE:
         for r in range(1, ranks):
             assert outputs[:, r].tobytes() == outputs[:, 0].tobytes(), f"rank {r} differs from rank 0"
@@ -96,7 +122,7 @@ def test_many_consecutive_calls_reuse_the_flags_without_reset(one_shot):
     inputs = random_inputs(rng, np.float32, 200, 4, 67)
     outputs, errors = run(ALLREDUCE, one_shot, inputs, lanes=3, slice_elements=5, max_delay_us=5)
     assert errors == [""] * 12
-    np.testing.assert_allclose(outputs, expected(ALLREDUCE, inputs), rtol=1e-5, atol=1e-5)
+    assert_close(outputs, ALLREDUCE, inputs)
 
 
 @pytest.mark.parametrize("one_shot", [False, True], ids=["ring", "one_shot"])
@@ -119,17 +145,18 @@ def test_a_rank_that_never_arrives_times_out_naming_it(one_shot, absent_from_cal
     for r in range(ranks):
         if r != absent:
             assert all(by_rank[r]), f"rank {r} finished a call rank {absent} never joined"
-    np.testing.assert_allclose(outputs[:absent_from_call], expected(ALLREDUCE, inputs)[:absent_from_call],
-                               rtol=1e-5, atol=1e-5)
+    assert_close(outputs[:absent_from_call], ALLREDUCE, inputs[:absent_from_call])
 
 
 def test_bad_arguments_say_what_is_wrong():
-    inputs = np.zeros((1, 2, 4), np.float64)
-    with pytest.raises(ValueError, match="float32 and int32"):
-        protocol.run_threads(ALLREDUCE, False, inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+    inputs = np.ones((1, 2, 4), np.float32)
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int32, got 'float64'"):
+        protocol.run_threads(ALLREDUCE, False, "float64", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+    with pytest.raises(ValueError, match="2-byte items for float16"):
+        protocol.run_threads(ALLREDUCE, False, "float16", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
     inputs = np.ones((1, protocol.MAX_RANKS + 1, 4), np.float32)
     with pytest.raises(ValueError, match="ranks must be"):
-        protocol.run_threads(ALLREDUCE, False, inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
 
 
 # --- the one-shot path, brute force: every lane's flag operations and accesses ---
