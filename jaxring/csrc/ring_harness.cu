@@ -33,10 +33,15 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
-// Harness calls get op ids far above any the Python side hands out
-// (jaxring/ring.py counts from 1), so their rings never share flags.
-int64_t NextOpId() {
-  static std::atomic<int64_t> next{int64_t{1} << 40};
+// Harness op ids lie far above any the Python side hands out (jaxring/ring.py
+// counts from 1), so their rings never share flags with real collectives.
+// Correctness runs of k ranks all use one ring, whatever their shape: the
+// flags must serve call after call with nothing reset, as under XLA.
+int64_t CheckOpId(int64_t ranks) { return (int64_t{1} << 40) + ranks; }
+// Each timing run gets a ring of its own, so its first call's allocation
+// happens in its warm-up.
+int64_t NextTimingOpId() {
+  static std::atomic<int64_t> next{int64_t{1} << 41};
   return next++;
 }
 
@@ -201,7 +206,7 @@ std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, vo
   Check(cudaDeviceSynchronize(), "preparing the buffers");
   std::vector<cudaStream_t> streams = Streams(c.ranks);
   std::vector<std::string> errors(c.ranks);
-  const int64_t op_id = NextOpId();
+  const int64_t op_id = CheckOpId(c.ranks);
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < c.ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -236,7 +241,7 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
   for (auto* events : {&starts, &ends}) {
     for (auto& e : *events) Check(cudaEventCreate(&e), "cudaEventCreate");
   }
-  const int64_t op_id = NextOpId();
+  const int64_t op_id = NextTimingOpId();
   std::vector<std::string> errors(c.ranks);
   std::mutex mu;
   std::condition_variable changed;
