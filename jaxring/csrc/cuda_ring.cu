@@ -1,8 +1,10 @@
-// CUDA handler of the ring collectives. GPU-resident: a rank reads its left
-// neighbour's buffers over peer access (or copies them peer-to-peer into a
-// staging slice where the devices cannot map each other), reduces with
-// 16-byte vector loads and float32 accumulation, and orders its stream after
-// the neighbours' streams with events. The host thread only enqueues work.
+// CUDA handler of the ring collectives, and its host-staged engine (the
+// default; the device-synchronised one is cuda_device_ring.cu, chosen by
+// RunCudaCollective). GPU-resident: a rank reads its left neighbour's
+// buffers over peer access (or copies them peer-to-peer into a staging slice
+// where the devices cannot map each other), reduces with 16-byte vector
+// loads and float32 accumulation, and orders its stream after the
+// neighbours' streams with events. The host thread only enqueues work.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>

@@ -11,7 +11,8 @@
 // ranks at the call's one host rendezvous) in the high 32 bits, so a value of
 // this call is above every value of the earlier calls and nothing is ever
 // reset; progress 0 says "arrived" (the rank's kernel started, so its input
-// is ready in its stream's order), progress n says "finished n stages".
+// is ready in its stream's order), progress n says "finished n stages" (on
+// the one-shot path, 1 says "finished reading every rank's input").
 //
 // Lanes. Every stage is cut into the same `lanes` pieces on every rank (in
 // units of 16 bytes), and lane b of a rank only ever reads what lane b of its
