@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -57,9 +59,44 @@ struct HostSync {
 
 using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
 
+// The lanes of one rank meet here between calls, as a rank's kernel ends
+// before its stream (and XLA, reusing the buffers) moves on.
+class LaneBarrier {
+ public:
+  explicit LaneBarrier(int64_t lanes) : lanes_(lanes) {}
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = generation_;
+    if (++arrived_ == lanes_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return;
+    }
+    changed_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  const int64_t lanes_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int64_t arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// Where each rank's operands live: one set per call, or (reuse) one set per
+// rank that every call refills, as XLA reuses buffers from call to call.
 template <typename T, typename Acc>
-std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, Array outputs,
-                                    int64_t lanes, int64_t slice_elements, int max_delay_us,
+struct CallBuffers {
+  std::vector<std::vector<T>> inputs, outputs;
+  std::vector<std::vector<Acc>> partial_sums;
+  std::vector<RankBuffers> buffers;  // [sets][ranks]
+};
+
+template <typename T, typename Acc>
+std::vector<std::string> RunThreads(int64_t mode, bool one_shot, bool reuse_buffers, Array inputs,
+                                    Array outputs, int64_t lanes, int64_t slice_elements,
+                                    int max_delay_us,
                                     int64_t absent_rank, int64_t absent_from_call,
                                     double timeout_s, uint32_t seed) {
   const int64_t calls = inputs.shape(0), ranks = inputs.shape(1);
@@ -70,20 +107,31 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
   // for reduce_scatter (one-chunk output) and 16-bit types.
   const bool separate_sums =
       m == Mode::kReduceScatter || (m == Mode::kAllReduce && sizeof(T) != sizeof(Acc));
-  std::vector<std::vector<Acc>> partial_sums(calls * ranks);
-  std::vector<RankBuffers> buffers(calls * ranks);
-  for (int64_t c = 0; c < calls; ++c) {
+  const int64_t sets = reuse_buffers ? 1 : calls;
+  T* const all_outputs = static_cast<T*>(outputs.data());
+  const T* const all_inputs = static_cast<const T*>(inputs.data());
+  CallBuffers<T, Acc> own;
+  own.partial_sums.resize(sets * ranks);
+  own.buffers.resize(sets * ranks);
+  if (reuse_buffers) {
+    own.inputs.assign(ranks, std::vector<T>(in_elements));
+    own.outputs.assign(ranks, std::vector<T>(out_elements));
+  }
+  for (int64_t c = 0; c < sets; ++c) {
     for (int64_t r = 0; r < ranks; ++r) {
-      T* out = static_cast<T*>(outputs.data()) + (c * ranks + r) * out_elements;
+      const int64_t i = c * ranks + r;
+      T* out = reuse_buffers ? own.outputs[r].data() : all_outputs + i * out_elements;
       void* acc = out;
       if (separate_sums) {
-        partial_sums[c * ranks + r].resize(elements);
-        acc = partial_sums[c * ranks + r].data();
+        own.partial_sums[i].resize(elements);
+        acc = own.partial_sums[i].data();
       }
-      buffers[c * ranks + r] = RankBuffers{
-          static_cast<const T*>(inputs.data()) + (c * ranks + r) * in_elements, out, acc};
+      own.buffers[i] = RankBuffers{
+          reuse_buffers ? own.inputs[r].data() : all_inputs + i * in_elements, out, acc};
     }
   }
+  std::vector<std::unique_ptr<LaneBarrier>> barriers;
+  for (int64_t r = 0; r < ranks; ++r) barriers.emplace_back(new LaneBarrier(lanes));
   std::vector<std::unique_ptr<Word[]>> blocks;
   std::vector<Word*> block_pointers;
   for (int64_t r = 0; r < ranks; ++r) {
@@ -102,19 +150,40 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
           const int64_t align = m == Mode::kAllReduce ? 16 / static_cast<int64_t>(sizeof(T)) : 1;
           const SchedulePlan plan =
               SchedulePlan::Make(m, elements, ranks, r, slice_elements, align);
+          bool failed = false;
           for (int64_t c = 0; c < calls; ++c) {
             if (r == absent_rank && c >= absent_from_call) return;
-            const auto timeout = std::chrono::duration_cast<Clock::duration>(
-                std::chrono::duration<double>(timeout_s));
-            HostSync sync{Clock::now() + timeout, &rng, max_delay_us};
-            HostElementwise ew;
-            const LaneCall<Word> call{ranks, r, lanes, lane, static_cast<uint64_t>(c + 1),
-                                      block_pointers.data(), &buffers[c * ranks]};
-            const LaneOutcome outcome = one_shot ? RunOneShotLane<T>(plan, call, sync, ew)
-                                                 : RunRingLane<T, Acc>(plan, call, sync, ew);
-            if (!outcome.ok) {
-              errors[r * lanes + lane] = DescribeLaneFailure(r, outcome);
-              return;
+            if (reuse_buffers) {
+              barriers[r]->Arrive();
+              if (lane == 0) {  // the next call's input, and a poisoned output
+                std::memcpy(own.inputs[r].data(), all_inputs + (c * ranks + r) * in_elements,
+                            in_elements * sizeof(T));
+                std::memset(own.outputs[r].data(), 0xff, out_elements * sizeof(T));
+              }
+              barriers[r]->Arrive();
+            }
+            if (!failed) {
+              const auto timeout = std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(timeout_s));
+              HostSync sync{Clock::now() + timeout, &rng, max_delay_us};
+              HostElementwise ew;
+              const LaneCall<Word> call{ranks, r, lanes, lane, static_cast<uint64_t>(c + 1),
+                                        block_pointers.data(),
+                                        &own.buffers[(reuse_buffers ? 0 : c) * ranks]};
+              const LaneOutcome outcome = one_shot ? RunOneShotLane<T>(plan, call, sync, ew)
+                                                   : RunRingLane<T, Acc>(plan, call, sync, ew);
+              if (!outcome.ok) {
+                // Later calls are skipped, but the rank's barriers still see this lane.
+                errors[r * lanes + lane] = DescribeLaneFailure(r, outcome);
+                failed = true;
+              }
+            }
+            if (reuse_buffers) {
+              barriers[r]->Arrive();
+              if (lane == 0) {
+                std::memcpy(all_outputs + (c * ranks + r) * out_elements, own.outputs[r].data(),
+                            out_elements * sizeof(T));
+              }
             }
           }
         });
@@ -125,8 +194,9 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, Array inputs, A
   return errors;
 }
 
-std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, const std::string& dtype,
-                                     Array inputs, Array outputs, int64_t lanes,
+std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, bool reuse_buffers,
+                                     const std::string& dtype, Array inputs, Array outputs,
+                                     int64_t lanes,
                                      int64_t slice_elements, int max_delay_us,
                                      int64_t absent_rank, int64_t absent_from_call,
                                      double timeout_s, uint32_t seed) {
@@ -146,7 +216,8 @@ std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, const std::str
   }
   auto run = [&](auto element, auto accumulator) {
     return RunThreads<decltype(element), decltype(accumulator)>(
-        mode, one_shot, inputs, outputs, lanes, slice_elements, max_delay_us, absent_rank,
+        mode, one_shot, reuse_buffers, inputs, outputs, lanes, slice_elements, max_delay_us,
+        absent_rank,
         absent_from_call, timeout_s, seed);
   };
   if (dtype == "float32") return run(float{}, float{});
@@ -225,11 +296,12 @@ std::vector<Event> RecordOneShot(int64_t mode, int64_t elements, int64_t ranks, 
 
 NB_MODULE(_jaxring_protocol, m) {
   m.def("run_threads", &jaxring::RunProtocol, nb::arg("mode"), nb::arg("one_shot"),
-        nb::arg("dtype"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("lanes"), nb::arg("slice_elements"),
+        nb::arg("reuse_buffers"), nb::arg("dtype"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("lanes"), nb::arg("slice_elements"),
         nb::arg("max_delay_us"), nb::arg("absent_rank"), nb::arg("absent_from_call"),
         nb::arg("timeout_s"), nb::arg("seed"),
         "Runs calls x ranks x lanes of the device protocol on host threads; fills `outputs` "
-        "[calls, ranks, out_elements]; returns each (rank, lane)'s error, '' if none.");
+        "[calls, ranks, out_elements]; returns each (rank, lane)'s error, '' if none. With "
+        "reuse_buffers, each rank refills one buffer set per call once all its lanes are done.");
   m.def("record_one_shot", &jaxring::RecordOneShot, nb::arg("mode"), nb::arg("elements"),
         nb::arg("ranks"), nb::arg("rank"), nb::arg("lanes"), nb::arg("lane"),
         "Events of one lane of the one-shot path: (publish, owner, progress, 0, 0), "

@@ -40,11 +40,11 @@ def out_elements(mode, elements, ranks):
     return {ALLREDUCE: elements, REDUCE_SCATTER: elements // ranks, ALL_GATHER: elements * ranks}[mode]
 
 
-def run(mode, one_shot, inputs, *, lanes, slice_elements=7, max_delay_us=50, absent_rank=-1,
-        absent_from_call=0, timeout_s=60.0, seed=0):
+def run(mode, one_shot, inputs, *, lanes, reuse_buffers=False, slice_elements=7, max_delay_us=50,
+        absent_rank=-1, absent_from_call=0, timeout_s=60.0, seed=0):
     calls, ranks, elements = inputs.shape
     outputs = np.full((calls, ranks, out_elements(mode, elements, ranks)), poison(inputs.dtype), inputs.dtype)
-    errors = protocol.run_threads(mode, one_shot, inputs.dtype.name, raw(inputs), raw(outputs), lanes,
+    errors = protocol.run_threads(mode, one_shot, reuse_buffers, inputs.dtype.name, raw(inputs), raw(outputs), lanes,
                                   slice_elements, max_delay_us, absent_rank, absent_from_call, timeout_s, seed)
     return outputs, errors
 
@@ -94,13 +94,19 @@ def padded(mode, ranks, elements):
     return -(-elements // ranks) * ranks if mode == REDUCE_SCATTER else elements
 
 
+# Buffers reused from call to call (as XLA reuses them) catch a rank that
+# refills its buffers while a neighbour still reads them; fresh buffers per
+# call let a fast rank run calls ahead.
+@pytest.mark.parametrize("reuse_buffers", [False, True], ids=["fresh", "reused"])
 @pytest.mark.parametrize("one_shot", [False, True], ids=["ring", "one_shot"])
 @pytest.mark.parametrize("mode,ranks,elements,lanes,dtype", CASES)
-def test_many_calls_with_random_delays_match_float64_and_replicas_agree(one_shot, mode, ranks, elements, lanes, dtype):
+def test_many_calls_with_random_delays_match_float64_and_replicas_agree(reuse_buffers, one_shot, mode, ranks,
+                                                                        elements, lanes, dtype):
     rng = np.random.default_rng(ranks * 1000 + elements + mode)
     elements = padded(mode, ranks, elements)
     inputs = random_inputs(rng, dtype, 6, ranks, elements)
-    outputs, errors = run(mode, one_shot, inputs, lanes=lanes, seed=int(rng.integers(1 << 30)))
+    outputs, errors = run(mode, one_shot, inputs, lanes=lanes, reuse_buffers=reuse_buffers,
+                          seed=int(rng.integers(1 << 30)))
     assert errors == [""] * (ranks * lanes)
     assert_close(outputs, mode, inputs)
     if mode == ALLREDUCE:
@@ -120,7 +126,8 @@ def test_many_calls_with_random_delays_match_float64_and_replicas_agree(one_shot
 def test_many_consecutive_calls_reuse_the_flags_without_reset(one_shot):
     rng = np.random.default_rng(7)
     inputs = random_inputs(rng, np.float32, 200, 4, 67)
-    outputs, errors = run(ALLREDUCE, one_shot, inputs, lanes=3, slice_elements=5, max_delay_us=5)
+    outputs, errors = run(ALLREDUCE, one_shot, inputs, lanes=3, reuse_buffers=True, slice_elements=5,
+                          max_delay_us=5)
     assert errors == [""] * 12
     assert_close(outputs, ALLREDUCE, inputs)
 
@@ -151,12 +158,12 @@ def test_a_rank_that_never_arrives_times_out_naming_it(one_shot, absent_from_cal
 def test_bad_arguments_say_what_is_wrong():
     inputs = np.ones((1, 2, 4), np.float32)
     with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int32, got 'float64'"):
-        protocol.run_threads(ALLREDUCE, False, "float64", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, False, False, "float64", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
     with pytest.raises(ValueError, match="2-byte items for float16"):
-        protocol.run_threads(ALLREDUCE, False, "float16", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, False, False, "float16", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
     inputs = np.ones((1, protocol.MAX_RANKS + 1, 4), np.float32)
     with pytest.raises(ValueError, match="ranks must be"):
-        protocol.run_threads(ALLREDUCE, False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, False, False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
 
 
 # --- the one-shot path, brute force: every lane's flag operations and accesses ---
