@@ -207,3 +207,4 @@ def test_one_shot_lanes_read_after_everyone_arrived_and_cover_the_output_once(mo
                     assert src == begin + dst
                 written[dst:dst + n] += 1
         assert (written == 1).all(), f"rank {rank}: elements written {written.tolist()}"
+
