@@ -19,7 +19,8 @@ from jaxring.collectives import ring
 # took 62 ms with 1 MiB buckets against 212 ms with 4 MiB and 122 ms with
 # 32 MiB (psum: 52 ms): packing large leaves costs a copy in and a copy out
 # and buys nothing. On GPUs, where copies are cheap and each ring op has a
-# fixed cost, larger buckets (32-64 MiB) may pay; measure with bench_train.py.
+# fixed cost, larger buckets (32-64 MiB) may pay: scripts/bench_cuda_ring.py
+# measures ds2_paper's all-reduce per bucket size (not yet run on a GPU).
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 

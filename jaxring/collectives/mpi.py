@@ -78,7 +78,7 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
       devices like pmap outputs, every row holding the same result, bitwise
       equal on every device of every process for "ring". 16-bit floats are
       accumulated in float32, int32 exactly in int32. Each leaf is its own
-      collective: fuse small leaves first (jaxring.fusion) where that matters.
+      collective: fuse small leaves first (jaxring.collectives.fusion) where that matters.
 
     Call it outside jit, between pmapped steps. GPU arrays go through host
     memory around each MPI call unless MPI4JAX_USE_CUDA_MPI=1 is set with a

@@ -12,7 +12,9 @@
 #include "xla/ffi/api/ffi.h"
 
 #include "rendezvous.h"
+#include "host_elementwise.h"
 #include "ring_handler_common.h"
+#include "ring_protocol.h"
 #include "ring_schedule.h"
 
 namespace jaxring {
@@ -20,85 +22,8 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-struct Bf16 {
-  uint16_t bits;
-};
-
-inline float ToAcc(float v) { return v; }
-inline int32_t ToAcc(int32_t v) { return v; }
-inline float ToAcc(_Float16 v) { return static_cast<float>(v); }
-inline float ToAcc(Bf16 v) {
-  uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// Stores an accumulated value in the output type.
-inline void Store(float v, float* out) { *out = v; }
-inline void Store(int32_t v, int32_t* out) { *out = v; }
-inline void Store(float v, _Float16* out) { *out = static_cast<_Float16>(v); }
-inline void Store(float v, Bf16* out) {  // round to nearest even; NaN stays NaN
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    out->bits = static_cast<uint16_t>((bits >> 16) | 0x40);
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  out->bits = static_cast<uint16_t>(bits >> 16);
-}
-
-struct CpuRank {
-  const void* in;
-  void* out;
-  void* acc;  // partial sums; the output itself when it has the accumulation type
-};
-
-// `Left` is the type of what the left neighbour holds for this stage: its
-// input (T) at the first reduce-scatter step, its partial sums (Acc) after.
-template <typename T, typename Acc, typename Left>
-void Reduce(const T* mine, const Left* left, Acc* acc, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) acc[i] = ToAcc(mine[i]) + ToAcc(left[i]);
-}
-template <typename T, typename Left>
-void ReduceToOutput(const T* mine, const Left* left, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) Store(ToAcc(mine[i]) + ToAcc(left[i]), out + i);
-}
-
 template <typename T, typename Acc>
-void RunStage(const Stage& st, const CpuRank& me, const CpuRank& left) {
-  const T* in = static_cast<const T*>(me.in) + st.src;
-  T* out = static_cast<T*>(me.out) + st.dst;
-  Acc* acc = static_cast<Acc*>(me.acc) + st.dst;
-  const T* left_in = static_cast<const T*>(left.in) + st.src;
-  const Acc* left_acc = static_cast<const Acc*>(left.acc) + st.src;
-  const int64_t n = st.count;
-  switch (st.kind) {
-    case StageKind::kSeed:
-      std::memcpy(out, in, n * sizeof(T));
-      break;
-    case StageKind::kReduceFirst:
-      Reduce<T, Acc>(in, left_in, acc, n);
-      break;
-    case StageKind::kReduce:
-      Reduce<T, Acc>(in, left_acc, acc, n);
-      break;
-    case StageKind::kReduceLast:
-      if (st.left_is_input) {
-        ReduceToOutput<T>(in, left_in, out, n);
-      } else {
-        ReduceToOutput<T>(in, left_acc, out, n);
-      }
-      break;
-    case StageKind::kCopy:
-      std::memcpy(out, static_cast<const T*>(left.out) + st.src, n * sizeof(T));
-      break;
-  }
-}
-
-template <typename T, typename Acc>
-std::string RunRing(const RingCall& call, CpuRank& me) {
+std::string RunRing(const RingCall& call, RankBuffers& me) {
   RendezvousHandle rendezvous(call.key, call.ranks, call.rank);
   if (!rendezvous.join_error().empty()) return rendezvous.join_error();
   const auto deadline = DeadlineFor(call.timeout_ms);
@@ -107,13 +32,14 @@ std::string RunRing(const RingCall& call, CpuRank& me) {
   }
   const int64_t left_rank = Mod(call.rank - 1, call.ranks);
   const int64_t right_rank = Mod(call.rank + 1, call.ranks);
-  const CpuRank& left = *static_cast<CpuRank*>(rendezvous->state(left_rank));
+  const RankBuffers& left = *static_cast<RankBuffers*>(rendezvous->state(left_rank));
+  HostElementwise ew;
   const auto stages = BuildSchedule(call.mode, call.elements, call.ranks,
                                     call.rank, call.slice_elements, call.align);
   for (const Stage& st : stages) {
     if (auto e = rendezvous->WaitFor(left_rank, st.wait_left, deadline); !e.empty()) return e;
     if (auto e = rendezvous->WaitFor(right_rank, st.wait_right, deadline); !e.empty()) return e;
-    RunStage<T, Acc>(st, me, left);
+    RunStagePiece<T, Acc>(st, 0, st.count, me, left, ew);
     rendezvous->Advance(call.rank);
   }
   // XLA may reuse our buffers once we return: wait until the right
@@ -121,7 +47,7 @@ std::string RunRing(const RingCall& call, CpuRank& me) {
   return rendezvous->WaitFor(right_rank, FinalWaitRight(stages), deadline);
 }
 
-std::string RunRingOf(ffi::DataType type, const RingCall& call, CpuRank& me) {
+std::string RunRingOf(ffi::DataType type, const RingCall& call, RankBuffers& me) {
   switch (type) {
     case ffi::DataType::F32:
       return RunRing<float, float>(call, me);
@@ -198,9 +124,10 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
     promise.SetError(ffi::Error::InvalidArgument(error));
     return future;
   }
-  CpuRank me{x.untyped_data(), out->untyped_data(),
-             workspace->element_count() > 0 ? workspace->untyped_data()
-                                            : out->untyped_data()};
+  // Partial sums live in the output when it has the accumulation type.
+  RankBuffers me{x.untyped_data(), out->untyped_data(),
+                 workspace->element_count() > 0 ? workspace->untyped_data()
+                                                : out->untyped_data()};
   Threads().Run([type = x.element_type(), call, me, promise]() mutable {
     const std::string error = RunRingOf(type, call, me);
     if (error.empty()) {

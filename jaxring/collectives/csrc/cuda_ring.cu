@@ -1,11 +1,10 @@
-// CUDA handler of the ring collectives. GPU-resident: a rank reads its left
-// neighbour's buffers over peer access (or copies them peer-to-peer into a
-// staging slice where the devices cannot map each other), reduces with
-// 16-byte vector loads and float32 accumulation, and orders its stream after
-// the neighbours' streams with events. The host thread only enqueues work.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// CUDA handler of the ring collectives, and its host-staged engine (the
+// default; the device-synchronised one is cuda_device_ring.cu, chosen by
+// RunCudaCollective). GPU-resident: a rank reads its left neighbour's
+// buffers over peer access (or copies them peer-to-peer into a staging slice
+// where the devices cannot map each other), reduces with 16-byte vector
+// loads and float32 accumulation, and orders its stream after the
+// neighbours' streams with events. The host thread only enqueues work.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_device_ring.h"
+#include "cuda_elementwise.cuh"
 #include "cuda_ring.h"
 #include "rendezvous.h"
 #include "ring_schedule.h"
@@ -22,50 +23,6 @@ namespace jaxring {
 namespace {
 
 namespace ffi = xla::ffi;
-
-__device__ __forceinline__ float ToAcc(float v) { return v; }
-__device__ __forceinline__ int32_t ToAcc(int32_t v) { return v; }
-__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-__device__ __forceinline__ void Store(float v, float* out) { *out = v; }
-__device__ __forceinline__ void Store(int32_t v, int32_t* out) { *out = v; }
-__device__ __forceinline__ void Store(float v, __half* out) { *out = __float2half_rn(v); }
-__device__ __forceinline__ void Store(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
-
-// V elements of T loaded or stored at once: 16 bytes of the input type.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-// dst[i] = mine[i] + left[i], accumulated in float32 (int32 for int32).
-template <typename T, typename Left, typename Dst>
-__global__ void ReduceKernel(const T* __restrict__ mine, const Left* __restrict__ left,
-                             Dst* __restrict__ dst, int64_t n, bool vectorised) {
-  constexpr int V = 16 / sizeof(T);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if (vectorised) {
-    const int64_t packs = n / V;
-    for (int64_t p = i; p < packs; p += stride) {
-      const Pack<T, V> a = reinterpret_cast<const Pack<T, V>*>(mine)[p];
-      const Pack<Left, V> b = reinterpret_cast<const Pack<Left, V>*>(left)[p];
-      Pack<Dst, V> c;
-#pragma unroll
-      for (int k = 0; k < V; ++k) Store(ToAcc(a.v[k]) + ToAcc(b.v[k]), &c.v[k]);
-      reinterpret_cast<Pack<Dst, V>*>(dst)[p] = c;
-    }
-    done = packs * V;
-  }
-  for (int64_t e = done + i; e < n; e += stride) Store(ToAcc(mine[e]) + ToAcc(left[e]), dst + e);
-}
-
-template <typename T>
-bool Aligned(const T* p, int bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
 
 int BlocksFor(int device, int64_t work) {
   static std::mutex mu;
@@ -85,32 +42,14 @@ template <typename T, typename Left, typename Dst>
 cudaError_t LaunchReduce(const T* mine, const Left* left, Dst* dst, int64_t n,
                          int device, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
+  // Enough threads for one 16-byte pack each, or one element each where the
+  // kernel falls back to scalar accesses.
   constexpr int V = 16 / sizeof(T);
   const bool vectorised = Aligned(mine, sizeof(T) * V) && Aligned(left, sizeof(Left) * V) &&
                           Aligned(dst, sizeof(Dst) * V);
   ReduceKernel<T, Left, Dst><<<BlocksFor(device, vectorised ? n / V + 1 : n), 256, 0, stream>>>(
-      mine, left, dst, n, vectorised);
+      mine, left, dst, n);
   return cudaGetLastError();
-}
-
-// Peer access is enabled once per ordered pair of devices; where it cannot
-// be, reads go through cudaMemcpyPeerAsync into the staging slice.
-bool PeerReadable(int device, int peer) {
-  if (device == peer) return true;
-  static std::mutex mu;
-  static std::set<std::pair<int, int>> readable, unreadable;
-  std::lock_guard<std::mutex> lock(mu);
-  if (readable.count({device, peer})) return true;
-  if (unreadable.count({device, peer})) return false;
-  int can = 0;
-  cudaDeviceCanAccessPeer(&can, device, peer);
-  if (can) {
-    cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-    else if (err != cudaSuccess) can = 0;
-  }
-  (can ? readable : unreadable).insert({device, peer});
-  return can;
 }
 
 struct RankState {
@@ -256,13 +195,35 @@ ffi::Error RingCuda(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordin
   CudaRank me{x.untyped_data(), out->untyped_data(),
               acc_elements > 0 ? static_cast<void*>(ws) : out->untyped_data(),
               ws + std::max<int64_t>(acc_elements, 0) * 4, device_ordinal, stream};
-  if (auto error = RunCudaRing(call, x.element_type(), me); !error.empty()) {
+  const std::vector<int> devices(ring_devices.begin() + call.key.group * call.ranks,
+                                 ring_devices.begin() + (call.key.group + 1) * call.ranks);
+  if (auto error = RunCudaCollective(call, x.element_type(), me, devices); !error.empty()) {
     return ffi::Error::Internal(error);
   }
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// Peer access is enabled once per ordered pair of devices; where it cannot
+// be, reads go through cudaMemcpyPeerAsync into the staging slice.
+bool PeerReadable(int device, int peer) {
+  if (device == peer) return true;
+  static std::mutex mu;
+  static std::set<std::pair<int, int>> readable, unreadable;
+  std::lock_guard<std::mutex> lock(mu);
+  if (readable.count({device, peer})) return true;
+  if (unreadable.count({device, peer})) return false;
+  int can = 0;
+  cudaDeviceCanAccessPeer(&can, device, peer);
+  if (can) {
+    cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else if (err != cudaSuccess) can = 0;
+  }
+  (can ? readable : unreadable).insert({device, peer});
+  return can;
+}
 
 std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank& me) {
   switch (type) {
@@ -280,7 +241,7 @@ std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank
 }
 
 // The handler blocks on the host until its neighbours have enqueued their
-// work, so it is not command-buffer compatible (no traits).
+// work (both engines), so it is not command-buffer compatible (no traits).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kRingCuda, RingCuda,
                               JAXRING_RING_BINDING(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 

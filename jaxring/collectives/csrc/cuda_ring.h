@@ -20,6 +20,10 @@ struct CudaRank {
   cudaStream_t stream;
 };
 
+// Whether `device` can read `peer`'s memory; enables peer access on the
+// first ask for each ordered pair (`device` must be current).
+bool PeerReadable(int device, int peer);
+
 // Runs one rank of the ring on `me.stream`; returns "" or the error. Blocks
 // the calling host thread until every rank has enqueued its work (never until
 // the GPU work finishes).

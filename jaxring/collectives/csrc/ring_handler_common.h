@@ -40,6 +40,20 @@ inline int64_t ElementBytes(xla::ffi::DataType type) {
   }
 }
 
+// A call's description from its attributes; `rank` is its ring position.
+inline RingCall MakeRingCall(RendezvousKey key, Mode mode, int64_t elements, int64_t ranks,
+                             int64_t rank, int64_t timeout_ms, int64_t slice_bytes,
+                             xla::ffi::DataType type) {
+  return RingCall{key,
+                  mode,
+                  elements,
+                  ranks,
+                  rank,
+                  timeout_ms,
+                  std::max<int64_t>(1, slice_bytes / ElementBytes(type)),
+                  mode == Mode::kAllReduce ? 16 / ElementBytes(type) : 1};
+}
+
 // `ring_devices` lists, group after group, the device ordinals of each ring in
 // axis order (static, from the mesh at trace time), so the rank is the axis
 // position without reading device memory. Returns an error message or "".
@@ -61,16 +75,9 @@ inline std::string DescribeCall(int64_t run_id, int32_t device_ordinal,
   for (size_t i = 0; i < ring_devices.size(); ++i) {
     if (ring_devices[i] == device_ordinal) {
       const int64_t index = static_cast<int64_t>(i);
-      *call = RingCall{RendezvousKey{run_id, op_id, index / ring_size},
-                       static_cast<Mode>(mode),
-                       elements,
-                       ring_size,
-                       index % ring_size,
-                       timeout_ms,
-                       std::max<int64_t>(1, slice_bytes / ElementBytes(type)),
-                       mode == static_cast<int64_t>(Mode::kAllReduce)
-                           ? 16 / ElementBytes(type)
-                           : 1};
+      *call = MakeRingCall(RendezvousKey{run_id, op_id, index / ring_size},
+                           static_cast<Mode>(mode), elements, ring_size, index % ring_size,
+                           timeout_ms, slice_bytes, type);
       return "";
     }
   }

@@ -14,16 +14,27 @@
 // Each step is cut into slices so that a rank can start on slice k of a step
 // as soon as its left neighbour has finished slice k of the previous one
 // (pipelining). A rank's progress is the number of stages (step x slice) it
-// has finished; every wait is "neighbour's progress >= n", which both the CPU
-// (condition variable) and CUDA (host-side wait, then an event wait) handlers
-// can express.
+// has finished; every wait is "neighbour's progress >= n", which the CPU
+// handler (condition variable), the host-staged CUDA engine (host-side wait,
+// then an event wait) and the device-synchronised one (flags polled on the
+// GPU, ring_protocol.h) all express.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+// Compiled for the device too where nvcc builds it (ring_protocol.h).
+#ifdef __CUDACC__
+#define JAXRING_HOST_DEVICE __host__ __device__
+#else
+#define JAXRING_HOST_DEVICE
+#endif
+
 namespace jaxring {
+
+JAXRING_HOST_DEVICE inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+JAXRING_HOST_DEVICE inline int64_t Max(int64_t a, int64_t b) { return a < b ? b : a; }
+JAXRING_HOST_DEVICE inline int64_t Mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
 
 // Python reads these values from the compiled module (MODES), never restates them.
 enum class Mode : int64_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
@@ -38,13 +49,12 @@ struct Chunking {
   int64_t elements;
   int64_t ranks;
   int64_t align;
-  int64_t Units() const { return (elements + align - 1) / align; }
-  int64_t Offset(int64_t c) const {
+  JAXRING_HOST_DEVICE int64_t Units() const { return (elements + align - 1) / align; }
+  JAXRING_HOST_DEVICE int64_t Offset(int64_t c) const {
     const int64_t units = Units();
-    return std::min(elements,
-                     (c * (units / ranks) + std::min(c, units % ranks)) * align);
+    return Min(elements, (c * (units / ranks) + Min(c, units % ranks)) * align);
   }
-  int64_t Size(int64_t c) const { return Offset(c + 1) - Offset(c); }
+  JAXRING_HOST_DEVICE int64_t Size(int64_t c) const { return Offset(c + 1) - Offset(c); }
 };
 
 enum class StageKind {
@@ -65,74 +75,100 @@ struct Stage {
   int64_t wait_right;  // right's progress needed before this stage writes
 };
 
-inline int64_t Mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
+// The schedule of one rank as a function of the stage index, so that a
+// device kernel can walk it without a host-built list (ring_protocol.h);
+// BuildSchedule below is the same walk collected on the host.
+struct SchedulePlan {
+  Mode mode;
+  Chunking chunks;
+  int64_t rank;
+  int64_t slices;     // per step
+  int64_t slice_len;  // elements, whole units of chunks.align
 
-// The stages rank `rank` runs, in order. `total_elements` is the size of the
-// full (all-reduced) buffer; `slice_elements` bounds a stage's size.
+  // `total_elements` is the size of the full (all-reduced) buffer;
+  // `slice_elements` bounds a stage's size.
+  JAXRING_HOST_DEVICE static SchedulePlan Make(Mode mode, int64_t total_elements,
+                                               int64_t ranks, int64_t rank,
+                                               int64_t slice_elements, int64_t align) {
+    const Chunking chunks{total_elements, ranks, align};
+    const int64_t max_chunk = chunks.Size(0);
+    const int64_t slice_cap = Max(slice_elements, int64_t{1});
+    const int64_t slices = Max(int64_t{1}, (max_chunk + slice_cap - 1) / slice_cap);
+    // Slices are whole units too, so they keep the chunk's alignment.
+    const int64_t slice_len = ((max_chunk + slices - 1) / slices + align - 1) / align * align;
+    return SchedulePlan{mode, chunks, rank, slices, slice_len};
+  }
+
+  JAXRING_HOST_DEVICE int64_t ranks() const { return chunks.ranks; }
+  // Steps before the all-gather: the reduce-scatter's N-1, or one seeding
+  // step (all-gather's own chunk; a ring of one's copy).
+  JAXRING_HOST_DEVICE int64_t FirstSteps() const {
+    return (mode == Mode::kAllGather || ranks() == 1) ? 1 : ranks() - 1;
+  }
+  JAXRING_HOST_DEVICE int64_t GatherSteps() const {
+    return mode == Mode::kReduceScatter ? 0 : ranks() - 1;
+  }
+  // The same number of stages on every rank (empty slices included), so that
+  // progress counts line up between neighbours.
+  JAXRING_HOST_DEVICE int64_t StageCount() const {
+    return (FirstSteps() + GatherSteps()) * slices;
+  }
+
+  // Stage `index` (< StageCount()). Stage (t, k) of a rank needs stage
+  // (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.
+  JAXRING_HOST_DEVICE Stage StageAt(int64_t index) const {
+    const int64_t step = index / slices;
+    const int64_t k = index % slices;
+    const int64_t n = ranks();
+    StageKind kind = StageKind::kCopy;
+    int64_t chunk = 0, dst_base = 0, wait_right = 0;
+    bool left_is_input = false;
+    if (step < FirstSteps()) {
+      if (mode == Mode::kAllGather) {
+        // The input is the own chunk alone; place it in the output first.
+        kind = StageKind::kSeed;
+        chunk = rank;
+        dst_base = chunks.Offset(rank);
+      } else if (n == 1) {
+        kind = StageKind::kSeed;  // a ring of one: a copy
+      } else {
+        chunk = Mod(rank - step - 2, n);
+        kind = step == 0 ? StageKind::kReduceFirst : StageKind::kReduce;
+        dst_base = chunks.Offset(chunk);
+        if (step == n - 2) {
+          kind = StageKind::kReduceLast;
+          if (mode == Mode::kReduceScatter) dst_base = 0;  // the output is the chunk alone
+        }
+        left_is_input = step == 0;
+      }
+    } else {
+      const int64_t s = step - FirstSteps();
+      chunk = Mod(rank - s - 1, n);
+      dst_base = chunks.Offset(chunk);
+      // When partial sums live in the output buffer, this chunk is what the
+      // right neighbour reads in its reduce-scatter step s: do not overwrite
+      // it before the right neighbour has read it.
+      if (mode == Mode::kAllReduce) wait_right = s * slices + k + 1;
+    }
+    const int64_t src_base = kind == StageKind::kSeed ? 0 : chunks.Offset(chunk);
+    const int64_t begin = Min(k * slice_len, chunks.Size(chunk));
+    const int64_t end = Min((k + 1) * slice_len, chunks.Size(chunk));
+    return Stage{kind,          left_is_input,
+                 src_base + begin, dst_base + begin,
+                 end - begin,   step == 0 ? 0 : (step - 1) * slices + k + 1,
+                 wait_right};
+  }
+};
+
+// The stages rank `rank` runs, in order.
 inline std::vector<Stage> BuildSchedule(Mode mode, int64_t total_elements,
                                         int64_t ranks, int64_t rank,
                                         int64_t slice_elements, int64_t align) {
   std::vector<Stage> stages;
   if (ranks < 1 || rank < 0 || rank >= ranks || align < 1) return stages;
-  const Chunking chunks{total_elements, ranks, align};
-  const int64_t max_chunk = chunks.Size(0);
-  const int64_t slices =
-      std::max<int64_t>(1, (max_chunk + std::max<int64_t>(slice_elements, 1) - 1) /
-                               std::max<int64_t>(slice_elements, 1));
-  // Slices are whole units too, so they keep the chunk's alignment.
-  const int64_t slice_len =
-      ((max_chunk + slices - 1) / slices + align - 1) / align * align;
-  // The same number of stages on every rank (empty slices included), so that
-  // progress counts line up between neighbours. Stage (t, k) of a rank needs
-  // stage (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.
-  int64_t step_index = 0;
-  auto add_step = [&](StageKind kind, int64_t chunk, int64_t src_base,
-                      int64_t dst_base, bool left_is_input) {
-    for (int64_t k = 0; k < slices; ++k) {
-      const int64_t begin = std::min(k * slice_len, chunks.Size(chunk));
-      const int64_t end = std::min((k + 1) * slice_len, chunks.Size(chunk));
-      stages.push_back(Stage{
-          kind, left_is_input, src_base + begin, dst_base + begin, end - begin,
-          step_index == 0 ? 0 : (step_index - 1) * slices + k + 1,
-          /*wait_right=*/0});
-    }
-    ++step_index;
-  };
-
-  const int64_t steps = ranks - 1;
-  if (mode == Mode::kAllGather) {
-    // The input is the own chunk alone; place it in the output first.
-    add_step(StageKind::kSeed, rank, 0, chunks.Offset(rank), false);
-  } else if (steps == 0) {
-    add_step(StageKind::kSeed, 0, 0, 0, false);  // a ring of one: a copy
-  } else {
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t chunk = Mod(rank - s - 2, ranks);
-      const bool last = s == steps - 1;
-      StageKind kind = s == 0 ? StageKind::kReduceFirst : StageKind::kReduce;
-      int64_t dst = chunks.Offset(chunk);
-      if (last) {
-        kind = StageKind::kReduceLast;
-        if (mode == Mode::kReduceScatter) dst = 0;  // the output is the chunk alone
-      }
-      add_step(kind, chunk, chunks.Offset(chunk), dst, /*left_is_input=*/s == 0);
-    }
-  }
-  if (mode == Mode::kReduceScatter) return stages;
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t chunk = Mod(rank - s - 1, ranks);
-    const size_t first = stages.size();
-    add_step(StageKind::kCopy, chunk, chunks.Offset(chunk), chunks.Offset(chunk),
-             false);
-    if (mode == Mode::kAllReduce) {
-      // When partial sums live in the output buffer, this chunk is what the
-      // right neighbour reads in its reduce-scatter step s: do not overwrite
-      // it before the right neighbour has read it.
-      for (size_t i = first; i < stages.size(); ++i) {
-        stages[i].wait_right = s * slices + static_cast<int64_t>(i - first) + 1;
-      }
-    }
-  }
+  const SchedulePlan plan =
+      SchedulePlan::Make(mode, total_elements, ranks, rank, slice_elements, align);
+  for (int64_t i = 0; i < plan.StageCount(); ++i) stages.push_back(plan.StageAt(i));
   return stages;
 }
 

@@ -1,0 +1,58 @@
+// Virtual-rank harness: k ranks of either CUDA engine on one GPU, each with
+// its own stream and buffers, entered from its own host thread as XLA enters
+// the handler. For scripts/check_cuda_ring.py and scripts/bench_cuda_ring.py.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxring {
+
+struct HarnessCase {
+  std::string engine;  // "host" or "device"
+  std::string path;    // device engine: "auto", "ring" or "one_shot"
+  int64_t mode;
+  xla::ffi::DataType type;
+  int64_t ranks;
+  int64_t elements;  // of the full (all-reduced) buffer
+  int64_t slice_bytes;
+  double timeout_s;
+};
+
+// One call: inputs [ranks][in_elements] from the host, outputs poisoned
+// (all bits set: NaN, or -1 for int32) before it and copied to `outputs`
+// [ranks][out_elements]. Returns each rank's error ("" if none).
+std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, void* outputs);
+
+struct HarnessTimes {
+  std::vector<double> device_us;  // per call: first start to last end over the ranks' streams
+  double host_us_per_call;        // wall time of all calls / calls, rank threads kept alive
+  int64_t lanes;                  // device engine: blocks per rank kernel
+  bool one_shot;
+};
+
+// `calls` timed calls after `warmup`, cycling through `rotate` buffer sets per
+// rank so caches do not flatter repeated calls.
+HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate);
+
+// Device-side microseconds of cudaMemcpyAsync of `bytes` within the GPU.
+std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls);
+
+// Device-side microseconds of dst = a + b over `elements` by the reduce
+// kernel of the host-staged engine (the same 16-byte adds the device ring's
+// lanes run, spread over the whole GPU).
+std::vector<double> HarnessReduceTimesUs(xla::ffi::DataType type, int64_t elements, int calls);
+
+struct HarnessDevice {
+  std::string name;
+  int sms;
+  int compute_capability;
+  int ring_blocks_per_sm;  // of the device ring's kernel (float32)
+  int max_lanes;
+};
+HarnessDevice HarnessDeviceInfo();
+
+}  // namespace jaxring
