@@ -14,12 +14,14 @@ import os
 import sys
 import time
 
+from byte_sizes import parse_bytes
+
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=8, help="host devices on CPU (default 8)")
-    parser.add_argument("--min-bytes", type=int, default=1 << 10)
-    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--min-bytes", type=parse_bytes, default=1 << 10, help="smallest buffer, e.g. 1K (default)")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer, e.g. 64M (default)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per size and impl")
     parser.add_argument("--json", help="write the records here")
