@@ -396,7 +396,7 @@ class Trainer:
         shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
         for name in self.task.metrics.shown:
             if f"dev_{name}" in row:
-                shown[name] = f"{100 * row[f'dev_{name}']:.1f}%"
+                shown[f"dev_{name}"] = f"{100 * row[f'dev_{name}']:.1f}%"
         if "examples_per_s" in row:
             shown["ex/s"] = f"{row['examples_per_s']:.0f}"
         if "allreduce_share" in row:
