@@ -323,8 +323,9 @@ class Trainer:
         self.throughput.start()
         for step in range(start + 1, self.total_steps + 1):
             batch = next(batches)
-            examples += batch_rows(batch) * self.world_size
-            self.throughput.add(batch_rows(batch) * self.world_size)
+            global_rows = batch_rows(batch) * self.world_size
+            examples += global_rows
+            self.throughput.add(global_rows)
             if step == start + 1:
                 self.progress.status("compiling the training step (the first step runs when it is compiled)")
             state, out = self.train_step(state, batch)
@@ -371,7 +372,7 @@ class Trainer:
             "allreduce": cfg.train.allreduce,
             **self.throughput.summary(),
             "loss": last.get("loss"),
-            # the last train.log_every window alone: the steady pace, without compilation or evaluations
+            # the last train.log_every window alone: the pace of the steps, without the evaluations and checkpoints
             **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share")},
             "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
