@@ -6,6 +6,9 @@ impl, n_devices, n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps,
 ratio_to_psum (time of psum / time of this impl: > 1 means faster than psum).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
+    python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32
+
+Sizes take K/M/G suffixes (binary: 1K = 1024 bytes); each size is 4x the last.
 """
 
 import argparse
