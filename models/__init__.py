@@ -14,6 +14,11 @@ from pathlib import Path
 from jaxring.engine import config as config_lib
 from jaxring.engine.checkpoint import load_variables
 
+# Relative paths in experiment files (data.cache_dir: data/cache, manifests) mean paths
+# inside the checkout, whichever folder holds the file and whichever directory a
+# script runs from (the rule: jaxring/engine/config.py).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 # name -> "module:class"; imported on lookup, so a task's dependencies load only when it is used.
 TASKS = {
     "deepspeech2": "models.deepspeech2.task:DeepSpeech2Task",
@@ -30,7 +35,8 @@ def task_class(name: str):
 
 def load_config(path, overrides=()) -> config_lib.Config:
     """The experiment at `path`, validated against the sections of the task it names."""
-    return config_lib.load(path, task_class(config_lib.task_name(path)).config_sections, overrides)
+    sections = task_class(config_lib.task_name(path)).config_sections
+    return config_lib.load(path, sections, overrides, paths_relative_to=REPO_ROOT)
 
 
 def build_task(config: config_lib.Config):

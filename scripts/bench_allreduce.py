@@ -6,6 +6,9 @@ impl, n_devices, n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps,
 ratio_to_psum (time of psum / time of this impl: > 1 means faster than psum).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
+    python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32
+
+Sizes take K/M/G suffixes (binary: 1K = 1024 bytes); each size is 4x the last.
 """
 
 import argparse
@@ -14,12 +17,14 @@ import os
 import sys
 import time
 
+from byte_sizes import parse_bytes
+
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=8, help="host devices on CPU (default 8)")
-    parser.add_argument("--min-bytes", type=int, default=1 << 10)
-    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--min-bytes", type=parse_bytes, default=1 << 10, help="smallest buffer, e.g. 1K (default)")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer, e.g. 64M (default)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per size and impl")
     parser.add_argument("--json", help="write the records here")

@@ -39,13 +39,9 @@ import time
 
 import numpy as np
 
+from byte_sizes import parse_bytes
+
 OUR_IMPLS = ("ring", "mpi", "mpi4jax")
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def sizes(max_bytes):
@@ -228,7 +224,7 @@ def write_table(records, args):
     print(f"wrote {args.write_table}; use it with JAXRING_ALLREDUCE_TABLE={args.write_table}")
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="process counts, one mpirun job each")
     parser.add_argument("--devices-per-proc", type=int, default=1)
@@ -240,7 +236,11 @@ def main():
     parser.add_argument("--write-table", type=pathlib.Path, metavar="TABLE",
                         help="store ring-vs-mpi winners for algorithm='auto' in this JSON file")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     if args.job_json:
         run_job(args)
     else:

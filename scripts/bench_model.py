@@ -69,7 +69,8 @@ def bench(config: ModelConfig, batch: int, seconds: float, repeats: int) -> dict
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", nargs="+", default=["configs/ds2_tiny.yaml", "configs/ds2_small.yaml"])
+    parser.add_argument("--config", nargs="+", type=Path,
+                        default=[models.REPO_ROOT / "configs" / f"{name}.yaml" for name in ("ds2_tiny", "ds2_small")])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each utterance")
     parser.add_argument("--repeats", type=int, default=5)
@@ -83,11 +84,11 @@ def main():
         config = models.load_config(path).model
         if args.dtype:
             config = ModelConfig(**{**config.__dict__, "dtype": args.dtype})
-        record = {"config": path, **bench(config, args.batch, args.seconds, args.repeats)}
+        record = {"config": path.stem, **bench(config, args.batch, args.seconds, args.repeats)}
         record.update(device=str(jax.devices()[0]), machine=platform.machine(), cpus=jax.device_count())
         records.append(record)
         print(
-            f"{path:28} {record['params']:>11,} {record['dtype']:>8} {record['batch']:>5} {record['median_step_s']:>8.3f} "
+            f"{record['config']:28} {record['params']:>11,} {record['dtype']:>8} {record['batch']:>5} {record['median_step_s']:>8.3f} "
             f"{record['s_per_audio_s']:>10.4f} {record['audio_s_per_s']:>10.1f} {record['gflops_per_s']:>8.2f}"
         )
     if args.json:

@@ -3,7 +3,7 @@
     python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny
     python scripts/train.py --config configs/ds2_tiny.yaml --set optim.learning_rate=1e-3 --allreduce psum
     python scripts/train.py --workdir runs/ds2_tiny --resume
-    mpirun -np 2 python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/mpi
+    mpirun -np 2 python -m mpi4py scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/mpi
 
 The run directory gets config.yaml (the resolved config), metrics.jsonl,
 summary.json, checkpoints/, plots/ and TensorBoard events.
@@ -72,7 +72,9 @@ def main(argv=None) -> dict:
                 f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% "
                 f"(held-out voices, checkpoint of step {summary['best_step']}); " + line
             )
-        print(f"{line}; {summary['train_seconds']:.0f} s; run directory {args.workdir}", flush=True)
+        took = summary["train_seconds"]  # None: resumed from a checkpoint that did not record the earlier time
+        took = f"{took:.0f} s" if took is not None else f"{summary['train_seconds_since_resume']:.0f} s since the resume"
+        print(f"{line}; {took}; run directory {args.workdir}", flush=True)
     return summary
 
 

@@ -8,16 +8,24 @@ dataclasses. Every key is checked:
 a misspelled one is an error that names the closest valid key, and
 `--set section.key=value` overrides are converted to the type the schema
 declares, so `--set optim.learning_rate=1e-3` is a float, not YAML's string.
+
+Fields declared `ConfigPath` name files or folders. A relative one written in
+a config file resolves against the folder the loader names (`load(...,
+paths_relative_to=)`; the scripts name the repository root, see
+models/__init__.py), one given with `--set` against the current directory,
+as any path typed on a command line; the resolved config, and the copy saved
+in a run directory, hold absolute paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import yaml
 
@@ -27,6 +35,10 @@ from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
+
+
+_PATH_MARK = "config path"
+ConfigPath = Annotated[str, _PATH_MARK]  # a file or folder; relative ones are resolved (module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +137,22 @@ def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
 def _field_types(cls) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _is_path(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_path(option) for option in typing.get_args(annotation))
+    return typing.get_origin(annotation) is Annotated and _PATH_MARK in annotation.__metadata__
+
+
+def _path_fields(cls) -> list[str]:
+    """The fields of section `cls` declared as ConfigPath (or ConfigPath | None)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return [f.name for f in dataclasses.fields(cls) if f.init and _is_path(hints[f.name])]
+
+
+def _absolute(path: str | None, base: str | Path) -> str | None:
+    return None if path is None else os.path.normpath(os.path.join(base, os.path.expanduser(path)))
 
 
 def _coerce(where: str, value: Any, annotation: Any) -> Any:
@@ -226,6 +254,8 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
             value = parse_override_value(text, fields[key])
         except ConfigError as e:
             raise ConfigError(f"--set {path}: {e}") from None
+        if key in _path_fields(cls):
+            value = _absolute(value, os.getcwd())
         current = raw.get(section) or {}
         if not isinstance(current, Mapping):
             raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
@@ -276,6 +306,15 @@ def build(raw: Mapping[str, Any], task_sections: Mapping[str, type], overrides=(
     return Config({name: section_from_dict(cls, raw.get(name), name) for name, cls in sections.items()}, task)
 
 
+def resolve_paths(config: Config, base: str | Path) -> Config:
+    """`config` with each relative ConfigPath joined to `base`; absolute paths and nulls are kept."""
+    sections = {}
+    for name, section in config.sections.items():
+        paths = _path_fields(type(section)) if dataclasses.is_dataclass(section) else []
+        sections[name] = dataclasses.replace(section, **{key: _absolute(getattr(section, key), base) for key in paths})
+    return dataclasses.replace(config, sections=sections)
+
+
 def _read(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
@@ -293,13 +332,18 @@ def task_name(path: str | Path) -> str:
     return name
 
 
-def load(path: str | Path, task_sections: Mapping[str, type], overrides=()) -> Config:
-    """Reads and validates the YAML experiment at `path`."""
+def load(path: str | Path, task_sections: Mapping[str, type], overrides=(), paths_relative_to=None) -> Config:
+    """Reads and validates the YAML experiment at `path`.
+
+    Relative ConfigPath values of the file (and defaults) are joined to
+    `paths_relative_to`; None leaves them relative to the current directory.
+    """
     raw = _read(path)
     try:
-        return build(raw, task_sections, overrides)
+        config = build(raw, task_sections, overrides)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    return config if paths_relative_to is None else resolve_paths(config, paths_relative_to)
 
 
 def save(config: Config, path: str | Path) -> None:

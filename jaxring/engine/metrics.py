@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import time
 from pathlib import Path
 
 from jaxring.engine.task import MetricNames
@@ -110,3 +111,62 @@ def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> 
         plt.close(fig)
         written.append(out_dir / name)
     return written
+
+
+class Throughput:
+    """Examples trained and seconds spent in the training loop, this session and the whole run.
+
+    The loop's seconds run from before the first step (its compilation
+    included) to the end of the last, dev evaluations and checkpoints in
+    between included. The whole run's totals continue across resumes through
+    `totals()`, which the trainer stores in each checkpoint.
+    """
+
+    def __init__(self, before: dict | None, resumed_at_step: int | None = None):
+        """`before`: `totals()` of the sessions before this one (None: not recorded, so the whole run is unknown)."""
+        self.before = before
+        self.resumed_at_step = resumed_at_step
+        self.examples = 0
+        self._started = self._stopped = None
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def add(self, examples: int) -> None:
+        self.examples += examples
+
+    def stop(self) -> None:
+        self._stopped = time.perf_counter()
+
+    def seconds(self) -> float:
+        """This session's seconds in the loop so far."""
+        if self._started is None:
+            return 0.0
+        return (self._stopped if self._stopped is not None else time.perf_counter()) - self._started
+
+    def totals(self) -> dict | None:
+        """{"examples", "seconds"} of the whole run so far; None when an earlier session did not record them."""
+        if self.before is None:
+            return None
+        return {"examples": self.before["examples"] + self.examples, "seconds": self.before["seconds"] + self.seconds()}
+
+    def summary(self) -> dict:
+        """summary.json's throughput: the whole run's, and this session's too when it resumed."""
+        whole = self.totals() or {"examples": None, "seconds": None}
+        values = {
+            "examples": whole["examples"],
+            "train_seconds": whole["seconds"],
+            "examples_per_s": _rate(whole["examples"], whole["seconds"]),
+        }
+        if self.resumed_at_step is not None:
+            values.update(
+                resumed_at_step=self.resumed_at_step,
+                examples_since_resume=self.examples,
+                train_seconds_since_resume=self.seconds(),
+                examples_per_s_since_resume=_rate(self.examples, self.seconds()),
+            )
+        return values
+
+
+def _rate(examples: int | None, seconds: float | None) -> float | None:
+    return examples / seconds if examples is not None and seconds else None

@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm import tqdm
 
 from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.optim import learning_rate_schedule, make_optimizer
+from jaxring.engine.progress import Progress
 from jaxring.engine.sync import make_sync
 from jaxring.engine.task import AXIS, Shard, Task
 
@@ -34,6 +34,9 @@ from jaxring.engine.task import AXIS, Shard, Task
 # all-reduce share of a step is that over the measured step time, with no
 # extra collectives in the training loop.
 SYNC_TIMING_REPEATS = 3
+
+# The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
+THROUGHPUT_KEY = "throughput"
 
 
 @flax.struct.dataclass
@@ -158,6 +161,8 @@ class Trainer:
         self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
         self._step = self.sync.pmap_step(self._local, self._finish)
         self.predict = make_predict(task)
+        self.progress = Progress(enabled=self.rank == 0)
+        self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
 
     # -- state
 
@@ -218,9 +223,19 @@ class Trainer:
         """Task metrics on `split`; dev is cut to eval.max_utterances, test is scored whole."""
         cfg = self.config.eval
         limit = cfg.max_utterances if split == "dev" else None
+        self.progress.status(f"evaluating {split}" + (f" (at most {limit} utterances)" if limit else ""))
+        started = time.perf_counter()
         batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
         variables = variables_of(state)
-        return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
+        result = evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
+        self.progress.status(f"{split}: {self._format_metrics(result)} ({time.perf_counter() - started:.1f} s)")
+        return result
+
+    def _format_metrics(self, result: dict) -> str:
+        """The task's metrics as percentages (as MetricNames declares them), counts as they are."""
+        percent = {*self.task.metrics.plotted, *self.task.metrics.shown, self.task.metrics.best}
+        shown = [f"{k} {100 * v:.2f}%" if k in percent else f"{k} {v:g}" for k, v in result.items()]
+        return ", ".join(shown)
 
     def save(self, state: TrainState, metrics: dict | None = None) -> None:
         if self.comm is not None:
@@ -228,13 +243,19 @@ class Trainer:
         if self.rank != 0:
             return
         host_state = unreplicate(state)
-        self.checkpoints.save(int(host_state.step), host_state, {"batches": self.batches.state()}, metrics)
+        step = int(host_state.step)
+        extra = {"batches": self.batches.state(), THROUGHPUT_KEY: self.throughput.totals()}
+        path = self.checkpoints.save(step, host_state, extra, metrics)
+        best = self.checkpoints.best() if metrics else None
+        note = f", the best so far by dev {best['metric']}" if best and best["step"] == step else ""
+        self.progress.status(f"saved the checkpoint of step {step} ({path}{note})")
 
-    def restore(self, template: TrainState) -> TrainState:
+    def restore(self, template: TrainState) -> tuple[TrainState, dict]:
+        """(state, extra) of the latest checkpoint, with the batches moved to its data position."""
         step = self.checkpoints.latest()
         state, extra = self.checkpoints.restore(template, step)
         self.batches.restore(extra["batches"])
-        return state
+        return state, extra
 
     # -- the loop
 
@@ -272,7 +293,9 @@ class Trainer:
         if resume:
             if self.checkpoints.latest() is None:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpoints.directory}")
-            state = self.restore(state)
+            state, extra = self.restore(state)
+            # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
+            self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         start = int(state.step)
         if lead:
             self.checkpoints.discard_partial()
@@ -282,27 +305,33 @@ class Trainer:
             config_lib.save(cfg, self.workdir / "config.yaml")
             log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)
-            print(
+            self.progress.status(
                 f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
                 f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
                 f"all-reduce {cfg.train.allreduce}, {self.total_steps} steps "
-                f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else ""),
-                flush=True,
+                f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else "")
             )
         state = replicate(state, self.devices)
         sync_s = self.time_sync(state)
-        if lead:
-            print(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)", flush=True)
-        bar = tqdm(total=self.total_steps, initial=start, disable=not lead, dynamic_ncols=True)
-        started = window_start = time.perf_counter()
+        self.progress.status(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)")
+        self.progress.start(self.total_steps, start)
+        window_start = time.perf_counter()
         examples = window_steps = 0
         last: dict = {}  # the latest value of every logged key
         row: dict = {"step": start}
         batches = iter(self.batches)
+        self.throughput.start()
         for step in range(start + 1, self.total_steps + 1):
             batch = next(batches)
-            examples += batch_rows(batch) * self.world_size
+            global_rows = batch_rows(batch) * self.world_size
+            examples += global_rows
+            self.throughput.add(global_rows)
+            if step == start + 1:
+                self.progress.status("compiling the training step (the first step runs when it is compiled)")
             state, out = self.train_step(state, batch)
+            if step == start + 1:
+                jax.block_until_ready(out)
+                self.progress.status(f"first step compiled and run in {time.perf_counter() - window_start:.1f} s")
             window_steps += 1
             row = {"step": step}
             if step % cfg.train.log_every == 0 or step == self.total_steps:
@@ -310,6 +339,7 @@ class Trainer:
                 elapsed = time.perf_counter() - window_start
                 row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
             if step == self.total_steps:
+                self.progress.logged(step, self._postfix({**last, **row}))
                 break  # evaluated and saved below
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 dev = self.evaluate(state, "dev")
@@ -321,11 +351,12 @@ class Trainer:
                 last.update(row)
                 if lead:
                     log.write(row)
-                    bar.set_postfix(self._postfix(last), refresh=False)
+                if "loss" in row:
+                    self.progress.logged(step, self._postfix(last))
                 examples, window_steps, window_start = 0, 0, time.perf_counter()
-            bar.update(1)
-        bar.update(self.total_steps - bar.n)
-        bar.close()
+            self.progress.advance()
+        self.throughput.stop()
+        self.progress.close()
 
         dev = self.evaluate(state, "dev")
         row.update({f"dev_{k}": v for k, v in dev.items()})
@@ -339,8 +370,10 @@ class Trainer:
             "local_devices": self.n_local,
             "global_batch": cfg.train.batch_size,
             "allreduce": cfg.train.allreduce,
-            "train_seconds": time.perf_counter() - started,
-            **{k: last.get(k) for k in ("loss", "examples_per_s", "step_s", "allreduce_share")},
+            **self.throughput.summary(),
+            "loss": last.get("loss"),
+            # the last train.log_every window alone: the pace of the steps, without the evaluations and checkpoints
+            **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share")},
             "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
         }
@@ -364,7 +397,7 @@ class Trainer:
         shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
         for name in self.task.metrics.shown:
             if f"dev_{name}" in row:
-                shown[name] = f"{100 * row[f'dev_{name}']:.1f}%"
+                shown[f"dev_{name}"] = f"{100 * row[f'dev_{name}']:.1f}%"
         if "examples_per_s" in row:
             shown["ex/s"] = f"{row['examples_per_s']:.0f}"
         if "allreduce_share" in row:

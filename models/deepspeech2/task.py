@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxring.engine.config import ConfigPath
 from jaxring.engine.task import AXIS, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
@@ -31,12 +32,12 @@ class DataConfig:
     """The `data:` section: which corpus, and how it is cut into batches."""
 
     corpus: str = "synthetic"  # "synthetic" (eSpeak NG, generated on first use) | "manifest"
-    cache_dir: str = "data/cache"  # synthetic: where the corpus is generated
+    cache_dir: ConfigPath = "data/cache"  # synthetic: where the corpus is generated
     utterances: int = 2000  # synthetic: train + dev + test
     corpus_seed: int = 0  # synthetic
-    train_manifest: str | None = None  # manifest: JSON-lines files
-    dev_manifest: str | None = None
-    test_manifest: str | None = None
+    train_manifest: ConfigPath | None = None  # manifest: JSON-lines files
+    dev_manifest: ConfigPath | None = None
+    test_manifest: ConfigPath | None = None
     max_duration: float | None = None  # seconds; longer training utterances are skipped
     sortagrad: bool = True  # first epoch in increasing length
     pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)

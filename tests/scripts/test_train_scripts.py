@@ -2,17 +2,20 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import evaluate  # noqa: E402
+import models  # noqa: E402
 import train  # noqa: E402
 import transcribe  # noqa: E402
 
@@ -63,6 +66,33 @@ def test_train_writes_the_run_directory(run, capsys):
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir())[-1] == "step_000000003.msgpack"
 
 
+def test_config_paths_mean_the_same_files_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.test_manifest=lists/test.jsonl"])
+    assert config.data.cache_dir == str(ROOT / "data" / "cache")  # the file says data/cache
+    assert config.data.test_manifest == str(tmp_path / "lists" / "test.jsonl")  # --set: from the cwd
+    assert train.parse_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir == ROOT / "runs" / "ds2_tiny"
+
+
+def test_evaluate_from_another_directory_reads_the_runs_corpus(run, tmp_path):
+    workdir, summary, cache = run
+    saved = yaml.safe_load((workdir / "config.yaml").read_text())
+    assert saved["data"]["cache_dir"] == str(cache)  # the run directory stores absolute paths
+    # A run directory written before paths were saved absolute: data/cache-style, relative to the checkout.
+    old = tmp_path / "old_run"
+    shutil.copytree(workdir / "checkpoints", old / "checkpoints")
+    saved["data"]["cache_dir"] = os.path.relpath(cache, ROOT)
+    (old / "config.yaml").write_text(yaml.safe_dump(saved))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    finished = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--workdir", str(old)],
+                              cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert result["cer"] == pytest.approx(summary["test_cer"]) and Path(result["manifest"]).is_relative_to(cache)
+    assert list(elsewhere.iterdir()) == []  # no corpus synthesised into the cwd
+
+
 def test_evaluate_prints_the_scores_of_the_best_checkpoint(run, capsys):
     workdir, summary, _ = run
     result = evaluate.main(["--workdir", str(workdir)])
@@ -100,7 +130,8 @@ def test_train_under_mpirun(run, tmp_path):
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
     command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "2"]
-    command += ["-x", "JAX_PLATFORMS", "-x", "XLA_FLAGS", sys.executable, str(ROOT / "scripts" / "train.py")]
+    # the form the docs give: `python -m mpi4py` aborts the whole job when one rank fails
+    command += ["-x", "JAX_PLATFORMS", "-x", "XLA_FLAGS", sys.executable, "-m", "mpi4py", str(ROOT / "scripts" / "train.py")]
     command += ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(tmp_path / "mpi")]
     command += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
     command += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes

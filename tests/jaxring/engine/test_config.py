@@ -1,6 +1,7 @@
 """Config schema: typed sections, closest-key errors, typed --set overrides, round trip."""
 
 import dataclasses
+import os
 
 import pytest
 import yaml
@@ -114,3 +115,41 @@ def test_missing_file_and_file_name_in_errors(tmp_path):
     bad.write_text("train:\n  epoch: 3\n")
     with pytest.raises(config_lib.ConfigError, match=r"bad\.yaml: unknown key 'epoch' in train; did you mean 'epochs'"):
         config_lib.load(bad, TASK)
+
+
+@dataclasses.dataclass(frozen=True)
+class FilesSection:
+    cache_dir: config_lib.ConfigPath = "data/cache"
+    manifest: config_lib.ConfigPath | None = None
+    note: str = "data/not-a-path"
+
+
+def test_paths_in_a_file_resolve_against_the_named_folder_whatever_the_cwd(tmp_path, monkeypatch):
+    source = tmp_path / "configs" / "exp.yaml"
+    source.parent.mkdir()
+    source.write_text(yaml.safe_dump({"files": {"manifest": "../lists/train.jsonl", "note": "x/y"}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    repo = tmp_path / "repo"
+    cfg = config_lib.load(source, {"files": FilesSection}, paths_relative_to=repo)
+    assert cfg.files.cache_dir == str(repo / "data" / "cache")  # defaults too
+    assert cfg.files.manifest == str(tmp_path / "lists" / "train.jsonl")
+    assert cfg.files.note == "x/y"  # a plain str is not a path
+    config_lib.save(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["files"]
+    assert saved["cache_dir"] == str(repo / "data" / "cache") and os.path.isabs(saved["manifest"])
+    again = config_lib.load(tmp_path / "config.yaml", {"files": FilesSection}, paths_relative_to=tmp_path / "other")
+    assert again.to_dict() == cfg.to_dict()  # absolute paths stay as they are
+
+
+def test_paths_given_with_set_resolve_against_the_cwd(tmp_path, monkeypatch):
+    source = tmp_path / "exp.yaml"
+    source.write_text(yaml.safe_dump({"files": {"cache_dir": "in/file"}}))
+    monkeypatch.chdir(tmp_path)
+    overrides = ["files.cache_dir=mine/cache", "files.manifest=~/m.jsonl"]
+    cfg = config_lib.load(source, {"files": FilesSection}, overrides, paths_relative_to="/repo")
+    assert cfg.files.cache_dir == str(tmp_path / "mine" / "cache")
+    assert cfg.files.manifest == os.path.join(os.path.expanduser("~"), "m.jsonl")
+    nulled = config_lib.load(source, {"files": FilesSection}, ["files.manifest=null"], paths_relative_to="/repo")
+    assert nulled.files.manifest is None and nulled.files.cache_dir == "/repo/in/file"

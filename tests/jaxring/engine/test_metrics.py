@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from jaxring.engine import metrics
 from jaxring.engine.task import MetricNames
 
@@ -33,3 +35,15 @@ def test_plots(tmp_path):
     assert [p.name for p in written] == ["loss.png", "dev_metrics.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
     assert metrics.plot_curves([{"step": 1, "loss": 1.0}], tmp_path / "only_loss", NAMES)[0].name == "loss.png"
+
+
+def test_throughput_of_a_resume_from_a_checkpoint_without_totals_is_unknown_for_the_whole_run():
+    throughput = metrics.Throughput(None, resumed_at_step=40)
+    throughput.start()
+    throughput.add(16)
+    throughput.stop()
+    summary = throughput.summary()
+    assert summary["examples"] is None and summary["train_seconds"] is None and summary["examples_per_s"] is None
+    assert summary["examples_since_resume"] == 16 and summary["resumed_at_step"] == 40
+    assert summary["examples_per_s_since_resume"] == pytest.approx(16 / summary["train_seconds_since_resume"])
+    assert throughput.totals() is None

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -280,3 +281,43 @@ def test_resume_after_sigkill_ends_bitwise_equal(tmp_path):
         np.testing.assert_array_equal(x, y)
     steps = [json.loads(line)["step"] for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps))  # the rows after the checkpoint were not written twice
+
+
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, capsys):
+    train_params(tmp_path, 2, train={"epochs": 2})  # 24 steps, a row every 2, dev every 6
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err  # no progress bar: stdout is captured, not a terminal
+    lines = out.splitlines()
+    assert lines and all(TIMESTAMP.match(line) for line in lines), out
+    step_lines = [line for line in lines if re.search(r" step \d+/24 loss ", line)]
+    assert [int(re.search(r"step (\d+)/", line)[1]) for line in step_lines] == list(range(2, 25, 2))
+    assert "dev_mse " in step_lines[-1] and "ex/s " in step_lines[-1]  # the last dev metric and the pace
+    text = "\n".join(lines)
+    assert text.count("compiling the training step") == 1 and "first step compiled and run in" in text
+    assert text.count("evaluating dev") == 4 and text.count("evaluating test") == 1  # steps 6, 12, 18, 24
+    assert re.search(r"dev: mse \d+\.\d\d% \(\d+\.\d s\)", text) and re.search(r"test: mse \d+\.\d\d%", text)
+    assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [6, 12, 18, 24]
+    assert text.index("compiling") < text.index("step 2/24") < text.index("evaluating dev")
+
+
+def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_path):
+    delay = 0.05  # per batch: the loop takes at least steps x delay
+    workdir = tmp_path / "run"
+    started = time.perf_counter()
+    first = trainer_lib.Trainer(ToyTask(delay=delay), toy_config(train={"max_steps": 6}), workdir, world_of(2)).fit()
+    first_wall = time.perf_counter() - started
+    assert first["examples"] == 6 * 8 and 6 * delay <= first["train_seconds"] < first_wall
+    assert first["examples_per_s"] == pytest.approx(first["examples"] / first["train_seconds"])
+    assert "resumed_at_step" not in first and first["last_window_examples_per_s"] > 0
+    assert json.loads((workdir / "summary.json").read_text())["examples_per_s"] == first["examples_per_s"]
+
+    resumed = trainer_lib.Trainer(ToyTask(delay=delay), toy_config(), workdir, world_of(2)).fit(resume=True)
+    assert resumed["resumed_at_step"] == 6 and resumed["steps"] == 12
+    assert resumed["examples_since_resume"] == 6 * 8 and resumed["examples"] == 12 * 8
+    assert resumed["train_seconds_since_resume"] >= 6 * delay
+    assert resumed["train_seconds"] == pytest.approx(first["train_seconds"] + resumed["train_seconds_since_resume"])
+    assert resumed["examples_per_s"] == pytest.approx(96 / resumed["train_seconds"])
+    assert resumed["examples_per_s_since_resume"] == pytest.approx(48 / resumed["train_seconds_since_resume"])

@@ -1,0 +1,65 @@
+"""What a run prints while it trains: a bar in a terminal, plain timestamped lines anywhere else.
+
+A progress bar redraws itself with carriage returns, which a log file under a
+batch system (or `| tee`) keeps as one unreadable line. So the bar is drawn
+only when stdout is a terminal; otherwise each logged row (every
+`train.log_every` steps) is one timestamped line. Status lines (compiling,
+evaluating, checkpointing) are timestamped lines in both modes. Only the lead
+process prints.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import TextIO
+
+from tqdm import tqdm
+
+
+def timestamp() -> str:
+    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+class Progress:
+    """The console of one process's run; silent unless `enabled`."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stdout
+        self.interactive = enabled and self.stream.isatty()
+        self.total = 0
+        self._bar = None
+
+    def start(self, total: int, initial: int) -> None:
+        """Counts steps `initial`..`total`: a bar in a terminal, nothing otherwise until a row is logged."""
+        self.total = total
+        if self.interactive:
+            self._bar = tqdm(total=total, initial=initial, file=self.stream, dynamic_ncols=True)
+
+    def status(self, message: str) -> None:
+        """A timestamped line, printed above the bar when there is one."""
+        if not self.enabled:
+            return
+        line = f"{timestamp()} {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def logged(self, step: int, fields: dict[str, str]) -> None:
+        """The values of a logged row: the bar's postfix in a terminal, a line of their own elsewhere."""
+        if self._bar is not None:
+            self._bar.set_postfix(fields, refresh=False)
+        elif fields:
+            self.status(f"step {step}/{self.total} " + " ".join(f"{name} {value}" for name, value in fields.items()))
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.update(self.total - self._bar.n)
+            self._bar.close()
+            self._bar = None

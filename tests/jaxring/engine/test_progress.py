@@ -1,0 +1,50 @@
+"""The console of a run: a bar only in a terminal, timestamped lines elsewhere, silence off the lead process."""
+
+import io
+import re
+
+from jaxring.engine.progress import Progress
+
+TIMESTAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def drive(progress):
+    progress.status("compiling")
+    progress.start(total=4, initial=1)
+    for step in (2, 3, 4):
+        if step % 2 == 0:
+            progress.logged(step, {"loss": f"{1 / step:.3f}"})
+        progress.advance()
+    progress.status("evaluating dev")
+    progress.close()
+
+
+def test_off_a_terminal_each_logged_row_is_one_timestamped_line():
+    stream = io.StringIO()
+    drive(Progress(enabled=True, stream=stream))
+    assert stream.getvalue().splitlines() == [
+        line for line in stream.getvalue().splitlines() if re.fullmatch(TIMESTAMP + " .+", line)
+    ]
+    assert [line[20:] for line in stream.getvalue().splitlines()] == [
+        "compiling", "step 2/4 loss 0.500", "step 4/4 loss 0.250", "evaluating dev"
+    ]
+
+
+def test_in_a_terminal_a_bar_with_status_lines_above_it():
+    stream = Terminal()
+    drive(Progress(enabled=True, stream=stream))
+    text = stream.getvalue()
+    assert "\r" in text and "4/4" in text and "loss=0.250" in text
+    assert re.search(TIMESTAMP + " compiling\n", text) and re.search(TIMESTAMP + " evaluating dev\n", text)
+    assert "step 2/4" not in text  # rows go to the bar, not to lines of their own
+
+
+def test_a_process_other_than_the_lead_prints_nothing():
+    stream = Terminal()
+    drive(Progress(enabled=False, stream=stream))
+    assert stream.getvalue() == ""
