@@ -21,6 +21,7 @@ os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 import ml_dtypes  # noqa: E402  (jax's dependency: numpy's bfloat16)
 import numpy as np  # noqa: E402
 
+from byte_sizes import parse_bytes  # noqa: E402
 from jaxring.collectives import _jaxring_cuda_harness as harness  # noqa: E402
 from jaxring.collectives import _ffi, ring  # noqa: E402
 
@@ -109,7 +110,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON lines, one per case")
     parser.add_argument("--ranks", default="2,3,4,5,6,7,8")
-    parser.add_argument("--largest", type=int, default=64 << 20, help="skip sizes above this many elements")
+    parser.add_argument("--largest", type=parse_bytes, default=64 << 20, help="skip sizes above this many elements (K/M/G suffixes: 1M = 2**20)")
     parser.add_argument("--engines", default="host,device", help="which of host, device to check")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a call may wait for its ranks")
     parser.add_argument("--seed", type=int, default=0)
