@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
         if "test_cer" in summary:
             line = (
                 f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% "
-                f"(held-out voices, checkpoint of step {summary['best_step']}); " + line
+                f"({config.data.describe()}, checkpoint of step {summary['best_step']}); " + line
             )
         print(f"{line}; {summary['train_seconds']:.0f} s; run directory {args.workdir}", flush=True)
     return summary
