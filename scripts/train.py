@@ -56,7 +56,9 @@ def main(argv=None) -> dict:
 
     import jaxring.topology
     from jaxring import config as config_lib
+    from jaxring.metrics import write_json
     from jaxring.trainer import Trainer
+    from models.deepspeech2 import decoding
     from models.deepspeech2.task import CONFIG_SECTIONS, DeepSpeech2Task
 
     try:
@@ -64,14 +66,19 @@ def main(argv=None) -> dict:
     except config_lib.ConfigError as e:
         sys.exit(f"error: {e}")
     world = jaxring.topology.init()
-    summary = Trainer(DeepSpeech2Task.from_config(config), config, args.workdir, world).fit(resume=args.resume)
+    task = DeepSpeech2Task.from_config(config)
+    summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume)
     if world.rank == 0:
+        if config.decode.beam_width and "test_cer" in summary:
+            summary.update(decoding.lm_test_scores(task, config, args.workdir))
+            write_json(args.workdir / "summary.json", summary)
         line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
         if "test_cer" in summary:
-            line = (
-                f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% "
-                f"({config.data.describe()}, checkpoint of step {summary['best_step']}); " + line
-            )
+            test = f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% (greedy)"
+            if "test_beam_cer" in summary:
+                how = f"beam {summary['beam_width']}" + (" + LM" if summary["lm"] else "")
+                test += f", CER {100 * summary['test_beam_cer']:.2f}% WER {100 * summary['test_beam_wer']:.2f}% ({how})"
+            line = f"{test} on the {config.data.describe()}, checkpoint of step {summary['best_step']}; " + line
         print(f"{line}; {summary['train_seconds']:.0f} s; run directory {args.workdir}", flush=True)
     return summary
 

@@ -23,6 +23,7 @@ from jaxring.trainer import AXIS, Shard, load_variables
 from models.deepspeech2 import alphabet, ctc, decode
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.augment import AugmentConfig, augment
+from models.deepspeech2.decoding import DecodeConfig
 from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
 from models.deepspeech2.data import read_manifest
 
@@ -80,7 +81,7 @@ class DataConfig:
         return f"test manifest {test}"
 
 
-CONFIG_SECTIONS = {"model": ds2.ModelConfig, "data": DataConfig, "augment": AugmentConfig}
+CONFIG_SECTIONS = {"model": ds2.ModelConfig, "data": DataConfig, "augment": AugmentConfig, "decode": DecodeConfig}
 
 
 class TrainBatches:
@@ -107,12 +108,15 @@ def _flatten(batch: dict) -> dict:
 
 
 class DeepSpeech2Task:
-    """Deep Speech 2 trained by CTC and scored by greedy decoding."""
+    """Deep Speech 2 trained by CTC and scored by greedy decoding (or self.decoder)."""
 
     def __init__(self, model: ds2.ModelConfig, data: DataConfig, augmentation: AugmentConfig = AugmentConfig()):
         self.model_config = model
         self.data = data
         self.augmentation = augmentation
+        # (logits, lengths) -> transcripts; greedy while training, a beam search (see
+        # models/deepspeech2/decoding.py) when scoring with a language model
+        self.decoder = decode.greedy_decode
         self.network = ds2.DeepSpeech2(model)
         # Training computes batch-norm statistics over all local devices together, so
         # N devices at B/N per device normalise exactly like one device at B.
@@ -170,7 +174,7 @@ class DeepSpeech2Task:
         real = np.flatnonzero(batch["weights"] > 0)
         if not len(real):
             return {}
-        hyps = decode.greedy_decode(outputs["logits"][real], outputs["lengths"][real])
+        hyps = self.decoder(outputs["logits"][real], outputs["lengths"][real])
         refs = [alphabet.decode(batch["labels"][i, : batch["label_lengths"][i]]) for i in real]
         chars = jiwer.process_characters(refs, hyps)
         words = jiwer.process_words(refs, hyps)
@@ -232,16 +236,21 @@ class DeepSpeech2Task:
         return {"features": features, "feature_lengths": np.array([len(s) for s in spectrograms], np.int32)}
 
     def transcribe(self, variables, paths: list[str]) -> list[str]:
-        """Greedy transcripts of audio files, one per path."""
+        """Transcripts of audio files (by self.decoder), one per path."""
         outputs = jax.jit(self.predict)(variables, self.audio_batch(paths))
-        return decode.greedy_decode(outputs["logits"], outputs["lengths"])
+        return self.decoder(outputs["logits"], outputs["lengths"])
+
+
+def load_run_config(workdir):
+    """The resolved config of a run directory written by scripts/train.py."""
+    path = Path(workdir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {workdir} a run directory of scripts/train.py?")
+    return config_lib.load(path, CONFIG_SECTIONS)
 
 
 def load_run(workdir, checkpoint: str = "best"):
     """(config, task, variables, step) of a run directory written by scripts/train.py."""
-    path = Path(workdir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {workdir} a run directory of scripts/train.py?")
-    config = config_lib.load(path, CONFIG_SECTIONS)
+    config = load_run_config(workdir)
     variables, step = load_variables(workdir, checkpoint)
     return config, DeepSpeech2Task.from_config(config), variables, step
