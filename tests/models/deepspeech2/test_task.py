@@ -12,6 +12,7 @@ from models.deepspeech2 import alphabet
 from models.deepspeech2 import metrics as ds2_metrics
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.model import ModelConfig
+from models.deepspeech2.augment import AugmentConfig
 from models.deepspeech2.task import CONFIG_SECTIONS, DataConfig, DeepSpeech2Task
 
 TINY_MODEL = {"conv_layers": 1, "conv_channels": [2], "rnn_layers": 1, "rnn_hidden": 8}
@@ -152,3 +153,18 @@ def test_manifest_corpus_needs_its_manifests():
 def test_every_config_validates(path):
     config = config_lib.load(path, CONFIG_SECTIONS)
     assert config.train.batch_size > 0 and config.model.conv_layers >= 1
+
+
+def test_augmentation_changes_the_training_loss_not_predictions(task):
+    augmented = DeepSpeech2Task(task.model_config, DataConfig(), AugmentConfig(warp=0.2, freq_masks=2, time_masks=2))
+    variables = task.init(jax.random.PRNGKey(0))
+    batch = random_batch(np.random.default_rng(3), 4)
+    stacked = jax.tree_util.tree_map(lambda x: x[None], batch)
+    keys = jax.random.split(jax.random.PRNGKey(1), 1)
+
+    def losses(t):
+        return jax.pmap(lambda b, key: t.loss(variables, b, key)[0], axis_name="batch")(stacked, keys)[0]
+
+    plain, with_augmentation = float(losses(task)), float(losses(augmented))
+    assert np.isfinite(with_augmentation) and with_augmentation != pytest.approx(plain, rel=1e-3)
+    np.testing.assert_array_equal(augmented.predict(variables, batch)["logits"], task.predict(variables, batch)["logits"])
