@@ -99,7 +99,6 @@ def start_jax_distributed(comm):
 def make_step(impl, elements, world, mpi):
     """A function of no arguments that runs one all-reduce of a resident buffer and waits for it."""
     import jax
-    import jax.numpy as jnp
     import mpi4jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from mpi4py import MPI

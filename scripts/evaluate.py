@@ -1,7 +1,8 @@
-"""Scores a trained Deep Speech 2 run: CER and WER (greedy decoding) as JSON.
+"""Scores a trained Deep Speech 2 run: CER and WER as JSON, greedy or by beam search with an LM.
 
     python scripts/evaluate.py --workdir runs/ds2_tiny                    # test split of its corpus
     python scripts/evaluate.py --workdir runs/ds2_tiny --manifest other.jsonl
+    python scripts/evaluate.py --workdir runs/ds2_tiny --beam-width 16 --lm runs/ds2_tiny/lm.arpa --alpha 0.5 --beta 1
 """
 
 import argparse
@@ -12,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from decoder_flags import add_decoder_flags, decoder_of  # noqa: E402
+
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -20,23 +23,20 @@ def main(argv=None) -> dict:
     parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
     parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
     parser.add_argument("--batch-size", type=int, help="default: the run's eval.batch_size")
+    add_decoder_flags(parser)
     args = parser.parse_args(argv)
 
-    import jax
-
     import models
-    from jaxring.engine.task import Shard
-    from jaxring.engine.trainer import evaluate, make_predict, replicate
+    from models.deepspeech2 import decoding
 
     try:
         config, task, variables, step = models.load_run(args.workdir, args.checkpoint)
-    except FileNotFoundError as e:
+        decoder, described = decoder_of(args, config)
+    except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     manifest = args.manifest or task.manifests[args.split]
-    batches = task.manifest_batches(manifest, args.batch_size or config.eval.batch_size, Shard(0, 1))
-    devices = jax.local_devices()
-    result = evaluate(task, make_predict(task), replicate(variables, devices), batches, len(devices))
-    result = {**result, "step": step, "manifest": str(manifest)}
+    result = decoding.score_manifest(task, variables, manifest, args.batch_size or config.eval.batch_size, decoder)
+    result = {**result, "step": step, "manifest": str(manifest), **described}
     print(json.dumps(result))
     return result
 

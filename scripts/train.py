@@ -57,21 +57,28 @@ def main(argv=None) -> dict:
     import jaxring
     import models
     from jaxring.engine import config as config_lib
+    from jaxring.engine.metrics import write_json
     from jaxring.engine.trainer import Trainer
+    from models.deepspeech2 import decoding
 
     try:
         config = models.load_config(args.config, args.overrides)
     except config_lib.ConfigError as e:
         sys.exit(f"error: {e}")
     world = jaxring.init()
-    summary = Trainer(models.build_task(config), config, args.workdir, world).fit(resume=args.resume)
+    task = models.build_task(config)
+    summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume)
     if world.rank == 0:
+        if config.decode.beam_width and "test_cer" in summary:
+            summary.update(decoding.lm_test_scores(task, config, args.workdir))
+            write_json(args.workdir / "summary.json", summary)
         line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
         if "test_cer" in summary:
-            line = (
-                f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% "
-                f"(held-out voices, checkpoint of step {summary['best_step']}); " + line
-            )
+            test = f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% (greedy)"
+            if "test_beam_cer" in summary:
+                how = f"beam {summary['beam_width']}" + (" + LM" if summary["lm"] else "")
+                test += f", CER {100 * summary['test_beam_cer']:.2f}% WER {100 * summary['test_beam_wer']:.2f}% ({how})"
+            line = f"{test} on the {config.data.describe()}, checkpoint of step {summary['best_step']}; " + line
         took = summary["train_seconds"]  # None: resumed from a checkpoint that did not record the earlier time
         took = f"{took:.0f} s" if took is not None else f"{summary['train_seconds_since_resume']:.0f} s since the resume"
         print(f"{line}; {took}; run directory {args.workdir}", flush=True)

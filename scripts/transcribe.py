@@ -1,6 +1,7 @@
 """Transcribes audio files with a trained Deep Speech 2 run, one line per file.
 
     python scripts/transcribe.py --workdir runs/ds2_tiny a.flac b.wav
+    python scripts/transcribe.py --workdir runs/ds2_tiny --beam-width 16 --lm runs/ds2_tiny/lm.arpa a.flac
 """
 
 import argparse
@@ -10,12 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from decoder_flags import add_decoder_flags, decoder_of  # noqa: E402
+
 
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="a run directory of scripts/train.py")
     parser.add_argument("audio", nargs="+", help="audio files (any format libsndfile reads, any sample rate)")
     parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
+    add_decoder_flags(parser)
     args = parser.parse_args(argv)
     missing = [path for path in args.audio if not Path(path).is_file()]
     if missing:
@@ -24,9 +28,12 @@ def main(argv=None) -> list[str]:
     import models
 
     try:
-        _, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
-    except FileNotFoundError as e:
+        config, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
+        decoder, _ = decoder_of(args, config)
+    except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
+    if decoder is not None:
+        task.decoder = decoder
     transcripts = task.transcribe(variables, args.audio)
     for text in transcripts:
         print(text)

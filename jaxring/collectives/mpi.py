@@ -32,7 +32,6 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import mpi4jax
-import numpy as np
 from mpi4py import MPI
 
 from jaxring.collectives import accumulation, agreement, ring, topology

@@ -1,7 +1,8 @@
-"""CTC decoding: greedy best path, and prefix beam search with an optional character LM.
+"""CTC decoding: greedy best path, and prefix beam search with an optional n-gram LM.
 
 Beam search ranks a transcript y by Q(y) = log p_ctc(y | x) + alpha log p_lm(y)
-+ beta word_count(y), as in the Deep Speech 2 paper.
++ beta word_count(y), as in the Deep Speech 2 paper; the LM is an ARPA file
+(models/deepspeech2/lm.py), of words or of characters.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import scipy.special
 
 from models.deepspeech2 import alphabet
-from models.deepspeech2.lm import EOS, CharNGramLM
+from models.deepspeech2.lm import ArpaLM
 
 NEG_INF = -math.inf
 
@@ -43,7 +44,7 @@ def beam_search(
     log_probs,
     length: int | None = None,
     beam_width: int = 32,
-    lm: CharNGramLM | None = None,
+    lm: ArpaLM | None = None,
     alpha: float = 0.0,
     beta: float = 0.0,
     prune: float = 1e-3,
@@ -98,10 +99,17 @@ def beam_search(
                 entry = extended[longer]
                 entry[1] = _logaddexp(entry[1], p_new)
                 if lm is not None and longer not in lm_log_prob:
-                    lm_log_prob[longer] = lm_log_prob[prefix] + lm.log_prob(prefix, symbol)
+                    lm_log_prob[longer] = lm_log_prob[prefix] + lm.extend(prefix, symbol)
         beams = dict(sorted(extended.items(), key=rank, reverse=True)[:beam_width])
 
     if lm is not None:
         for prefix in beams:
-            lm_log_prob[prefix] = lm_log_prob[prefix] + lm.log_prob(prefix, EOS)
+            lm_log_prob[prefix] = lm_log_prob[prefix] + lm.finish(prefix)
     return max(beams.items(), key=rank)[0]
+
+
+def beam_decode(logits, out_lengths, **options) -> list[str]:
+    """beam_search of every utterance of a batch: logits [B, T, 29], out_lengths [B];
+    options as beam_search takes them (beam_width, lm, alpha, beta, prune)."""
+    logits = np.asarray(logits)
+    return [beam_search(logits[i], int(n), **options) for i, n in enumerate(np.asarray(out_lengths))]

@@ -21,6 +21,8 @@ from jaxring.engine.config import ConfigPath
 from jaxring.engine.task import AXIS, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
+from models.deepspeech2.augment import AugmentConfig, augment
+from models.deepspeech2.decoding import DecodeConfig
 from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
 from models.deepspeech2.data import read_manifest
 
@@ -31,11 +33,13 @@ SPLITS = ("train", "dev", "test")
 class DataConfig:
     """The `data:` section: which corpus, and how it is cut into batches."""
 
-    corpus: str = "synthetic"  # "synthetic" (eSpeak NG, generated on first use) | "manifest"
+    corpus: str | None = None  # "synthetic" (eSpeak NG, generated on first use) | "manifest";
+    # None: "manifest" when manifest_dir or the split manifests are set, else "synthetic"
     cache_dir: ConfigPath = "data/cache"  # synthetic: where the corpus is generated
     utterances: int = 2000  # synthetic: train + dev + test
     corpus_seed: int = 0  # synthetic
-    train_manifest: ConfigPath | None = None  # manifest: JSON-lines files
+    manifest_dir: ConfigPath | None = None  # manifest: a folder with train.jsonl, dev.jsonl, test.jsonl
+    train_manifest: ConfigPath | None = None  # manifest: JSON-lines files (instead of manifest_dir)
     dev_manifest: ConfigPath | None = None
     test_manifest: ConfigPath | None = None
     max_duration: float | None = None  # seconds; longer training utterances are skipped
@@ -46,12 +50,34 @@ class DataConfig:
     workers: int = 2  # audio-loading threads
 
     def __post_init__(self):
-        if self.corpus not in ("synthetic", "manifest"):
+        split_keys = [f"data.{s}_manifest" for s in SPLITS]
+        given = [key for key in split_keys if getattr(self, key.split(".")[1]) is not None]
+        if self.corpus not in (None, "synthetic", "manifest"):
             raise ValueError(f"data.corpus must be 'synthetic' or 'manifest'; got {self.corpus!r}")
-        if self.corpus == "manifest":
-            missing = [f"data.{s}_manifest" for s in SPLITS if getattr(self, f"{s}_manifest") is None]
-            if missing:
-                raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set")
+        if self.corpus == "synthetic" and (self.manifest_dir or given):
+            raise ValueError(f"data.corpus is 'synthetic' but {', '.join(given or ['data.manifest_dir'])} "
+                             "set; drop data.corpus (or set it to 'manifest') to train on manifests")
+        if self.manifest_dir is not None and given:
+            raise ValueError(f"data.manifest_dir and {', '.join(given)} are both set; give one or the other")
+        if self.source == "manifest" and self.manifest_dir is None and len(given) < len(SPLITS):
+            missing = [key for key in split_keys if key not in given]
+            raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set "
+                             "(or set data.manifest_dir to a folder with train/dev/test.jsonl)")
+
+    @property
+    def source(self) -> str:
+        """Where the utterances come from: "synthetic" or "manifest"."""
+        if self.corpus is not None:
+            return self.corpus
+        given = self.manifest_dir is not None or any(getattr(self, f"{s}_manifest") for s in SPLITS)
+        return "manifest" if given else "synthetic"
+
+    def describe(self) -> str:
+        """What the test split is, for the final report line."""
+        if self.source == "synthetic":
+            return "synthetic eSpeak test split, held-out voices"
+        test = self.test_manifest or os.path.join(self.manifest_dir, "test.jsonl")
+        return f"test manifest {test}"
 
 
 class TrainBatches:
@@ -78,14 +104,18 @@ def _flatten(batch: dict) -> dict:
 
 
 class DeepSpeech2Task:
-    """Deep Speech 2 trained by CTC and scored by greedy decoding."""
+    """Deep Speech 2 trained by CTC and scored by greedy decoding (or self.decoder)."""
 
-    config_sections = {"model": ds2.ModelConfig, "data": DataConfig}
+    config_sections = {"model": ds2.ModelConfig, "data": DataConfig, "augment": AugmentConfig, "decode": DecodeConfig}
     metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
 
-    def __init__(self, model: ds2.ModelConfig, data: DataConfig):
+    def __init__(self, model: ds2.ModelConfig, data: DataConfig, augmentation: AugmentConfig = AugmentConfig()):
         self.model_config = model
         self.data = data
+        self.augmentation = augmentation
+        # (logits, lengths) -> transcripts; greedy while training, a beam search (see
+        # models/deepspeech2/decoding.py) when scoring with a language model
+        self.decoder = decode.greedy_decode
         self.network = ds2.DeepSpeech2(model)
         # Training computes batch-norm statistics over all local devices together, so
         # N devices at B/N per device normalise exactly like one device at B.
@@ -93,18 +123,28 @@ class DeepSpeech2Task:
 
     @classmethod
     def from_config(cls, config) -> DeepSpeech2Task:
-        return cls(config.model, config.data)
+        return cls(config.model, config.data, config.augment)
 
     # -- corpus
 
     @functools.cached_property
     def manifests(self) -> dict[str, str]:
         """Manifest path of each split (generating the synthetic corpus on first use)."""
-        if self.data.corpus == "manifest":
+        if self.data.source == "manifest":
+            if self.data.manifest_dir is not None:
+                return {s: self._split_manifest(s) for s in SPLITS}
             return {s: getattr(self.data, f"{s}_manifest") for s in SPLITS}
         cache_dir = os.path.abspath(self.data.cache_dir)  # manifests then hold paths inside the corpus folder
         folder = ensure_synthetic_corpus(cache_dir, self.data.utterances, self.data.corpus_seed)
         return {s: str(Path(folder) / f"{s}.jsonl") for s in SPLITS}
+
+    def _split_manifest(self, split: str) -> str:
+        path = os.path.join(self.data.manifest_dir, f"{split}.jsonl")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"data.manifest_dir {self.data.manifest_dir} has no {split}.jsonl; write the three "
+                "manifests with scripts/make_manifest.py --split (see docs/TRAINING.md)")
+        return path
 
     def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None) -> SpeechDataset:
         output_frames = functools.partial(ds2.output_lengths, self.model_config)
@@ -117,9 +157,9 @@ class DeepSpeech2Task:
         return ds2.init_variables(self.model_config, rng)
 
     def loss(self, variables, batch, rng):
-        del rng  # no dropout in Deep Speech 2
+        features = augment(self.augmentation, rng, batch["features"], batch["feature_lengths"])
         (logits, out_lengths), updates = self.train_network.apply(
-            variables, batch["features"], batch["feature_lengths"], train=True, mutable=["batch_stats"]
+            variables, features, batch["feature_lengths"], train=True, mutable=["batch_stats"]
         )
         per_utterance, feasible = ctc.ctc_loss(logits, out_lengths, batch["labels"], batch["label_lengths"])
         weights = batch["weights"] * feasible
@@ -133,7 +173,7 @@ class DeepSpeech2Task:
         real = np.flatnonzero(batch["weights"] > 0)
         if not len(real):
             return {}
-        hyps = decode.greedy_decode(outputs["logits"][real], outputs["lengths"][real])
+        hyps = self.decoder(outputs["logits"][real], outputs["lengths"][real])
         refs = [alphabet.decode(batch["labels"][i, : batch["label_lengths"][i]]) for i in real]
         return {**metrics.edit_counts(refs, hyps), "utterances": len(real)}
 
@@ -181,7 +221,6 @@ class DeepSpeech2Task:
         return {"features": features, "feature_lengths": np.array([len(s) for s in spectrograms], np.int32)}
 
     def transcribe(self, variables, paths: list[str]) -> list[str]:
-        """Greedy transcripts of audio files, one per path."""
+        """Transcripts of audio files (by self.decoder), one per path."""
         outputs = jax.jit(self.predict)(variables, self.audio_batch(paths))
-        return decode.greedy_decode(outputs["logits"], outputs["lengths"])
-
+        return self.decoder(outputs["logits"], outputs["lengths"])

@@ -14,7 +14,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import build_lm  # noqa: E402
 import evaluate  # noqa: E402
+import fit_lm_weights  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
 import transcribe  # noqa: E402
@@ -64,6 +66,37 @@ def test_train_writes_the_run_directory(run, capsys):
     assert "allreduce: psum" in (workdir / "config.yaml").read_text()
     assert {p.name for p in (workdir / "plots").iterdir()} == {"loss.png", "dev_metrics.png"}
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir())[-1] == "step_000000003.msgpack"
+    # ds2_tiny's decode section: the test split also by beam search with a word LM of the training split
+    assert summary["lm"] == str(workdir / "lm.arpa") and summary["beam_width"] == 16
+    assert 0 <= summary["test_beam_cer"] and 0 <= summary["test_beam_wer"]
+
+
+def test_evaluate_with_beam_search_and_the_runs_lm_matches_the_summary(run):
+    workdir, summary, _ = run
+    flags = ["--beam-width", "16", "--lm", str(workdir / "lm.arpa"), "--alpha", str(summary["alpha"]),
+             "--beta", str(summary["beta"])]
+    result = evaluate.main(["--workdir", str(workdir), *flags])
+    assert result["decoder"] == "beam" and result["cer"] == pytest.approx(summary["test_beam_cer"])
+    assert result["wer"] == pytest.approx(summary["test_beam_wer"])
+    # alpha and beta default to the run's decode section
+    assert evaluate.main(["--workdir", str(workdir), *flags[:4]])["cer"] == pytest.approx(result["cer"])
+
+
+def test_build_lm_from_a_run_rebuilds_the_runs_lm(run, tmp_path):
+    workdir, _, _ = run
+    sizes = build_lm.main(["--workdir", str(workdir), "--out", str(tmp_path / "w3.arpa")])
+    assert sorted(sizes) == [1, 2, 3] and min(sizes.values()) > 0
+    assert (tmp_path / "w3.arpa").read_text() == (workdir / "lm.arpa").read_text()
+
+
+def test_fit_lm_weights_picks_the_best_of_its_grid(run, tmp_path):
+    workdir, _, _ = run
+    result = fit_lm_weights.main(["--workdir", str(workdir), "--lm", str(workdir / "lm.arpa"), "--alphas", "0.2,1.5",
+                                  "--betas", "0,2", "--beam-width", "4", "--json", str(tmp_path / "fit.json")])
+    assert len(result["grid"]) == 4 and result["best"] == min(result["grid"], key=lambda r: (r["wer"], r["cer"]))
+    assert json.loads((tmp_path / "fit.json").read_text())["best"] == result["best"]
+    greedy = evaluate.main(["--workdir", str(workdir), "--split", "dev"])
+    assert result["greedy"]["cer"] == pytest.approx(greedy["cer"])  # all 3 dev utterances, same checkpoint
 
 
 def test_config_paths_mean_the_same_files_from_any_directory(tmp_path, monkeypatch):
@@ -111,15 +144,22 @@ def test_transcribe_prints_one_line_per_file(run, capsys):
     audio = sorted((corpus / "audio" / "test").glob("*.flac"))[:2]
     texts = transcribe.main(["--workdir", str(workdir), *map(str, audio)])
     assert capsys.readouterr().out.splitlines()[-2:] == texts and len(texts) == 2
+    beam = transcribe.main(["--workdir", str(workdir), "--beam-width", "8", "--lm", str(workdir / "lm.arpa"),
+                            *map(str, audio)])
+    assert capsys.readouterr().out.splitlines()[-2:] == beam and len(beam) == 2
 
 
-def test_clear_errors(tmp_path, capsys):
+def test_clear_errors(run, tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
         train.main(["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--set", "optim.lerning_rate=1"])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):
         evaluate.main(["--workdir", str(tmp_path)])
     with pytest.raises(SystemExit, match="no such audio file: nope.wav"):
         transcribe.main(["--workdir", str(tmp_path), "nope.wav"])
+    with pytest.raises(SystemExit, match="weight a beam search; add --beam-width"):
+        evaluate.main(["--workdir", str(run[0]), "--lm", "x.arpa"])
+    with pytest.raises(SystemExit, match="--lm nope.arpa does not exist"):
+        evaluate.main(["--workdir", str(run[0]), "--beam-width", "4", "--lm", "nope.arpa"])
     with pytest.raises(SystemExit):
         train.main(["--resume"])
     assert "give --config, or --workdir with --resume" in capsys.readouterr().err
@@ -145,6 +185,7 @@ def test_train_under_mpirun(run, tmp_path):
     assert process.returncode == 0, output
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
+    assert "(greedy), CER" in output and "(beam 16 + LM) on the synthetic eSpeak test split" in output
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 3 and summary["test_cer"] >= 0
     assert summary["test_utterances"] == 3  # the two ranks' shares add up to the whole test split

@@ -5,7 +5,7 @@ import os
 
 from models.deepspeech2.data import audio
 from models.deepspeech2.data import problems as P
-from models.deepspeech2.data.manifest import Utterance, write_manifest
+from models.deepspeech2.data.manifest import Utterance, write_utterances
 
 
 def read_librispeech(root: str, subsets: list[str] | None = None,
@@ -54,8 +54,5 @@ def _read_chapter(transcript: str, problems: P.Problems) -> list[Utterance]:
 def write_librispeech_manifest(root: str, subsets: list[str], path: str) -> int:
     """Reads the subsets once and writes a JSON-lines manifest; returns the number of entries."""
     utterances = read_librispeech(root, subsets)
-    write_manifest(path, [
-        {"audio_filepath": u.audio_filepath, "duration": round(u.duration, 4), "text": u.text}
-        for u in utterances
-    ])
+    write_utterances(path, utterances)
     return len(utterances)

@@ -1,13 +1,13 @@
-"""Greedy and prefix beam search decoding, the character LM, CER/WER."""
+"""Greedy and prefix beam search decoding (against brute force, with ARPA LMs), CER/WER."""
 
-import math
+import itertools
 
 import numpy as np
 import pytest
 
 from models.deepspeech2 import alphabet
-from models.deepspeech2.decode import beam_search, greedy_decode
-from models.deepspeech2.lm import EOS, VOCABULARY, CharNGramLM
+from models.deepspeech2.decode import beam_decode, beam_search, greedy_decode
+from models.deepspeech2.lm import train_witten_bell, transcript_tokens
 from models.deepspeech2.metrics import cer, wer
 
 BLANK = alphabet.BLANK
@@ -60,8 +60,16 @@ def test_width_one_equals_greedy_on_confident_frames(seed):
     assert beam_search(log_probs, beam_width=1) == greedy_decode(log_probs[None], [25])[0]
 
 
+def char_lm(texts, order):
+    return train_witten_bell([transcript_tokens(t, "char") for t in texts], order)
+
+
+def word_lm(texts, order):
+    return train_witten_bell([t.split() for t in texts], order)
+
+
 def test_language_model_breaks_acoustic_ties():
-    lm = CharNGramLM.train(["the cat sat", "a cat", "cat"] * 5, order=3)
+    lm = char_lm(["the cat sat", "a cat", "cat"] * 5, order=3)
     log_probs = confident_path("c_o_t")
     log_probs[2] = frames({"o": 0.55, "a": 0.44})[0]
     assert beam_search(log_probs, beam_width=8) == "cot"
@@ -84,21 +92,41 @@ def test_beam_search_rejects_bad_arguments():
         beam_search(np.zeros((3, 29)), alpha=0.5)
 
 
-def test_lm_is_a_distribution_in_every_context(tmp_path):
-    lm = CharNGramLM.train(["hello world", "help", "a cat's hat"], order=4)
-    for history in ["", "hel", "zzz", "a cat'", "qx "]:
-        total = sum(math.exp(lm.log_prob(history, s)) for s in VOCABULARY)
-        assert total == pytest.approx(1.0, abs=1e-12)
-    assert lm.score("help") > lm.score("hlep")
-    assert lm.log_prob("hel", "p") > lm.log_prob("hel", "q")
-    assert lm.log_prob("hello world", EOS) > lm.log_prob("hello world", "x")
-    lm.save(tmp_path / "lm.json")
-    assert CharNGramLM.load(tmp_path / "lm.json").score("help") == pytest.approx(lm.score("help"))
+def brute_force_best(log_probs, symbols, lm=None, alpha=0.0, beta=0.0):
+    """argmax over transcripts y of log p_ctc(y) + alpha log p_lm(y) + beta words(y), with
+    p_ctc(y) summed over every frame path (symbols: the only ones with probability)."""
+    columns = [BLANK if s == "_" else alphabet.SYMBOLS.index(s) for s in symbols]
+    totals = {}
+    for path in itertools.product(range(len(symbols)), repeat=len(log_probs)):
+        p = sum(log_probs[t, columns[i]] for t, i in enumerate(path))
+        collapsed = [symbols[i] for i, _ in itertools.groupby(path)]
+        text = "".join(s for s in collapsed if s != "_")
+        totals[text] = np.logaddexp(totals.get(text, -np.inf), p)
+    def q(text):
+        return totals[text] + (alpha * lm.score(text) if lm else 0.0) + beta * len(text.split())
+    return max(totals, key=q), q
 
 
-def test_lm_rejects_unnormalised_transcripts():
-    with pytest.raises(ValueError, match="alphabet.normalize"):
-        CharNGramLM.train(["Hello, world"], order=3)
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kind", ["none", "char", "word"])
+def test_beam_search_equals_brute_force_on_tiny_logits(seed, kind):
+    rng = np.random.default_rng([seed, len(kind)])
+    symbols = "_ab "
+    probs = rng.dirichlet(np.full(len(symbols), 0.7), size=5)
+    log_probs = np.full((5, alphabet.SIZE), -np.inf)
+    for i, s in enumerate(symbols):
+        log_probs[:, BLANK if s == "_" else alphabet.SYMBOLS.index(s)] = np.log(probs[:, i])
+    texts = ["ab", "a b", "ba", "b", "aab a", "b b b"]
+    lm = {"none": None, "char": char_lm(texts, 3), "word": word_lm(texts, 2)}[kind]
+    alpha, beta = (0.0, 0.3) if lm is None else (rng.uniform(0.3, 1.5), rng.uniform(-0.5, 1.0))
+    expected, q = brute_force_best(log_probs, symbols, lm, alpha, beta)
+    found = beam_search(log_probs, beam_width=1000, lm=lm, alpha=alpha, beta=beta, prune=1e-12)
+    assert q(found) == pytest.approx(q(expected), abs=1e-9)
+
+
+def test_beam_decode_decodes_each_utterance_within_its_length():
+    logits = np.stack([confident_path("c_a_t"), confident_path("d_o_g")])
+    assert beam_decode(logits, [5, 3], beam_width=4) == ["cat", "do"]
 
 
 def test_error_rates():

@@ -14,6 +14,7 @@ from jaxring.engine.trainer import Trainer, replicate, unreplicate
 from models.deepspeech2 import alphabet
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.model import ModelConfig
+from models.deepspeech2.augment import AugmentConfig
 from models.deepspeech2.task import DataConfig, DeepSpeech2Task
 
 TINY_MODEL = {"conv_layers": 1, "conv_channels": [2], "rnn_layers": 1, "rnn_hidden": 8}
@@ -36,7 +37,6 @@ def task():
 
 def test_filler_rows_change_neither_loss_nor_gradients(task):
     """Rows with weight 0 and no frames (what fills a partial batch) are invisible to training."""
-    rng = np.random.default_rng(0)
     variables = task.init(jax.random.PRNGKey(0))
 
     def loss(params, batch):
@@ -152,3 +152,18 @@ def test_manifest_corpus_needs_its_manifests():
 def test_every_config_validates(path):
     config = models.load_config(path)
     assert config.train.batch_size > 0 and config.model.conv_layers >= 1
+
+
+def test_augmentation_changes_the_training_loss_not_predictions(task):
+    augmented = DeepSpeech2Task(task.model_config, DataConfig(), AugmentConfig(warp=0.2, freq_masks=2, time_masks=2))
+    variables = task.init(jax.random.PRNGKey(0))
+    batch = random_batch(np.random.default_rng(3), 4)
+    stacked = jax.tree_util.tree_map(lambda x: x[None], batch)
+    keys = jax.random.split(jax.random.PRNGKey(1), 1)
+
+    def losses(t):
+        return jax.pmap(lambda b, key: t.loss(variables, b, key)[0], axis_name="batch")(stacked, keys)[0]
+
+    plain, with_augmentation = float(losses(task)), float(losses(augmented))
+    assert np.isfinite(with_augmentation) and with_augmentation != pytest.approx(plain, rel=1e-3)
+    np.testing.assert_array_equal(augmented.predict(variables, batch)["logits"], task.predict(variables, batch)["logits"])

@@ -70,12 +70,26 @@ def test_bad_manifest_lines_are_skipped_or_raise(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"audio_filepath": "a.wav", "duration": 1, "text": "a"}\n'
                     "not json\n\n"
-                    '{"audio_filepath": "b.wav", "text": "no duration"}\n')
+                    '{"audio_filepath": "b.wav", "duration": "long", "text": "bad duration"}\n'
+                    '["a list"]\n')
     problems = P.Problems()
     assert len(manifest.read_manifest(str(path), problems)) == 1
-    assert problems.counts == {P.BAD_MANIFEST_LINE: 2}
+    assert problems.counts == {P.BAD_MANIFEST_LINE: 3}
     with pytest.raises(P.DataError, match=r"m\.jsonl:2: bad manifest line"):
         manifest.read_manifest(str(path), P.Problems(strict=True))
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"path": "a.wav", "duration": 1, "text": "a"}', r"m\.jsonl:3: no key 'audio_filepath'.*rename 'path'"),
+    ('{"audio_filepath": "a.wav", "seconds": 1, "text": "a"}', r"m\.jsonl:3: no key 'duration'"),
+    ('{"audio_filepath": "a.wav", "duration": 1, "transcript": "a"}', r"m\.jsonl:3: no key 'text'.*rename 'transcript'"),
+])
+def test_a_missing_key_stops_with_the_key_and_the_line(tmp_path, line, message):
+    path = tmp_path / "m.jsonl"
+    good = '{"audio_filepath": "a.wav", "duration": 1, "text": "a"}\n'
+    path.write_text(good + "\n" + line + "\n" + good)
+    with pytest.raises(P.DataError, match=message):
+        manifest.read_manifest(str(path))
 
 
 def make_librispeech(root):

@@ -1,0 +1,37 @@
+"""The decoding flags of evaluate.py and transcribe.py: greedy, or beam search with an ARPA LM."""
+
+import argparse
+
+
+def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decoding (default: greedy)")
+    group.add_argument("--beam-width", type=int, default=0, help="prefix beam search with this many beams")
+    group.add_argument("--lm", help="ARPA n-gram language model (words or characters) for the beam search; "
+                       "scripts/build_lm.py builds one, a run with decode.lm=train keeps its own in RUN/lm.arpa")
+    group.add_argument("--alpha", type=float, help="LM weight (default: the run's decode.alpha)")
+    group.add_argument("--beta", type=float, help="bonus per word (default: the run's decode.beta)")
+
+
+def decoder_of(args, config):
+    """(decoder or None for the task's greedy one, a dict describing it) from parsed flags;
+    raises ValueError for flags that do not fit together."""
+    if args.beam_width < 0:
+        raise ValueError(f"--beam-width must be >= 0, got {args.beam_width}")
+    if not args.beam_width:
+        if args.lm or args.alpha is not None or args.beta is not None:
+            raise ValueError("--lm, --alpha and --beta weight a beam search; add --beam-width (e.g. 16)")
+        return None, {"decoder": "greedy"}
+    from models.deepspeech2 import decoding
+    from models.deepspeech2.lm import ArpaLM
+
+    lm = None
+    if args.lm:
+        try:
+            lm = ArpaLM.read(args.lm)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"--lm {args.lm} does not exist; build one with scripts/build_lm.py") from None
+    alpha = config.decode.alpha if args.alpha is None else args.alpha
+    beta = config.decode.beta if args.beta is None else args.beta
+    described = {"decoder": "beam", "beam_width": args.beam_width, "lm": args.lm,
+                 "alpha": alpha if lm else None, "beta": beta}
+    return decoding.beam_decoder(args.beam_width, lm, alpha, beta), described
