@@ -16,7 +16,6 @@ import jax
 
 from jaxring.engine.checkpoint import load_variables
 from jaxring.engine.task import Shard
-from jaxring.engine.trainer import evaluate, make_predict, replicate
 from models.deepspeech2 import alphabet, decode
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.lm import ArpaLM, train_witten_bell, transcript_tokens
@@ -73,6 +72,10 @@ def beam_decoder(beam_width: int, lm: ArpaLM | None, alpha: float, beta: float):
 
 def score_manifest(task, variables, manifest: str, batch_size: int, decoder=None) -> dict:
     """CER, WER and utterances of `manifest` decoded by `decoder` (default: the task's own)."""
+    # Imported here: the trainer imports mpi4py, which starts MPI, and the task
+    # (which imports this module) must load without it.
+    from jaxring.engine.trainer import evaluate, make_predict, replicate
+
     if decoder is not None:
         task = copy.copy(task)
         task.decoder = decoder

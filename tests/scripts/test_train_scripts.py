@@ -101,9 +101,9 @@ def test_fit_lm_weights_picks_the_best_of_its_grid(run, tmp_path):
 
 def test_config_paths_mean_the_same_files_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.test_manifest=lists/test.jsonl"])
+    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.manifest_dir=lists"])
     assert config.data.cache_dir == str(ROOT / "data" / "cache")  # the file says data/cache
-    assert config.data.test_manifest == str(tmp_path / "lists" / "test.jsonl")  # --set: from the cwd
+    assert config.data.manifest_dir == str(tmp_path / "lists")  # --set: from the cwd
     assert train.parse_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir == ROOT / "runs" / "ds2_tiny"
 
 
