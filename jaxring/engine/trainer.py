@@ -10,6 +10,8 @@ run writes to its directory. The gradient all-reduce is the `sync` object's
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import math
 import time
 from pathlib import Path
@@ -22,13 +24,15 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from jaxring.collectives import agreement
 from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
+from jaxring.engine import rundir
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.optim import learning_rate_schedule, make_optimizer
 from jaxring.engine.sync import make_sync
-from jaxring.engine.task import AXIS, Shard, Task
+from jaxring.engine.task import AXIS, SOURCES, Shard, Task
 
 # Timings of the sync alone at start-up, of which the median is kept: the
 # all-reduce share of a step is that over the measured step time, with no
@@ -66,6 +70,12 @@ def pad_batch(batch: dict, size: int) -> dict:
     """Leaves padded to `size` rows by repeating the last row (outputs of the copies are dropped)."""
     index = np.minimum(np.arange(size), batch_rows(batch) - 1)
     return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
+
+
+def split_sources(batch: dict) -> tuple[dict, list[str]]:
+    """(the batch's arrays, the names of its examples' sources, if the task gives them)."""
+    arrays = dict(batch)
+    return arrays, list(arrays.pop(SOURCES, []))
 
 
 def batch_rows(batch: dict) -> int:
@@ -108,6 +118,7 @@ def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices:
     """
     counts = collections.defaultdict(float)
     for batch in batches:
+        batch, _ = split_sources(batch)
         rows = batch_rows(batch)
         padded = pad_batch(batch, math.ceil(rows / n_devices) * n_devices)
         outputs = predict(variables, split_for_devices(padded, n_devices))
@@ -158,6 +169,7 @@ class Trainer:
         self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
         self._step = self.sync.pmap_step(self._local, self._finish)
         self.predict = make_predict(task)
+        self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
 
     # -- state
 
@@ -222,26 +234,52 @@ class Trainer:
         variables = variables_of(state)
         return evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
 
-    def save(self, state: TrainState, metrics: dict | None = None) -> None:
+    def save(self, state: TrainState, metrics: dict | None = None, row: dict | None = None) -> None:
+        """Checkpoints `state` with `row`, its metrics.jsonl row, so that a resume writes that row again."""
+        self._check_losses()  # a diverged step names its batch before any checkpoint is written
         if self.comm is not None:
             check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
         host_state = unreplicate(state)
-        self.checkpoints.save(int(host_state.step), host_state, {"batches": self.batches.state()}, metrics)
+        extra = {"batches": self.batches.state(), "row": row if row is not None and len(row) > 1 else None}
+        self.checkpoints.save(int(host_state.step), host_state, extra, metrics)
+        rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
 
-    def restore(self, template: TrainState) -> TrainState:
-        step = self.checkpoints.latest()
-        state, extra = self.checkpoints.restore(template, step)
+    def restore(self, template: TrainState) -> tuple[TrainState, dict | None]:
+        """(the newest intact checkpoint's state, its metrics.jsonl row)."""
+        state, extra = self.checkpoints.restore(template)
         self.batches.restore(extra["batches"])
-        return state
+        return state, extra.get("row")
+
+    def check_before_training(self) -> dict | None:
+        """Collective: every process runs the same config; the task's data check (its report, or None)."""
+        if self.comm is not None:
+            resolved = json.dumps(self.config.to_dict(), sort_keys=True)
+            digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+            agreement.agree(self.comm, "the training config", f"train.seed={self.config.train.seed} config {digest}")
+        check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
+        return check_data() if check_data else None
+
+    def _check_losses(self) -> None:
+        """Raises FloatingPointError at the first non-finite loss of the steps not yet checked.
+
+        Checked at log rows and checkpoints only, so that steps stay dispatched asynchronously.
+        """
+        for step, loss, sources in self._unchecked_losses:
+            value = float(np.asarray(loss)[0])
+            if not math.isfinite(value):
+                named = f" on a batch of {', '.join(sources[:8])}{' ...' if len(sources) > 8 else ''}" if sources else ""
+                raise FloatingPointError(
+                    f"loss is {value} at step {step}{named}; no checkpoint of this step or later is written. "
+                    "Check those inputs, or lower optim.learning_rate or set optim.clip_norm"
+                )
+        self._unchecked_losses.clear()
 
     # -- the loop
 
     def _log_row(self, step: int, out: dict, examples: int, elapsed: float, steps: int, sync_s: float) -> dict:
         loss = float(out["loss"][0])
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}; lower optim.learning_rate or set optim.clip_norm")
         step_s = elapsed / steps
         return {
             "step": step,
@@ -262,25 +300,31 @@ class Trainer:
             best = self.comm.bcast(best, root=0)
         return None if best is None else best["step"]
 
-    def fit(self, resume: bool = False) -> dict:
-        """Trains to the end, evaluates and writes the run directory; returns the summary."""
+    def fit(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """Trains to the end, evaluates and writes the run directory; returns the summary.
+
+        `resume` / `overwrite`: what to do with a run already in the directory
+        (jaxring/engine/rundir.py); without either, such a directory is an error.
+        """
         cfg = self.config
         lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
+        resume = rundir.take_over(self.workdir, self.checkpoints.steps(), resume, overwrite, lead)
+        data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
+        resumed_row = None
         if resume:
-            if self.checkpoints.latest() is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpoints.directory}")
-            state = self.restore(state)
+            state, resumed_row = self.restore(state)
         start = int(state.step)
         if lead:
             self.checkpoints.discard_partial()
-            if not resume and (removed := self.checkpoints.clear()):
-                print(f"fresh run: removed {removed} old checkpoints from {self.checkpoints.directory} "
-                      "(--resume continues from them instead)", flush=True)
             config_lib.save(cfg, self.workdir / "config.yaml")
-            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
+            if data_report is not None:
+                metrics_lib.write_json(self.workdir / "data_report.json", data_report)
+                for split in data_report.values():
+                    print(f"data {split['summary']}", flush=True)
+            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None, resumed_row=resumed_row)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)
             print(
                 f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
@@ -300,12 +344,14 @@ class Trainer:
         row: dict = {"step": start}
         batches = iter(self.batches)
         for step in range(start + 1, self.total_steps + 1):
-            batch = next(batches)
+            batch, sources = split_sources(next(batches))
             examples += batch_rows(batch) * self.world_size
             state, out = self.train_step(state, batch)
+            self._unchecked_losses.append((step, out["loss"], sources))
             window_steps += 1
             row = {"step": step}
             if step % cfg.train.log_every == 0 or step == self.total_steps:
+                self._check_losses()
                 jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
                 elapsed = time.perf_counter() - window_start
                 row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
@@ -314,9 +360,9 @@ class Trainer:
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 dev = self.evaluate(state, "dev")
                 row.update({f"dev_{k}": v for k, v in dev.items()})
-                self.save(state, dev)
+                self.save(state, dev, row)
             elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                self.save(state)
+                self.save(state, row=row)
             if len(row) > 1:
                 last.update(row)
                 if lead:
@@ -330,7 +376,7 @@ class Trainer:
         dev = self.evaluate(state, "dev")
         row.update({f"dev_{k}": v for k, v in dev.items()})
         last.update(row)
-        self.save(state, dev)
+        self.save(state, dev, row)
         summary = {
             "steps": self.total_steps,
             "epochs": self.total_steps / self.batches.steps_per_epoch,

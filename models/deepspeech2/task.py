@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring.engine.task import AXIS, MetricNames, Shard
+from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
-from models.deepspeech2.data import read_manifest
+from models.deepspeech2.data import Problems, read_manifest
 
 SPLITS = ("train", "dev", "test")
 
@@ -38,6 +38,7 @@ class DataConfig:
     dev_manifest: str | None = None
     test_manifest: str | None = None
     max_duration: float | None = None  # seconds; longer training utterances are skipped
+    max_unusable_share: float = 0.1  # a split with more unusable utterances than this stops the run
     sortagrad: bool = True  # first epoch in increasing length
     pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)
     pad_labels_to: int = 16
@@ -51,6 +52,8 @@ class DataConfig:
             missing = [f"data.{s}_manifest" for s in SPLITS if getattr(self, f"{s}_manifest") is None]
             if missing:
                 raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set")
+        if not 0 <= self.max_unusable_share < 1:
+            raise ValueError(f"data.max_unusable_share must be in [0, 1); got {self.max_unusable_share!r}")
 
 
 class TrainBatches:
@@ -72,8 +75,9 @@ class TrainBatches:
 
 
 def _flatten(batch: dict) -> dict:
-    """BatchIterator's [1, B, ...] arrays as [B, ...]; the texts are in the labels too."""
-    return {k: v.reshape(v.shape[1:]) for k, v in batch.items() if k != "texts"}
+    """BatchIterator's [1, B, ...] arrays as [B, ...], and its audio paths; the texts are in the labels too."""
+    flat = {k: v.reshape(v.shape[1:]) for k, v in batch.items() if k not in ("texts", "paths")}
+    return {**flat, SOURCES: batch["paths"]}
 
 
 class DeepSpeech2Task:
@@ -106,9 +110,30 @@ class DeepSpeech2Task:
         return {s: str(Path(folder) / f"{s}.jsonl") for s in SPLITS}
 
     def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None) -> SpeechDataset:
+        """The usable utterances of `manifest`; DataError when too many are not (data.max_unusable_share)."""
         output_frames = functools.partial(ds2.output_lengths, self.model_config)
-        utterances = read_manifest(manifest)[:limit]
-        return SpeechDataset(utterances, max_duration=max_duration, output_frames=output_frames)
+        problems = Problems()
+        utterances = read_manifest(manifest, problems)
+        return SpeechDataset(
+            utterances[:limit], max_duration=max_duration, output_frames=output_frames, problems=problems,
+            max_unusable_share=self.data.max_unusable_share, name=f"manifest {manifest}",
+            entries=len(utterances[:limit]) + problems.skipped,  # lines that made no utterance count too
+        )
+
+    def check_data(self) -> dict:
+        """Every split read and checked before training: {split: {"summary", "utterances", "usable", "skipped"}}."""
+        report = {}
+        for split in SPLITS:
+            dataset = self.dataset(self.manifests[split], max_duration=self.data.max_duration if split == "train" else None)
+            report[split] = {
+                "summary": f"{split}: {len(dataset)} of {dataset.total} utterances usable, "
+                + dataset.problems.summary(),
+                "manifest": self.manifests[split],
+                "utterances": dataset.total,
+                "usable": len(dataset),
+                "skipped": dataset.problems.report(),
+            }
+        return report
 
     # -- the engine's Task protocol
 

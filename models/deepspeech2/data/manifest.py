@@ -18,27 +18,49 @@ class Utterance:
     text: str  # the transcript as written; normalised when the dataset is built
 
 
+# No utterance is longer: a duration beyond this is a mistake in the manifest,
+# and batching would size padded arrays from it (1e6 s is hundreds of GiB).
+MAX_DURATION_S = 3600.0
+_EXPECTED = '{"audio_filepath": str, "duration": seconds, "text": str}'
+
+
 def read_manifest(path: str, problems: P.Problems | None = None) -> list[Utterance]:
-    """Utterances of a manifest; lines that are not a valid entry are skipped and counted."""
+    """Utterances of a manifest; lines that are not a valid entry are skipped and counted.
+
+    Raises DataError if the file itself cannot be read.
+    """
     problems = problems or P.Problems()
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise P.DataError(f"manifest {path} cannot be read ({e.strerror or e}); check data.*_manifest") from None
     utterances = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-                utterances.append(Utterance(
-                    audio_filepath=os.path.join(folder, entry["audio_filepath"]),
-                    duration=float(entry["duration"]),
-                    text=str(entry["text"]),
-                ))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                problems.skip(P.BAD_MANIFEST_LINE, f"{path}:{number}",
-                              f"{type(e).__name__}: {e}; expected "
-                              '{"audio_filepath": str, "duration": float, "text": str}')
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            utterances.append(_parse_line(line, folder))
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            problems.skip(P.BAD_MANIFEST_LINE, f"{path}:{number}", f"{type(e).__name__}: {e}; expected {_EXPECTED}")
     return utterances
+
+
+def _parse_line(line: bytes, folder: str) -> Utterance:
+    entry = json.loads(line.decode("utf-8"))
+    if not isinstance(entry, dict):
+        raise TypeError(f"a line is a JSON object, got {type(entry).__name__}")
+    duration = entry["duration"]
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise TypeError(f"duration must be a number of seconds, got {duration!r}")
+    if not 0 < duration <= MAX_DURATION_S:  # also refuses NaN
+        raise ValueError(f"duration {duration!r} is not in (0, {MAX_DURATION_S:g}] seconds")
+    if not isinstance(entry["audio_filepath"], str) or not isinstance(entry["text"], str):
+        raise TypeError("audio_filepath and text must be strings")
+    return Utterance(
+        audio_filepath=os.path.join(folder, entry["audio_filepath"]), duration=float(duration), text=entry["text"]
+    )
 
 
 def write_manifest(path: str, entries: list[dict]) -> None:
