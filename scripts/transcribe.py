@@ -1,6 +1,9 @@
 """Transcribes audio files with a trained Deep Speech 2 run, one line per file.
 
     python scripts/transcribe.py --workdir runs/ds2_tiny a.flac b.wav
+
+A file that cannot be used gets one line on stderr naming it and why; the
+others are still transcribed, and the exit status is then 1.
 """
 
 import argparse
@@ -17,20 +20,30 @@ def main(argv=None) -> list[str]:
     parser.add_argument("audio", nargs="+", help="audio files (any format libsndfile reads, any sample rate)")
     parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
     args = parser.parse_args(argv)
-    missing = [path for path in args.audio if not Path(path).is_file()]
-    if missing:
-        sys.exit(f"error: no such audio file: {', '.join(missing)}")
 
     import models
+    from models.deepspeech2.data import DataError
 
     try:
         _, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
     except FileNotFoundError as e:
         sys.exit(f"error: {e}")
-    transcripts = task.transcribe(variables, args.audio)
-    for text in transcripts:
-        print(text)
-    return transcripts
+    errors = {}
+    for path in args.audio:
+        try:
+            task.audio_features(path)
+        except DataError as e:
+            errors[path] = str(e)
+    usable = [path for path in args.audio if path not in errors]
+    transcripts = dict(zip(usable, task.transcribe(variables, usable) if usable else []))
+    for path in args.audio:
+        if path in errors:
+            print(f"error: {errors[path]}", file=sys.stderr, flush=True)
+        else:
+            print(transcripts[path], flush=True)
+    if errors:
+        sys.exit(1)
+    return [transcripts[path] for path in args.audio]
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import numpy as np
 from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
-from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
-from models.deepspeech2.data import Problems, read_manifest
+from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
+from models.deepspeech2.data import Problems, featurize, read_audio, read_manifest
+from models.deepspeech2.data import problems as P
 
 SPLITS = ("train", "dev", "test")
 
@@ -38,7 +39,7 @@ class DataConfig:
     dev_manifest: str | None = None
     test_manifest: str | None = None
     max_duration: float | None = None  # seconds; longer training utterances are skipped
-    max_unusable_share: float = 0.1  # a split with more unusable utterances than this stops the run
+    max_unusable_share: float = 0.1  # a split with more unusable utterances than this stops the run (1: never)
     sortagrad: bool = True  # first epoch in increasing length
     pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)
     pad_labels_to: int = 16
@@ -52,8 +53,8 @@ class DataConfig:
             missing = [f"data.{s}_manifest" for s in SPLITS if getattr(self, f"{s}_manifest") is None]
             if missing:
                 raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set")
-        if not 0 <= self.max_unusable_share < 1:
-            raise ValueError(f"data.max_unusable_share must be in [0, 1); got {self.max_unusable_share!r}")
+        if not 0 <= self.max_unusable_share <= 1:
+            raise ValueError(f"data.max_unusable_share must be in [0, 1]; got {self.max_unusable_share!r}")
 
 
 class TrainBatches:
@@ -109,10 +110,14 @@ class DeepSpeech2Task:
         folder = ensure_synthetic_corpus(cache_dir, self.data.utterances, self.data.corpus_seed)
         return {s: str(Path(folder) / f"{s}.jsonl") for s in SPLITS}
 
-    def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None) -> SpeechDataset:
-        """The usable utterances of `manifest`; DataError when too many are not (data.max_unusable_share)."""
+    def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None,
+                problems: Problems | None = None) -> SpeechDataset:
+        """The usable utterances of `manifest`; DataError when too many are not (data.max_unusable_share).
+
+        `problems`: where the skipped ones are counted (default: a new Problems).
+        """
         output_frames = functools.partial(ds2.output_lengths, self.model_config)
-        problems = Problems()
+        problems = problems or Problems()
         utterances = read_manifest(manifest, problems)
         return SpeechDataset(
             utterances[:limit], max_duration=max_duration, output_frames=output_frames, problems=problems,
@@ -185,19 +190,37 @@ class DeepSpeech2Task:
     def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None = None):
         return self.manifest_batches(self.manifests[split], batch_size, shard, limit)
 
-    def manifest_batches(self, manifest: str, batch_size: int, shard: Shard, limit: int | None = None):
-        """One pass over `manifest` in increasing length (little padding), every utterance once."""
+    def manifest_batches(self, manifest: str, batch_size: int, shard: Shard, limit: int | None = None,
+                         problems: Problems | None = None):
+        """One pass over `manifest` in increasing length (little padding), every usable utterance once.
+
+        `problems`: where the skipped ones are counted (default: a new Problems).
+        """
         per_process = -(-batch_size // shard.count)
         order = dict(shuffle=False, sortagrad=False, drop_last=False, num_epochs=1)
-        with self._batches(self.dataset(manifest, limit), per_process, shard, **order) as batches:
+        dataset = self.dataset(manifest, limit, problems=problems)
+        with self._batches(dataset, per_process, shard, **order) as batches:
             for batch in batches:
                 yield _flatten(batch)
 
     # -- inference on audio files
 
+    @staticmethod
+    def audio_features(path: str) -> np.ndarray:
+        """The model's input for an audio file (any sample rate); DataError naming it and why it is unusable."""
+        try:
+            samples, _ = read_audio(path)
+        except FileNotFoundError:
+            raise DataError(f"{path}: {P.MISSING_FILE}") from None
+        except AudioError as e:
+            raise DataError(f"{path}: {P.UNREADABLE_AUDIO} ({e})") from None
+        if not np.isfinite(samples).all():
+            raise DataError(f"{path}: {P.NON_FINITE_AUDIO}")
+        return featurize(samples)
+
     def audio_batch(self, paths: list[str]) -> dict:
-        """A batch of the model's inputs for audio files (any sample rate)."""
-        spectrograms = [featurize(read_audio(path)[0]) for path in paths]
+        """A batch of the model's inputs for audio files (any sample rate); DataError for an unusable one."""
+        spectrograms = [self.audio_features(path) for path in paths]
         frames = max(len(s) for s in spectrograms)
         features = np.zeros((len(paths), frames, spectrograms[0].shape[1]), np.float32)
         for i, s in enumerate(spectrograms):

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -83,12 +85,36 @@ def test_transcribe_prints_one_line_per_file(run, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == texts and len(texts) == 2
 
 
+def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path, capsys):
+    workdir, _, cache = run
+    corpus = next(path for path in cache.glob("espeak-*") if path.is_dir())
+    good = sorted((corpus / "audio" / "test").glob("*.flac"))[:2]
+    nan_wav, garbage, missing = tmp_path / "nan.wav", tmp_path / "garbage.flac", tmp_path / "missing.wav"
+    samples = np.random.default_rng(0).uniform(-0.5, 0.5, 16000).astype(np.float32)
+    samples[1234] = np.nan
+    soundfile.write(str(nan_wav), samples, 16000, subtype="FLOAT")
+    garbage.write_bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    expected = transcribe.main(["--workdir", str(workdir), *map(str, good)])
+    capsys.readouterr()
+    paths = [good[0], nan_wav, garbage, missing, good[1]]
+    with pytest.raises(SystemExit) as exit_status:
+        transcribe.main(["--workdir", str(workdir), *map(str, paths)])
+    assert exit_status.value.code == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == expected
+    assert err.splitlines() == [
+        f"error: {nan_wav}: non-finite audio samples",
+        *[line for line in err.splitlines() if line.startswith(f"error: {garbage}: unreadable audio (")],
+        f"error: {missing}: missing file",
+    ]
+
+
 def test_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
         train.main(["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--set", "optim.lerning_rate=1"])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):
         evaluate.main(["--workdir", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no such audio file: nope.wav"):
+    with pytest.raises(SystemExit, match="config.yaml does not exist"):
         transcribe.main(["--workdir", str(tmp_path), "nope.wav"])
     with pytest.raises(SystemExit):
         train.main(["--resume"])

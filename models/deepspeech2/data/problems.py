@@ -23,10 +23,14 @@ class DataError(ValueError):
 
 
 class Problems:
-    """Counts skipped (and repaired) inputs; with strict=True the first skip raises DataError."""
+    """Counts skipped (and repaired) inputs; with strict=True the first skip raises DataError.
 
-    def __init__(self, strict: bool = False):
+    on_skip: called with a line "SOURCE: REASON (DETAIL)" for every skip, e.g. to print each one.
+    """
+
+    def __init__(self, strict: bool = False, on_skip=None):
         self.strict = strict
+        self.on_skip = on_skip
         self.counts: collections.Counter[str] = collections.Counter()
         self.first: dict[str, list[str]] = collections.defaultdict(list)  # reason -> first sources, with detail
         self.unusable: set[str] = set()  # distinct sources skipped (an epoch meets a bad file again)
@@ -39,6 +43,8 @@ class Problems:
                 f"{source}: {reason}{detail}. Fix or remove it, or run with strict=False "
                 "to skip such inputs."
             )
+        if self.on_skip is not None:
+            self.on_skip(f"{source}: {reason}" + (f" ({detail})" if detail else ""))
         with self._lock:
             self.counts[reason] += 1
             if source not in self.unusable and len(self.first[reason]) < NAMED_PER_REASON:
