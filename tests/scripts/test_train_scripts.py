@@ -1,9 +1,6 @@
 """scripts/train.py, evaluate.py and transcribe.py end to end on a tiny corpus and model; train.py under mpirun."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,35 +8,13 @@ import numpy as np
 import pytest
 import soundfile
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tiny_runs import CONFIG, ROOT, finish, tiny_overrides, train_under_mpirun
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import evaluate  # noqa: E402
 import train  # noqa: E402
 import transcribe  # noqa: E402
-
-MPIRUN = Path(sys.executable).parent / "mpirun"
-
-
-def tiny_overrides(cache_dir, batch_size=8):
-    """ds2_tiny shrunk to seconds: 1 conv, one 8-unit GRU, 30 utterances, one padded length."""
-    values = {
-        "model.conv_layers": 1,
-        "model.conv_channels": "[2]",
-        "model.rnn_layers": 1,
-        "model.rnn_hidden": 8,
-        "data.cache_dir": cache_dir,
-        "data.utterances": 30,
-        "data.pad_frames_to": 320,
-        "train.batch_size": batch_size,
-        "train.epochs": 1,
-        "train.log_every": 1,
-        "eval.every_steps": 2,
-        "eval.batch_size": 8,
-        "eval.max_utterances": None,
-        "checkpoint.every_steps": 1,
-    }
-    return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +22,7 @@ def run(tmp_path_factory):
     """One tiny training run shared by the tests below."""
     tmp = tmp_path_factory.mktemp("run")
     workdir = tmp / "run"
-    argv = ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(workdir), "--allreduce", "psum"]
+    argv = ["--config", str(CONFIG), "--workdir", str(workdir), "--allreduce", "psum"]
     argv += tiny_overrides(tmp / "cache")
     summary = train.main(argv)
     return workdir, summary, tmp / "cache"
@@ -111,7 +86,7 @@ def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path
 
 def test_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
-        train.main(["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--set", "optim.lerning_rate=1"])
+        train.main(["--config", str(CONFIG), "--set", "optim.lerning_rate=1"])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):
         evaluate.main(["--workdir", str(tmp_path)])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):
@@ -123,21 +98,12 @@ def test_clear_errors(tmp_path, capsys):
 
 def test_train_under_mpirun(run, tmp_path):
     _, _, cache = run  # the corpus is already there
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
-    environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "2"]
-    command += ["-x", "JAX_PLATFORMS", "-x", "XLA_FLAGS", sys.executable, str(ROOT / "scripts" / "train.py")]
-    command += ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(tmp_path / "mpi")]
-    command += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
-    command += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=170)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"mpirun did not finish within 170 s:\n{process.communicate()[0]}")
-    assert process.returncode == 0, output
+    args = ["--config", str(CONFIG), "--workdir", str(tmp_path / "mpi")]
+    args += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
+    args += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
+    code, output = finish(train_under_mpirun(2, args), timeout_s=170)
+    assert code is not None, f"mpirun did not finish within 170 s:\n{output}"
+    assert code == 0, output
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
