@@ -1,4 +1,4 @@
-"""scripts/train.py shrunk to seconds, in-process or under mpirun: shared by tests/scripts and tests/faults."""
+"""scripts/train.py shrunk to seconds, and mpirun that never hangs: shared by tests/scripts and tests/faults."""
 
 import os
 import signal
@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "ds2_tiny.yaml"
+TRAIN = ROOT / "scripts" / "train.py"
 MPIRUN = Path(sys.executable).parent / "mpirun"
 
 
@@ -33,8 +34,8 @@ def tiny_overrides(cache_dir, batch_size=8, **values):
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
 
 
-def train_under_mpirun(n_procs, train_args, env=(), with_mpi4py=False, devices_per_proc=2):
-    """The Popen of `mpirun -np N python [-m mpi4py] scripts/train.py ARGS`, in a session of its own, output piped."""
+def mpirun(n_procs, script_and_args, env=(), with_mpi4py=False, devices_per_proc=2):
+    """The Popen of `mpirun -np N python [-m mpi4py] SCRIPT ARGS`, in a session of its own, output piped."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_proc}",
                        **dict(env))
@@ -43,8 +44,8 @@ def train_under_mpirun(n_procs, train_args, env=(), with_mpi4py=False, devices_p
     command += ["-np", str(n_procs)]
     for name in ["JAX_PLATFORMS", "XLA_FLAGS", *dict(env)]:
         command += ["-x", name]
-    command += [sys.executable, *(["-m", "mpi4py"] if with_mpi4py else []), str(ROOT / "scripts" / "train.py")]
-    return subprocess.Popen(command + list(train_args), env=environment, stdout=subprocess.PIPE,
+    command += [sys.executable, *(["-m", "mpi4py"] if with_mpi4py else []), *map(str, script_and_args)]
+    return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.tiny_runs import CONFIG, ROOT, finish, tiny_overrides, train_under_mpirun
+from tests.tiny_runs import CONFIG, ROOT, TRAIN, finish, mpirun, tiny_overrides
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -101,7 +101,7 @@ def test_train_under_mpirun(run, tmp_path):
     args = ["--config", str(CONFIG), "--workdir", str(tmp_path / "mpi")]
     args += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
     args += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
-    code, output = finish(train_under_mpirun(2, args), timeout_s=170)
+    code, output = finish(mpirun(2, [TRAIN, *args]), timeout_s=170)
     assert code is not None, f"mpirun did not finish within 170 s:\n{output}"
     assert code == 0, output
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
