@@ -101,6 +101,7 @@ def sum_across_processes(counts: dict[str, float], comm) -> dict[str, float]:
     """`counts` summed over the processes of MPI communicator `comm` (None: this process only)."""
     if comm is None:
         return counts
+    agreement.agree(comm, "the sum of evaluation counts", "counts")  # every process arrives, within the timeout
     keys = sorted(set().union(*comm.allgather(set(counts))))
     totals = comm.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64))  # elementwise sum
     return dict(zip(keys, totals.tolist()))
@@ -297,6 +298,7 @@ class Trainer:
         """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
         best = self.checkpoints.best() if self.rank == 0 else None
         if self.comm is not None:
+            agreement.agree(self.comm, "the best step", "best")  # every process arrives, within the timeout
             best = self.comm.bcast(best, root=0)
         return None if best is None else best["step"]
 
