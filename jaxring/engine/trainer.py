@@ -258,7 +258,10 @@ class Trainer:
         if self.comm is not None:
             resolved = json.dumps(self.config.to_dict(), sort_keys=True)
             digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
-            agreement.agree(self.comm, "the training config", f"train.seed={self.config.train.seed} config {digest}")
+            try:
+                agreement.agree(self.comm, "the training config", f"train.seed={self.config.train.seed} config {digest}")
+            except ValueError as e:  # processes given different configs: a config error, on every process
+                raise config_lib.ConfigError(str(e)) from None
         check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
         return check_data() if check_data else None
 
