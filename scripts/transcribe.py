@@ -22,11 +22,12 @@ def main(argv=None) -> list[str]:
     args = parser.parse_args(argv)
 
     import models
+    from jaxring.engine.checkpoint import CheckpointError
     from models.deepspeech2.data import DataError
 
     try:
         _, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, CheckpointError) as e:
         sys.exit(f"error: {e}")
     errors = {}
     for path in args.audio:
