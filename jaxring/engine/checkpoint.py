@@ -110,13 +110,21 @@ class Checkpoints:
         self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, flax.serialization.msgpack_serialize(wrapped))
         self._verify(path)  # read back: pruning below relies on this file being intact
+        self.update_best(step, metrics)
+        self._prune(keep_also=step)
+        return path
+
+    def update_best(self, step: int, metrics: dict | None) -> None:
+        """Makes `step` the best checkpoint if its `metrics` beat the record (or it holds the record).
+
+        Also called on resume with the metrics saved in the checkpoint, for a run
+        stopped between writing a checkpoint and its best.json.
+        """
         value = (metrics or {}).get(self.best_metric) if self.best_metric else None
         best = self.best()
         if value is not None and (best is None or value < best["value"] or best["step"] == step):
             record = {"step": step, "metric": self.best_metric, "value": float(value), "metrics": metrics}
             _atomic_write(self.directory / "best.json", json.dumps(record).encode())
-        self._prune(keep_also=step)
-        return path
 
     def _prune(self, keep_also: int) -> None:
         best = self.best()

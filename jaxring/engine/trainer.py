@@ -243,14 +243,17 @@ class Trainer:
         if self.rank != 0:
             return
         host_state = unreplicate(state)
-        extra = {"batches": self.batches.state(), "row": row if row is not None and len(row) > 1 else None}
+        row = row if row is not None and len(row) > 1 else None
+        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics}
         self.checkpoints.save(int(host_state.step), host_state, extra, metrics)
         rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
 
     def restore(self, template: TrainState) -> tuple[TrainState, dict | None]:
-        """(the newest intact checkpoint's state, its metrics.jsonl row)."""
+        """(the newest intact checkpoint's state, its metrics.jsonl row); its metrics may be the best."""
         state, extra = self.checkpoints.restore(template)
         self.batches.restore(extra["batches"])
+        if self.rank == 0:
+            self.checkpoints.update_best(int(state.step), extra.get("metrics"))
         return state, extra.get("row")
 
     def check_before_training(self) -> dict | None:

@@ -133,3 +133,15 @@ def test_the_newest_checkpoint_survives_pruning(tmp_path):
     ckpt.save(2, make_state(2), {}, {"wer": 0.5})
     ckpt.save(3, make_state(3), {})
     assert ckpt.steps() == [1, 3]
+
+
+def test_a_best_record_lost_to_a_kill_is_made_again_from_the_checkpoint(tmp_path):
+    ckpt = Checkpoints(tmp_path, keep=3, best_metric="wer")
+    ckpt.save(1, make_state(1), {}, {"wer": 0.5})
+    ckpt.save(2, make_state(2), {}, {"wer": 0.2})
+    (tmp_path / "best.json").write_text('{"step": 1, "metric": "wer", "value": 0.5}')  # as if killed before its write
+    ckpt.update_best(2, {"wer": 0.2})
+    assert ckpt.best() == {"step": 2, "metric": "wer", "value": 0.2, "metrics": {"wer": 0.2}}
+    ckpt.update_best(2, None)  # a checkpoint without metrics changes nothing
+    ckpt.update_best(3, {"wer": 0.3})
+    assert ckpt.best()["step"] == 2
