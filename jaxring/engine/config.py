@@ -293,7 +293,7 @@ def build(raw: Mapping[str, Any], task_sections: Mapping[str, type], overrides=(
 
 
 def _read(path: str | Path) -> Any:
-    """The parsed YAML mapping at `path`: a file that is missing, not YAML, empty or not sections is an error."""
+    """The parsed YAML mapping at `path`: a file that is missing, not YAML, empty or not a mapping is an error."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -307,12 +307,16 @@ def _read(path: str | Path) -> Any:
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a YAML file ({type(e).__name__}: {e})") from None
-    if not isinstance(raw, Mapping) or not set(raw) - {TASK_KEY}:
-        raise ConfigError(
-            f"{path}: a config is a YAML mapping with `{TASK_KEY}: NAME` and at least one section "
-            f"({', '.join(ENGINE_SECTIONS)}, and the task's); got {'an empty file' if raw is None else repr(raw)[:80]}"
-        )
+    if not isinstance(raw, Mapping):
+        raise _not_a_config(path, "an empty file" if raw is None else repr(raw)[:80])
     return raw
+
+
+def _not_a_config(path, got: str) -> ConfigError:
+    return ConfigError(
+        f"{path}: a config is a YAML mapping with `{TASK_KEY}: NAME` and at least one section "
+        f"({', '.join(ENGINE_SECTIONS)}, and the task's); got {got}"
+    )
 
 
 def task_name(path: str | Path) -> str:
@@ -327,6 +331,8 @@ def task_name(path: str | Path) -> str:
 def load(path: str | Path, task_sections: Mapping[str, type], overrides=()) -> Config:
     """Reads and validates the YAML experiment at `path`."""
     raw = _read(path)
+    if not set(raw) - {TASK_KEY}:
+        raise _not_a_config(path, repr(dict(raw))[:80])
     try:
         return build(raw, task_sections, overrides)
     except ConfigError as e:
