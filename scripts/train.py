@@ -78,7 +78,8 @@ def main(argv=None) -> dict:
         world = jaxring.init()
         trainer = Trainer(models.build_task(config), config, args.workdir, world)
         summary = trainer.fit(resume=args.resume, overwrite=args.overwrite)
-    except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError) as e:
+    except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,
+            TimeoutError) as e:
         exit_job(f"error: {e}")
     if world.rank == 0:
         line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"

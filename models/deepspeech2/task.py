@@ -185,6 +185,8 @@ class DeepSpeech2Task:
 
     def train_batches(self, batch_size: int, shard: Shard, seed: int) -> TrainBatches:
         dataset = self.dataset(self.manifests["train"], max_duration=self.data.max_duration)
+        # The metadata checks are in check_data's report; what fails only when loaded is printed as it comes.
+        dataset.problems.on_skip = lambda line: print(f"data: skipped {line}", flush=True)
         return TrainBatches(self._batches(dataset, batch_size, shard, seed=seed, sortagrad=self.data.sortagrad))
 
     def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None = None):

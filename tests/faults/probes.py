@@ -172,7 +172,7 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
 
     for name, split, writer, needle in [
         ("train manifest missing", "train", lambda p, e: None, "cannot be read"),
-        ("binary dev manifest", "dev", binary, "0 of"),
+        ("binary dev manifest", "dev", binary, "utterances are unusable"),
         ("dev manifest, every line bad", "dev", replace_lines(["{", "[]", '{"duration": 1}']), "3 of 3 utterances"),
         ("train durations 1e6 and NaN (2 of 4 lines)", "train",
          replace_lines(['{"audio_filepath": "a.flac", "duration": 1e6, "text": "a"}',
@@ -254,13 +254,14 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
 
     # Data faults during training.
     def with_nan_audio(path, entries):
-        entries = entries + [{"audio_filepath": str(nan_wav(tmp / "nan.wav")), "duration": 1.5, "text": "nan audio"}]
+        entries = entries[:-1] + [  # whole batches of 8 with it: no epoch leaves it out{"audio_filepath": str(nan_wav(tmp / "nan.wav")), "duration": 1.5, "text": "nan audio"}]
         path.write_text("".join(json.dumps(e) + "\n" for e in entries))
 
     values = manifests(cache, tmp / "nan_audio", train_lines=with_nan_audio)
     probe = Probe("NaN audio in the train split").run(train(tmp / "nan_audio" / "run", cache, **values))
     report = tmp / "nan_audio" / "run" / "data_report.json"
-    yield probe.expect(probe.code == 0 and "non-finite audio samples" in probe.output and report.exists()
+    yield probe.expect(probe.code == 0 and "data: skipped" in probe.output and "non-finite audio samples" in probe.output
+                       and report.exists()
                        and all_finite(tmp / "nan_audio" / "run"), "skipped, reported, no NaN saved")
     diverge = tmp / "diverge"
     probe = Probe("learning rate 1e30").run(train(diverge, cache, **{"optim.learning_rate": 1e30, "optim.clip_norm": None}))
@@ -302,9 +303,9 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
         started = time.monotonic()
         probe = Probe(f"SIGSTOP mid-exchange, mpirun python{' -m mpi4py' if with_mpi4py else ''}")
         probe.code, probe.output = finish(mpirun(2, [worker], env=env, with_mpi4py=with_mpi4py), 120)
-        probe.expect_error("no answer from rank 1")
-        probe.detail = f"ended after {time.monotonic() - started:.0f} s: " + probe.detail
-        yield probe
+        # The worker has no handler: its TimeoutError's traceback, then the abort, is the designed end.
+        yield probe.expect(probe.code not in (None, 0) and "no answer from rank 1" in probe.output,
+                           f"ended after {time.monotonic() - started:.0f} s, naming rank 1")
     seeds = tmp / "seeds"
     command = train(seeds, cache, "--set", "train.seed=0")
     job = mpirun(1, command[1:] + [":", "-np", "1", sys.executable] + train(seeds, cache, "--set", "train.seed=1")[1:],

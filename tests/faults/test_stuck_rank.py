@@ -41,7 +41,7 @@ def assert_ends_in_time(job, stopped: float, where: str) -> None:
     code, output = finish(job, TIMEOUT_S + MARGIN_S)
     assert code is not None, f"the job still ran {TIMEOUT_S + MARGIN_S} s after rank 1 stopped:\n{output}"
     assert code != 0 and time.monotonic() - stopped < TIMEOUT_S + MARGIN_S
-    assert f"TimeoutError: {where}" in output and "no answer from rank 1 " in output, output
+    assert where in output and "no answer from rank 1 " in output, output
     assert "FAIL" not in output, output
 
 
@@ -50,7 +50,7 @@ def test_a_rank_stopped_in_the_exchange_ends_the_job_within_the_timeout(with_mpi
     worker = Path(__file__).with_name("stopping_worker.py")
     job = mpirun(2, [worker], env={"JAXRING_TIMEOUT_S": str(TIMEOUT_S)}, with_mpi4py=with_mpi4py)
     started = time.monotonic()  # rank 1 stops itself once the job is up: the margin covers the start too
-    assert_ends_in_time(job, started, "global_allreduce of float32[2, 1001], in the exchange across processes")
+    assert_ends_in_time(job, started, "TimeoutError: global_allreduce of float32[2, 1001], in the exchange across")
 
 
 def test_a_rank_of_train_py_stopped_at_a_random_moment_ends_the_job(corpus_cache, tmp_path):
@@ -69,4 +69,4 @@ def test_a_rank_of_train_py_stopped_at_a_random_moment_ends_the_job(corpus_cache
     pid = rank_pid(workdir, 1)
     assert pid is not None, "rank 1 not found"
     os.kill(pid, signal.SIGSTOP)
-    assert_ends_in_time(job, time.monotonic(), "")
+    assert_ends_in_time(job, time.monotonic(), "error: ")  # train.py: one line, then the abort

@@ -25,7 +25,8 @@ class DataError(ValueError):
 class Problems:
     """Counts skipped (and repaired) inputs; with strict=True the first skip raises DataError.
 
-    on_skip: called with a line "SOURCE: REASON (DETAIL)" for every skip, e.g. to print each one.
+    on_skip: called with a line "SOURCE: REASON (DETAIL)" the first time a source is skipped,
+        e.g. to print each one.
     """
 
     def __init__(self, strict: bool = False, on_skip=None):
@@ -43,13 +44,14 @@ class Problems:
                 f"{source}: {reason}{detail}. Fix or remove it, or run with strict=False "
                 "to skip such inputs."
             )
-        if self.on_skip is not None:
-            self.on_skip(f"{source}: {reason}" + (f" ({detail})" if detail else ""))
         with self._lock:
+            new = source not in self.unusable
             self.counts[reason] += 1
-            if source not in self.unusable and len(self.first[reason]) < NAMED_PER_REASON:
+            if new and len(self.first[reason]) < NAMED_PER_REASON:
                 self.first[reason].append(f"{source} ({detail})" if detail else source)
             self.unusable.add(source)
+        if new and self.on_skip is not None:
+            self.on_skip(f"{source}: {reason}" + (f" ({detail})" if detail else ""))
 
     def note(self, reason: str) -> None:
         with self._lock:
