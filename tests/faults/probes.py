@@ -254,7 +254,8 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
 
     # Data faults during training.
     def with_nan_audio(path, entries):
-        entries = entries[:-1] + [  # whole batches of 8 with it: no epoch leaves it out{"audio_filepath": str(nan_wav(tmp / "nan.wav")), "duration": 1.5, "text": "nan audio"}]
+        # Whole batches of 8 with it: no epoch leaves it out.
+        entries = entries[:-1] + [{"audio_filepath": str(nan_wav(tmp / "nan.wav")), "duration": 1.5, "text": "nan"}]
         path.write_text("".join(json.dumps(e) + "\n" for e in entries))
 
     values = manifests(cache, tmp / "nan_audio", train_lines=with_nan_audio)
