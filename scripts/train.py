@@ -63,16 +63,18 @@ def main(argv=None) -> dict:
     if args.host_devices:
         expose_host_devices(args.host_devices)
 
+    from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, start_mpi
+
+    start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
+    abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
+
     import jaxring
     import models
-    from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job
     from jaxring.engine import config as config_lib
     from jaxring.engine.checkpoint import CheckpointError
     from jaxring.engine.rundir import RunDirectoryError
     from jaxring.engine.trainer import Trainer
     from models.deepspeech2.data import DataError
-
-    abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
     try:
         config = models.load_config(args.config, args.overrides)
         world = jaxring.init()
