@@ -307,6 +307,16 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
         # The worker has no handler: its TimeoutError's traceback, then the abort, is the designed end.
         yield probe.expect(probe.code not in (None, 0) and "no answer from rank 1" in probe.output,
                            f"ended after {time.monotonic() - started:.0f} s, naming rank 1")
+    early = tmp / "early"
+    job = mpirun(2, train(early, cache)[1:], env=env)
+    while (pid := _rank_pid(early, 1)) is None and job.poll() is None:
+        time.sleep(0.01)
+    if pid is not None:
+        os.kill(pid, signal.SIGSTOP)  # while it imports, before MPI_Init
+    started = time.monotonic()
+    probe = Probe("SIGSTOP a rank of train.py before MPI_Init")
+    probe.code, probe.output = finish(job, 150)
+    yield probe.expect(probe.code not in (None, 0), f"ended after {time.monotonic() - started:.0f} s")
     seeds = tmp / "seeds"
     command = train(seeds, cache, "--set", "train.seed=0")
     job = mpirun(1, command[1:] + [":", "-np", "1", sys.executable] + train(seeds, cache, "--set", "train.seed=1")[1:],
@@ -314,6 +324,12 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
     probe = Probe("different train.seed per rank")
     probe.code, probe.output = finish(job, LIMIT_S)
     yield probe.expect_error("train.seed=0", "train.seed=1")
+
+
+def _rank_pid(workdir, rank):
+    from tests.faults.test_stuck_rank import rank_pid
+
+    return rank_pid(workdir, rank)
 
 
 def main(argv=None):
