@@ -57,3 +57,18 @@ def finish(process, timeout_s):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         return None, process.communicate()[0]
+
+
+def rank_pid(workdir: Path, rank: int) -> int | None:
+    """The pid of the train.py process of MPI rank `rank` writing to `workdir`, if it is running."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(workdir).encode() in command and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environment:
+            return int(entry.name)
+    return None

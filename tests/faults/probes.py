@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxring.engine.checkpoint import Checkpoints  # noqa: E402
 from models.deepspeech2.data import ensure_synthetic_corpus  # noqa: E402
-from tests.tiny_runs import CONFIG, TRAIN, finish, mpirun, tiny_overrides  # noqa: E402
+from tests.tiny_runs import CONFIG, TRAIN, finish, mpirun, rank_pid, tiny_overrides  # noqa: E402
 
 SCRIPTS = ROOT / "scripts"
 LIMIT_S = 240
@@ -309,7 +309,7 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
                            f"ended after {time.monotonic() - started:.0f} s, naming rank 1")
     early = tmp / "early"
     job = mpirun(2, train(early, cache)[1:], env=env)
-    while (pid := _rank_pid(early, 1)) is None and job.poll() is None:
+    while (pid := rank_pid(early, 1)) is None and job.poll() is None:
         time.sleep(0.01)
     if pid is not None:
         os.kill(pid, signal.SIGSTOP)  # while it imports, before MPI_Init
@@ -324,12 +324,6 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
     probe = Probe("different train.seed per rank")
     probe.code, probe.output = finish(job, LIMIT_S)
     yield probe.expect_error("train.seed=0", "train.seed=1")
-
-
-def _rank_pid(workdir, rank):
-    from tests.faults.test_stuck_rank import rank_pid
-
-    return rank_pid(workdir, rank)
 
 
 def main(argv=None):

@@ -14,27 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_runs import CONFIG, TRAIN, finish, mpirun, tiny_overrides
+from tests.tiny_runs import CONFIG, TRAIN, finish, mpirun, rank_pid, tiny_overrides
 
 TIMEOUT_S = 3
 # The roll call after the timeout (up to TIMEOUT_S), the abort and mpirun's teardown on a
 # shared 2-core machine.
 MARGIN_S = 45
-
-
-def rank_pid(workdir: Path, rank: int) -> int | None:
-    """The pid of the train.py process of MPI rank `rank` writing to `workdir`, if it is running."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
-            environment = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(workdir).encode() in command and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environment:
-            return int(entry.name)
-    return None
 
 
 def assert_ends_in_time(job, stopped: float, where: str) -> None:
