@@ -20,8 +20,10 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
+# A second `make train` needs TRAIN_FLAGS=--resume or TRAIN_FLAGS=--overwrite: a run is never deleted implicitly.
+TRAIN_FLAGS ?=
 train: $(VENV)/.installed
-	$(PY) scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny
+	$(PY) scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny $(TRAIN_FLAGS)
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_allreduce.py --json runs/bench_allreduce.json

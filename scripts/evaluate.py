@@ -3,6 +3,10 @@
     python scripts/evaluate.py --workdir runs/ds2_tiny                    # test split of its corpus
     python scripts/evaluate.py --workdir runs/ds2_tiny --manifest other.jsonl
     python scripts/evaluate.py --workdir runs/ds2_tiny --beam-width 16 --lm runs/ds2_tiny/lm.arpa --alpha 0.5 --beta 1
+
+Each manifest line or audio file that cannot be scored gets one line on
+stderr naming it and why; the others are still scored, and the exit status
+is then 1.
 """
 
 import argparse
@@ -26,18 +30,30 @@ def main(argv=None) -> dict:
     add_decoder_flags(parser)
     args = parser.parse_args(argv)
 
+    import dataclasses
+
     import models
+    from jaxring.engine.checkpoint import CheckpointError
     from models.deepspeech2 import decoding
+    from models.deepspeech2.data import DataError, Problems
 
     try:
         config, task, variables, step = models.load_run(args.workdir, args.checkpoint)
         decoder, described = decoder_of(args, config)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")
+    task.data = dataclasses.replace(task.data, max_unusable_share=1.0)  # score every usable utterance
     manifest = args.manifest or task.manifests[args.split]
-    result = decoding.score_manifest(task, variables, manifest, args.batch_size or config.eval.batch_size, decoder)
-    result = {**result, "step": step, "manifest": str(manifest), **described}
+    problems = Problems(on_skip=lambda line: print(f"skipped {line}", file=sys.stderr, flush=True))
+    batch_size = args.batch_size or config.eval.batch_size
+    try:
+        result = decoding.score_manifest(task, variables, manifest, batch_size, decoder, problems)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    result = {**result, "step": step, "manifest": str(manifest), "skipped": len(problems.unusable), **described}
     print(json.dumps(result))
+    if problems.unusable:
+        sys.exit(f"error: {len(problems.unusable)} entries of {manifest} could not be scored ({problems.summary()})")
     return result
 
 

@@ -3,10 +3,13 @@
     python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny
     python scripts/train.py --config configs/ds2_tiny.yaml --set optim.learning_rate=1e-3 --allreduce psum
     python scripts/train.py --workdir runs/ds2_tiny --resume
+    python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny --overwrite
     mpirun -np 2 python -m mpi4py scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/mpi
 
 The run directory gets config.yaml (the resolved config), metrics.jsonl,
-summary.json, checkpoints/, plots/ and TensorBoard events.
+summary.json, data_report.json, checkpoints/, plots/ and TensorBoard events.
+A directory that holds checkpoints needs --resume or --overwrite
+(jaxring/engine/rundir.py). Under mpirun, an error on any process ends the job.
 """
 
 import argparse
@@ -24,7 +27,11 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=Path, help="run directory (default: runs/<config name>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in WORKDIR")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest intact checkpoint in WORKDIR (none: start fresh)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a WORKDIR that holds a run; its files are deleted once the new run "
+                        "has written its first checkpoint")
     parser.add_argument("--allreduce", choices=["ring", "psum"],
                         help="gradient all-reduce: jaxring's ring or jax.lax.pmean (same as --set train.allreduce=...)")
     parser.add_argument("--host-devices", type=int,
@@ -33,6 +40,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.config is None and not (args.resume and args.workdir):
         parser.error("give --config, or --workdir with --resume to continue a run with its saved config")
+    if args.resume and args.overwrite:
+        parser.error("give --resume or --overwrite, not both")
     if args.workdir is None:
         args.workdir = ROOT / "runs" / args.config.stem
     if args.config is None:
@@ -54,20 +63,29 @@ def main(argv=None) -> dict:
     if args.host_devices:
         expose_host_devices(args.host_devices)
 
+    from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, start_mpi
+
+    start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
+    abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
+
     import jaxring
     import models
     from jaxring.engine import config as config_lib
+    from jaxring.engine.checkpoint import CheckpointError
     from jaxring.engine.metrics import write_json
+    from jaxring.engine.rundir import RunDirectoryError
     from jaxring.engine.trainer import Trainer
     from models.deepspeech2 import decoding
+    from models.deepspeech2.data import DataError
 
     try:
         config = models.load_config(args.config, args.overrides)
-    except config_lib.ConfigError as e:
-        sys.exit(f"error: {e}")
-    world = jaxring.init()
-    task = models.build_task(config)
-    summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume)
+        world = jaxring.init()
+        task = models.build_task(config)
+        summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume, overwrite=args.overwrite)
+    except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,
+            TimeoutError) as e:
+        exit_job(f"error: {e}")
     if world.rank == 0:
         if config.decode.beam_width and "test_cer" in summary:
             summary.update(decoding.lm_test_scores(task, config, args.workdir))

@@ -2,6 +2,9 @@
 
     python scripts/transcribe.py --workdir runs/ds2_tiny a.flac b.wav
     python scripts/transcribe.py --workdir runs/ds2_tiny --beam-width 16 --lm runs/ds2_tiny/lm.arpa a.flac
+
+A file that cannot be used gets one line on stderr naming it and why; the
+others are still transcribed, and the exit status is then 1.
 """
 
 import argparse
@@ -21,23 +24,34 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
     add_decoder_flags(parser)
     args = parser.parse_args(argv)
-    missing = [path for path in args.audio if not Path(path).is_file()]
-    if missing:
-        sys.exit(f"error: no such audio file: {', '.join(missing)}")
 
     import models
+    from jaxring.engine.checkpoint import CheckpointError
+    from models.deepspeech2.data import DataError
 
     try:
         config, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
         decoder, _ = decoder_of(args, config)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")
     if decoder is not None:
         task.decoder = decoder
-    transcripts = task.transcribe(variables, args.audio)
-    for text in transcripts:
-        print(text)
-    return transcripts
+    errors = {}
+    for path in args.audio:
+        try:
+            task.audio_features(path)
+        except DataError as e:
+            errors[path] = str(e)
+    usable = [path for path in args.audio if path not in errors]
+    transcripts = dict(zip(usable, task.transcribe(variables, usable) if usable else []))
+    for path in args.audio:
+        if path in errors:
+            print(f"error: {errors[path]}", file=sys.stderr, flush=True)
+        else:
+            print(transcripts[path], flush=True)
+    if errors:
+        sys.exit(1)
+    return [transcripts[path] for path in args.audio]
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ they pass different shapes. So each jaxring collective first exchanges a
 16-byte digest of its arguments with a non-blocking allgather, polled against
 a deadline: a process that never arrives turns into a TimeoutError, a
 mismatch into a ValueError on every process naming the ranks and arguments.
+A wait that expires (here or in the exchange that follows, jaxring/collectives/mpi.py)
+ends in a roll call, so that the TimeoutError names the processes that did
+not answer.
 """
 
 import hashlib
@@ -15,6 +18,10 @@ import numpy as np
 from jaxring.collectives import timeout as timeout_lib
 
 _SPIN_S = 0.05
+# The roll call after a timeout waits this long (at most the timeout itself) for
+# the others, which meet their own deadlines at about the same moment.
+ROLL_CALL_S = 5.0
+_ROLL_CALL_TAG = 0x6A72  # point-to-point, so it never matches the collectives on the same communicator
 
 
 def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> None:
@@ -54,11 +61,37 @@ def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:
     while not request.Test():
         now = time.monotonic()
         if now > deadline:
-            raise TimeoutError(
-                f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s "
-                "and not every process arrived. One of them skipped this call, died or is "
-                f"stuck; the limit is set by timeout=, jaxring.set_default_timeout or ${timeout_lib.ENV}. The processes are "
-                "now out of step: end the job (python -m mpi4py aborts it on an uncaught "
-                "exception)."
-            )
+            raise timeout_error(comm, what, timeout)
         time.sleep(0 if now - start < _SPIN_S else 1e-3)
+
+
+def timeout_error(comm, what: str, timeout: float) -> TimeoutError:
+    """The TimeoutError of a wait on `comm` that expired, naming the processes a roll call did not reach."""
+    missing = missing_ranks(comm, min(timeout, ROLL_CALL_S))
+    who = (
+        f"no answer from {'rank' if len(missing) == 1 else 'ranks'} {', '.join(map(str, missing))}"
+        if missing else "every process answered the roll call after it, so one of them is late rather than gone"
+    )
+    return TimeoutError(
+        f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s and not every "
+        f"process arrived; {who} (stopped, dead, or in another call). The limit is set by timeout=, "
+        f"jaxring.set_default_timeout or ${timeout_lib.ENV}. The processes are now out of step: the "
+        "job must end (scripts/train.py aborts it on an uncaught exception, as python -m mpi4py does)."
+    )
+
+
+def missing_ranks(comm, grace: float) -> list[int]:
+    """The other ranks of `comm` that do not answer within `grace` s, every rank calling this on a timeout."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    others = [r for r in range(size) if r != rank]
+    token = np.array([rank], np.int32)
+    for r in others:
+        comm.Isend(token, dest=r, tag=_ROLL_CALL_TAG)  # one int: sent eagerly, never waited for
+    answers = {r: comm.Irecv(np.empty(1, np.int32), source=r, tag=_ROLL_CALL_TAG) for r in others}
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and not all(request.Test() for request in answers.values()):
+        time.sleep(1e-3)
+    missing = [r for r, request in answers.items() if not request.Test()]
+    for r in missing:
+        answers[r].Cancel()  # no answer will come: MPI_Finalize must not wait for one
+    return missing

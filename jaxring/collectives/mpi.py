@@ -22,12 +22,13 @@ MPI4JAX_USE_CUDA_MPI=1 in every process's environment (mpi4jax reads it at
 its first GPU call) and MPI reads and writes device memory directly.
 """
 
-import concurrent.futures
 import functools
 import json
 import math
 import os
 import pathlib
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +70,9 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
         this size). Only the cross-process step differs; with one process all
         three are the local ring all-reduce.
       timeout: seconds (inf: no limit) that every process waits for the
-        others, at the agreement before the exchange and in the local rings,
-        before raising TimeoutError; default jaxring.default_timeout().
+        others, at the agreement before the exchange, in the exchange itself
+        and in the local rings, before raising TimeoutError naming the
+        processes that did not answer; default jaxring.default_timeout().
 
     Returns:
       `x`'s structure of arrays of its leaves' shapes, sharded over the local
@@ -79,7 +81,8 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
       accumulated in float32, int32 exactly in int32. Each leaf is its own
       collective: fuse small leaves first (jaxring.collectives.fusion) where that matters.
 
-    Call it outside jit, between pmapped steps. GPU arrays go through host
+    Call it outside jit, between pmapped steps; it returns once the
+    cross-process exchange is done. GPU arrays go through host
     memory around each MPI call unless MPI4JAX_USE_CUDA_MPI=1 is set with a
     CUDA-aware MPI (see the module docstring).
     """
@@ -105,14 +108,16 @@ def _global_allreduce_leaf(x, op, algorithm, timeout, world):
     if world.size == 1 or x.size == 0:  # nothing crosses processes
         return _local_allreduce(world.local_devices, op, timeout)(x)
     divisor = world.n_devices if op == "mean" else 1
+    what = f"global_allreduce of {jnp.dtype(x.dtype).name}{list(x.shape)}"
     if len(world.local_devices) == 1:  # the local ring would only copy
-        return _across_processes(world, 0, algorithm, divisor)(jax.device_put(x, world.local_devices[0]))
+        shard = jax.device_put(x, world.local_devices[0])
+        return _exchange(world, [lambda: _across_processes(world, 0, algorithm, divisor)(shard)], what, timeout)[0]
     shards = _local_reduce_scatter(world.local_devices, timeout)(x)
-    reduced = _map_devices(
-        world,
-        lambda i, shard: _across_processes(world, i, algorithm, divisor)(shard),
-        [s.data for s in shards.addressable_shards],
-    )
+    exchanges = [
+        functools.partial(_across_processes(world, i, algorithm, divisor), s.data)
+        for i, s in enumerate(shards.addressable_shards)
+    ]
+    reduced = _exchange(world, exchanges, what, timeout)
     reduced = jax.make_array_from_single_device_arrays(shards.shape, shards.sharding, reduced)
     return _local_all_gather(world.local_devices, x.shape[1:], timeout)(reduced)
 
@@ -162,16 +167,34 @@ def _check_leaf(x, world):
         )
 
 
-def _map_devices(world, fn, shards):
-    """[fn(i, shards[i])] with one thread per local device, since each call blocks in MPI."""
-    if len(shards) == 1:
-        return [fn(0, shards[0])]
-    return list(_pool(world).map(fn, range(len(shards)), shards))
+def _exchange(world, exchanges, what: str, timeout: float | None) -> list:
+    """[exchange() done] for each local device's exchange, all at once, within the timeout.
 
+    Each runs in a daemon thread of its own, as each blocks in MPI until the
+    other processes take part; a process that never does leaves the threads
+    blocked, and the TimeoutError (after a roll call naming it) says to end the job.
+    """
+    seconds = timeout_lib.resolve(timeout)
+    results = [None] * len(exchanges)
+    errors = []
 
-@functools.cache
-def _pool(world):
-    return concurrent.futures.ThreadPoolExecutor(len(world.local_devices), "jaxring-mpi")
+    def run(i):
+        try:
+            results[i] = jax.block_until_ready(exchanges[i]())
+        except BaseException as e:  # handed to the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"jaxring-mpi-{i}", daemon=True) for i in range(len(exchanges))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(None if math.isinf(seconds) else max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            raise agreement.timeout_error(world.comm, f"{what}, in the exchange across processes", seconds)
+    if errors:
+        raise errors[0]
+    return results
 
 
 @functools.cache

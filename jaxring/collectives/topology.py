@@ -23,6 +23,8 @@ import functools
 import jax
 from mpi4py import MPI
 
+from jaxring.collectives import agreement
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class World:
@@ -64,6 +66,9 @@ def init() -> World:
     Later calls return the same World.
     """
     world = MPI.COMM_WORLD
+    # Every process arrives within the timeout, or a TimeoutError names those that did not,
+    # rather than the blocking collectives below waiting forever.
+    agreement.agree(world, "jaxring.init", "joining")
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = node.Get_rank(), node.Get_size()
     node.Free()

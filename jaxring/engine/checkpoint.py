@@ -1,18 +1,25 @@
-"""Checkpoints: one file per step, written atomically; keeps the last N and the best.
+"""Checkpoints: one verified file per step, written atomically; keeps the last N and the best.
 
 A checkpoint holds a pytree of arrays (model, optimizer, RNG) serialised with
-flax's msgpack, and a JSON-serialisable `extra` dict (data position, step
-counters). Each file is written under a temporary name, fsynced and renamed
-into place, so a run killed mid-save still has its previous checkpoint. The
-best step by a dev metric (lower is better) is recorded in best.json and is
+flax's msgpack, and a JSON-serialisable `extra` dict (data position, the
+step's metrics row). The file wraps that payload with the SHA-256 of its
+bytes and the fact that every floating-point array in it is finite: state
+that is not finite is never written, and a file whose bytes no longer match
+(truncated, bit-flipped) is named and skipped for the newest intact one.
+Each file is written under a temporary name, fsynced, renamed into place and
+read back, so a run killed mid-save still has its previous checkpoint and
+pruning never removes the newest verified one. The best step by a dev
+metric (lower is better) is recorded, with those metrics, in best.json and is
 never pruned.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,22 @@ import jax
 import numpy as np
 
 _NAME = re.compile(r"^step_(\d{9})\.msgpack$")
+# Version 2: {"format", "sha256", "finite", "payload"}; the payload is the msgpack of {"state", "extra"}.
+_FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be trusted: damaged, incomplete or from another format."""
+
+
+def _non_finite_leaves(state_dict) -> list[str]:
+    """Paths of the floating-point arrays of `state_dict` holding a NaN or an infinity."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state_dict)[0]:
+        array = np.asarray(leaf)
+        if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+            bad.append(jax.tree_util.keystr(path))
+    return bad
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -52,14 +75,6 @@ class Checkpoints:
         for stale in self.directory.glob("*.tmp"):
             stale.unlink()
 
-    def clear(self) -> int:
-        """Deletes every checkpoint and the best record (a fresh run in an old directory); returns how many."""
-        steps = self.steps()
-        for step in steps:
-            self.path(step).unlink()
-        (self.directory / "best.json").unlink(missing_ok=True)
-        return len(steps)
-
     def path(self, step: int) -> Path:
         return self.directory / f"step_{step:09d}.msgpack"
 
@@ -78,44 +93,107 @@ class Checkpoints:
         return json.loads(path.read_text()) if path.exists() else None
 
     def save(self, step: int, state: Any, extra: dict, metrics: dict | None = None) -> Path:
-        """Writes `state` and `extra` for `step`; `metrics` may make it the new best."""
-        payload = {
-            "state": flax.serialization.to_state_dict(state),
-            "extra": json.dumps(extra),
-        }
+        """Writes `state` and `extra` for `step`; `metrics` may make it the new best.
+
+        Raises FloatingPointError, writing nothing, if a floating-point array of
+        `state` is not finite.
+        """
+        state_dict = flax.serialization.to_state_dict(state)
+        if bad := _non_finite_leaves(state_dict):
+            raise FloatingPointError(
+                f"not saving the checkpoint of step {step}: {', '.join(bad[:5])} hold NaN or infinity "
+                "(the training diverged; the checkpoints already written are intact)"
+            )
+        payload = flax.serialization.msgpack_serialize({"state": state_dict, "extra": json.dumps(extra)})
+        wrapped = {"format": _FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "finite": True, "payload": payload}
         path = self.path(step)
         self.directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, flax.serialization.msgpack_serialize(payload))
+        _atomic_write(path, flax.serialization.msgpack_serialize(wrapped))
+        self._verify(path)  # read back: pruning below relies on this file being intact
+        self.update_best(step, metrics)
+        self._prune(keep_also=step)
+        return path
+
+    def update_best(self, step: int, metrics: dict | None) -> None:
+        """Makes `step` the best checkpoint if its `metrics` beat the record (or it holds the record).
+
+        Also called on resume with the metrics saved in the checkpoint, for a run
+        stopped between writing a checkpoint and its best.json.
+        """
         value = (metrics or {}).get(self.best_metric) if self.best_metric else None
         best = self.best()
         if value is not None and (best is None or value < best["value"] or best["step"] == step):
-            record = {"step": step, "metric": self.best_metric, "value": float(value)}
+            record = {"step": step, "metric": self.best_metric, "value": float(value), "metrics": metrics}
             _atomic_write(self.directory / "best.json", json.dumps(record).encode())
-        self._prune()
-        return path
 
-    def _prune(self) -> None:
+    def _prune(self, keep_also: int) -> None:
         best = self.best()
-        protected = set(self.steps()[-self.keep :]) | ({best["step"]} if best else set())
+        protected = set(self.steps()[-self.keep :]) | {keep_also} | ({best["step"]} if best else set())
         for step in self.steps():
             if step not in protected:
                 self.path(step).unlink()
 
     def read(self, step: int | None = None) -> tuple[dict, dict]:
-        """(state as nested dicts of numpy arrays, extra) of `step` (default: the latest)."""
-        if step is None:
-            step = self.latest()
-            if step is None:
-                raise FileNotFoundError(f"no checkpoint in {self.directory}; train a model there first")
-        path = self.path(step)
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
-        payload = flax.serialization.msgpack_restore(path.read_bytes())
-        return payload["state"], json.loads(payload["extra"])
+        """(state as nested dicts of numpy arrays, extra) of `step`, verified.
+
+        Default: the newest intact checkpoint; each damaged newer one is named
+        on stderr and skipped. A damaged `step` asked for by number raises
+        CheckpointError.
+        """
+        if step is not None:
+            path = self.path(step)
+            if not path.exists():
+                raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
+            return self._verify(path)
+        steps = self.steps()
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}; train a model there first")
+        damaged = []
+        for candidate in reversed(steps):
+            try:
+                return self._verify(self.path(candidate))
+            except CheckpointError as e:
+                damaged.append(str(e))
+                print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr, flush=True)
+        raise CheckpointError(f"no intact checkpoint in {self.directory}: " + "; ".join(damaged))
+
+    def read_preferred(self, step: int | None) -> tuple[dict, dict]:
+        """read(step), or if that checkpoint is damaged (named on stderr), the newest intact one."""
+        try:
+            return self.read(step)
+        except CheckpointError as e:
+            print(f"warning: {e}; using the newest intact checkpoint instead", file=sys.stderr, flush=True)
+            return self.read()
+
+    def _verify(self, path: Path) -> tuple[dict, dict]:
+        """(state dict, extra) of the checkpoint file at `path`, or CheckpointError naming it and what is wrong."""
+        try:
+            wrapped = flax.serialization.msgpack_restore(path.read_bytes())
+        except Exception as e:  # msgpack raises several unrelated types for damaged bytes
+            raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__}: {e})") from None
+        if not isinstance(wrapped, dict) or wrapped.get("format") != _FORMAT:
+            raise CheckpointError(
+                f"checkpoint {path} is not a verified checkpoint of format {_FORMAT} "
+                "(damaged, or written by an older jaxring)"
+            )
+        payload = wrapped.get("payload")
+        if not isinstance(payload, bytes) or hashlib.sha256(payload).hexdigest() != wrapped.get("sha256"):
+            raise CheckpointError(f"checkpoint {path} is damaged: its bytes do not match the SHA-256 recorded in it")
+        try:
+            inner = flax.serialization.msgpack_restore(payload)
+            state, extra = inner["state"], json.loads(inner["extra"])
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {path} holds an unreadable payload ({type(e).__name__}: {e})") from None
+        if not wrapped.get("finite") or _non_finite_leaves(state):
+            raise CheckpointError(f"checkpoint {path} holds non-finite values")
+        return state, extra
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """(state shaped like `target`, extra) of `step` (default: the latest)."""
-        state_dict, extra = self.read(step)
+        """(state shaped like `target`, extra) of `step` (default: the newest intact one).
+
+        A damaged `step` falls back to the newest intact checkpoint, named on stderr.
+        """
+        state_dict, extra = self.read_preferred(step)
         state = flax.serialization.from_state_dict(target, state_dict)
         return _check_shapes(target, state), extra
 
@@ -136,7 +214,10 @@ def _check_shapes(target, state):
 
 
 def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict, int]:
-    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step."""
+    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step.
+
+    "best" falls back to the newest intact checkpoint when the best one is damaged.
+    """
     checkpoints = Checkpoints(Path(workdir) / "checkpoints")
     if checkpoint == "best":
         step = (checkpoints.best() or {}).get("step")
@@ -144,5 +225,5 @@ def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict,
         step = None
     else:
         step = int(checkpoint)
-    state, _ = checkpoints.read(step)
+    state, _ = checkpoints.read_preferred(step) if checkpoint == "best" else checkpoints.read(step)
     return {"params": state["params"], **state["model_state"]}, int(state["step"])

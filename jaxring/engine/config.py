@@ -55,6 +55,10 @@ class TrainConfig:
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.log_every", self.log_every)
+        _check_positive("train.bucket_bytes", self.bucket_bytes)
+        _check_positive("train.epochs", self.epochs, "leave at least one step")
+        if self.max_steps is not None:
+            _check_positive("train.max_steps", self.max_steps, "leave at least one step, or null for no limit")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +87,12 @@ class EvalConfig:
     max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
 
+    def __post_init__(self):
+        _check_not_negative("eval.every_steps", self.every_steps)
+        _check_positive("eval.batch_size", self.batch_size)
+        if self.max_utterances is not None:
+            _check_positive("eval.max_utterances", self.max_utterances, "or null to score the whole dev split")
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
@@ -91,6 +101,7 @@ class CheckpointConfig:
     best_metric: str | None = None  # dev metric that picks the best checkpoint (lower is better); null: the task's
 
     def __post_init__(self):
+        _check_not_negative("checkpoint.every_steps", self.every_steps)
         _check_positive("checkpoint.keep", self.keep)
 
 
@@ -109,9 +120,14 @@ def _check_choice(name, value, choices):
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def _check_positive(name, value):
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive; got {value!r}")
+def _check_positive(name, value, hint=""):
+    if not value > 0:  # also refuses NaN
+        raise ConfigError(f"{name} must be positive{f' ({hint})' if hint else ''}; got {value!r}")
+
+
+def _check_not_negative(name, value):
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 (off) or a positive number of steps; got {value!r}")
 
 
 def closest_key(key: str, valid) -> str | None:
@@ -316,11 +332,30 @@ def resolve_paths(config: Config, base: str | Path) -> Config:
 
 
 def _read(path: str | Path) -> Any:
+    """The parsed YAML mapping at `path`: a file that is missing, not YAML, empty or not a mapping is an error."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = " ".join(filter(None, (e.context, e.problem)))
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a YAML file ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, Mapping):
+        raise _not_a_config(path, "an empty file" if raw is None else repr(raw)[:80])
+    return raw
+
+
+def _not_a_config(path, got: str) -> ConfigError:
+    return ConfigError(
+        f"{path}: a config is a YAML mapping with `{TASK_KEY}: NAME` and at least one section "
+        f"({', '.join(ENGINE_SECTIONS)}, and the task's); got {got}"
+    )
 
 
 def task_name(path: str | Path) -> str:
@@ -339,6 +374,8 @@ def load(path: str | Path, task_sections: Mapping[str, type], overrides=(), path
     `paths_relative_to`; None leaves them relative to the current directory.
     """
     raw = _read(path)
+    if not set(raw) - {TASK_KEY}:
+        raise _not_a_config(path, repr(dict(raw))[:80])
     try:
         config = build(raw, task_sections, overrides)
     except ConfigError as e:

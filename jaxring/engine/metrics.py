@@ -29,12 +29,17 @@ class RunLog:
 
     On resume from step S the rows after S are dropped (the resumed run
     writes them again), so the file reads as if the run had never stopped.
+    Row S itself is `resumed_row`, the one saved in S's checkpoint, when given:
+    a run stopped between writing the checkpoint and the row loses neither.
     """
 
-    def __init__(self, workdir: str | Path, resume_step: int | None = None):
+    def __init__(self, workdir: str | Path, resume_step: int | None = None, resumed_row: dict | None = None):
         self.workdir = Path(workdir)
         self.path = self.workdir / "metrics.jsonl"
-        kept = [row for row in self.rows() if row["step"] <= resume_step] if resume_step is not None else []
+        kept = []
+        if resume_step is not None:
+            kept = [row for row in self.rows() if row["step"] < resume_step]
+            kept += [resumed_row] if resumed_row else [row for row in self.rows() if row["step"] == resume_step]
         self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
         self._file = open(self.path, "a")
         purge = None if resume_step is None else resume_step + 1

@@ -11,6 +11,10 @@ from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 import jax
 
 AXIS = "batch"  # the pmapped axis: local devices
+# A batch may hold, under this key, a list naming where each of its examples came
+# from (file paths); the engine takes it out before the step and names them when
+# the step's loss is not finite.
+SOURCES = "sources"
 
 
 class Shard(NamedTuple):
@@ -66,3 +70,10 @@ class Task(Protocol):
     def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches: ...
 
     def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]: ...
+
+    # Optional: a task with data files should also have
+    #   check_data(self) -> dict
+    # which reads every split before the first step, raises ValueError naming
+    # what makes a split unusable, and returns a JSON-serialisable report by
+    # split of what it skipped, each with a one-line "summary" (the trainer
+    # prints those and writes the report to WORKDIR/data_report.json).

@@ -10,6 +10,8 @@ run writes to its directory. The gradient all-reduce is the `sync` object's
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import math
 import time
 from pathlib import Path
@@ -21,14 +23,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxring.collectives import agreement
 from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
+from jaxring.engine import rundir
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.optim import learning_rate_schedule, make_optimizer
 from jaxring.engine.progress import Progress
 from jaxring.engine.sync import make_sync
-from jaxring.engine.task import AXIS, Shard, Task
+from jaxring.engine.task import AXIS, SOURCES, Shard, Task
 
 # Timings of the sync alone at start-up, of which the median is kept: the
 # all-reduce share of a step is that over the measured step time, with no
@@ -71,6 +75,12 @@ def pad_batch(batch: dict, size: int) -> dict:
     return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
 
 
+def split_sources(batch: dict) -> tuple[dict, list[str]]:
+    """(the batch's arrays, the names of its examples' sources, if the task gives them)."""
+    arrays = dict(batch)
+    return arrays, list(arrays.pop(SOURCES, []))
+
+
 def batch_rows(batch: dict) -> int:
     return len(jax.tree_util.tree_leaves(batch)[0])
 
@@ -94,6 +104,7 @@ def sum_across_processes(counts: dict[str, float], comm) -> dict[str, float]:
     """`counts` summed over the processes of MPI communicator `comm` (None: this process only)."""
     if comm is None:
         return counts
+    agreement.agree(comm, "the sum of evaluation counts", "counts")  # every process arrives, within the timeout
     keys = sorted(set().union(*comm.allgather(set(counts))))
     totals = comm.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64))  # elementwise sum
     return dict(zip(keys, totals.tolist()))
@@ -111,6 +122,7 @@ def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices:
     """
     counts = collections.defaultdict(float)
     for batch in batches:
+        batch, _ = split_sources(batch)
         rows = batch_rows(batch)
         padded = pad_batch(batch, math.ceil(rows / n_devices) * n_devices)
         outputs = predict(variables, split_for_devices(padded, n_devices))
@@ -163,6 +175,7 @@ class Trainer:
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
+        self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
 
     # -- state
 
@@ -237,32 +250,62 @@ class Trainer:
         shown = [f"{k} {100 * v:.2f}%" if k in percent else f"{k} {v:g}" for k, v in result.items()]
         return ", ".join(shown)
 
-    def save(self, state: TrainState, metrics: dict | None = None) -> None:
+    def save(self, state: TrainState, metrics: dict | None = None, row: dict | None = None) -> None:
+        """Checkpoints `state` with `row`, its metrics.jsonl row, so that a resume writes that row again."""
+        self._check_losses()  # a diverged step names its batch before any checkpoint is written
         if self.comm is not None:
             check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
         host_state = unreplicate(state)
         step = int(host_state.step)
-        extra = {"batches": self.batches.state(), THROUGHPUT_KEY: self.throughput.totals()}
+        row = row if row is not None and len(row) > 1 else None
+        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals()}
         path = self.checkpoints.save(step, host_state, extra, metrics)
+        rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
         best = self.checkpoints.best() if metrics else None
         note = f", the best so far by dev {best['metric']}" if best and best["step"] == step else ""
         self.progress.status(f"saved the checkpoint of step {step} ({path}{note})")
 
     def restore(self, template: TrainState) -> tuple[TrainState, dict]:
-        """(state, extra) of the latest checkpoint, with the batches moved to its data position."""
-        step = self.checkpoints.latest()
-        state, extra = self.checkpoints.restore(template, step)
+        """(the newest intact checkpoint's state, its extra: data position, metrics.jsonl row, throughput)."""
+        state, extra = self.checkpoints.restore(template)
         self.batches.restore(extra["batches"])
+        if self.rank == 0:
+            self.checkpoints.update_best(int(state.step), extra.get("metrics"))
         return state, extra
+
+    def check_before_training(self) -> dict | None:
+        """Collective: every process runs the same config; the task's data check (its report, or None)."""
+        if self.comm is not None:
+            resolved = json.dumps(self.config.to_dict(), sort_keys=True)
+            digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+            try:
+                agreement.agree(self.comm, "the training config", f"train.seed={self.config.train.seed} config {digest}")
+            except ValueError as e:  # processes given different configs: a config error, on every process
+                raise config_lib.ConfigError(str(e)) from None
+        check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
+        return check_data() if check_data else None
+
+    def _check_losses(self) -> None:
+        """Raises FloatingPointError at the first non-finite loss of the steps not yet checked.
+
+        Checked at log rows and checkpoints only, so that steps stay dispatched asynchronously.
+        """
+        for step, loss, sources in self._unchecked_losses:
+            value = float(np.asarray(loss)[0])
+            if not math.isfinite(value):
+                named = f" on a batch of {', '.join(sources[:8])}{' ...' if len(sources) > 8 else ''}" if sources else ""
+                raise FloatingPointError(
+                    f"loss is {value} at step {step}{named}; no checkpoint of this step or later is written. "
+                    "Check those inputs, or lower optim.learning_rate or set optim.clip_norm"
+                )
+        self._unchecked_losses.clear()
 
     # -- the loop
 
     def _log_row(self, step: int, out: dict, examples: int, elapsed: float, steps: int, sync_s: float) -> dict:
         loss = float(out["loss"][0])
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step}; lower optim.learning_rate or set optim.clip_norm")
         step_s = elapsed / steps
         return {
             "step": step,
@@ -280,30 +323,38 @@ class Trainer:
         """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
         best = self.checkpoints.best() if self.rank == 0 else None
         if self.comm is not None:
+            agreement.agree(self.comm, "the best step", "best")  # every process arrives, within the timeout
             best = self.comm.bcast(best, root=0)
         return None if best is None else best["step"]
 
-    def fit(self, resume: bool = False) -> dict:
-        """Trains to the end, evaluates and writes the run directory; returns the summary."""
+    def fit(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """Trains to the end, evaluates and writes the run directory; returns the summary.
+
+        `resume` / `overwrite`: what to do with a run already in the directory
+        (jaxring/engine/rundir.py); without either, such a directory is an error.
+        """
         cfg = self.config
         lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
+        resume = rundir.take_over(self.workdir, self.checkpoints.steps(), resume, overwrite, lead)
+        data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
+        resumed_row = None
         if resume:
-            if self.checkpoints.latest() is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.checkpoints.directory}")
             state, extra = self.restore(state)
+            resumed_row = extra.get("row")
             # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
             self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         start = int(state.step)
         if lead:
             self.checkpoints.discard_partial()
-            if not resume and (removed := self.checkpoints.clear()):
-                print(f"fresh run: removed {removed} old checkpoints from {self.checkpoints.directory} "
-                      "(--resume continues from them instead)", flush=True)
             config_lib.save(cfg, self.workdir / "config.yaml")
-            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None)
+            if data_report is not None:
+                metrics_lib.write_json(self.workdir / "data_report.json", data_report)
+                for split in data_report.values():
+                    print(f"data {split['summary']}", flush=True)
+            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None, resumed_row=resumed_row)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)
             self.progress.status(
                 f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
@@ -322,19 +373,21 @@ class Trainer:
         batches = iter(self.batches)
         self.throughput.start()
         for step in range(start + 1, self.total_steps + 1):
-            batch = next(batches)
+            batch, sources = split_sources(next(batches))
             global_rows = batch_rows(batch) * self.world_size
             examples += global_rows
             self.throughput.add(global_rows)
             if step == start + 1:
                 self.progress.status("compiling the training step (the first step runs when it is compiled)")
             state, out = self.train_step(state, batch)
+            self._unchecked_losses.append((step, out["loss"], sources))
             if step == start + 1:
                 jax.block_until_ready(out)
                 self.progress.status(f"first step compiled and run in {time.perf_counter() - window_start:.1f} s")
             window_steps += 1
             row = {"step": step}
             if step % cfg.train.log_every == 0 or step == self.total_steps:
+                self._check_losses()
                 jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
                 elapsed = time.perf_counter() - window_start
                 row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
@@ -344,9 +397,9 @@ class Trainer:
             if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
                 dev = self.evaluate(state, "dev")
                 row.update({f"dev_{k}": v for k, v in dev.items()})
-                self.save(state, dev)
+                self.save(state, dev, row)
             elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                self.save(state)
+                self.save(state, row=row)
             if len(row) > 1:
                 last.update(row)
                 if lead:
@@ -361,7 +414,7 @@ class Trainer:
         dev = self.evaluate(state, "dev")
         row.update({f"dev_{k}": v for k, v in dev.items()})
         last.update(row)
-        self.save(state, dev)
+        self.save(state, dev, row)
         summary = {
             "steps": self.total_steps,
             "epochs": self.total_steps / self.batches.steps_per_epoch,

@@ -70,8 +70,11 @@ def beam_decoder(beam_width: int, lm: ArpaLM | None, alpha: float, beta: float):
                              alpha=alpha if lm is not None else 0.0, beta=beta)
 
 
-def score_manifest(task, variables, manifest: str, batch_size: int, decoder=None) -> dict:
-    """CER, WER and utterances of `manifest` decoded by `decoder` (default: the task's own)."""
+def score_manifest(task, variables, manifest: str, batch_size: int, decoder=None, problems=None) -> dict:
+    """CER, WER and utterances of `manifest` decoded by `decoder` (default: the task's own).
+
+    `problems`: where unusable entries are counted (a data.Problems; default: a new one).
+    """
     # Imported here: the trainer imports mpi4py, which starts MPI, and the task
     # (which imports this module) must load without it.
     from jaxring.engine.trainer import evaluate, make_predict, replicate
@@ -79,7 +82,7 @@ def score_manifest(task, variables, manifest: str, batch_size: int, decoder=None
     if decoder is not None:
         task = copy.copy(task)
         task.decoder = decoder
-    batches = task.manifest_batches(manifest, batch_size, Shard(0, 1))
+    batches = task.manifest_batches(manifest, batch_size, Shard(0, 1), problems=problems)
     devices = jax.local_devices()
     return evaluate(task, make_predict(task), replicate(variables, devices), batches, len(devices))
 

@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxring.engine.config import ConfigPath
-from jaxring.engine.task import AXIS, MetricNames, Shard
+from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.augment import AugmentConfig, augment
+from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
+from models.deepspeech2.data import Problems, featurize, read_audio, read_manifest
+from models.deepspeech2.data import problems as P
 from models.deepspeech2.decoding import DecodeConfig
-from models.deepspeech2.data import BatchIterator, SpeechDataset, ensure_synthetic_corpus, featurize, read_audio
-from models.deepspeech2.data import read_manifest
 
 SPLITS = ("train", "dev", "test")
 
@@ -43,6 +44,7 @@ class DataConfig:
     dev_manifest: ConfigPath | None = None
     test_manifest: ConfigPath | None = None
     max_duration: float | None = None  # seconds; longer training utterances are skipped
+    max_unusable_share: float = 0.1  # a split with more unusable utterances than this stops the run (1: never)
     sortagrad: bool = True  # first epoch in increasing length
     pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)
     pad_labels_to: int = 16
@@ -63,6 +65,9 @@ class DataConfig:
             missing = [key for key in split_keys if key not in given]
             raise ValueError(f"data.corpus is 'manifest' but {', '.join(missing)} not set "
                              "(or set data.manifest_dir to a folder with train/dev/test.jsonl)")
+
+        if not 0 <= self.max_unusable_share <= 1:
+            raise ValueError(f"data.max_unusable_share must be in [0, 1]; got {self.max_unusable_share!r}")
 
     @property
     def source(self) -> str:
@@ -99,8 +104,9 @@ class TrainBatches:
 
 
 def _flatten(batch: dict) -> dict:
-    """BatchIterator's [1, B, ...] arrays as [B, ...]; the texts are in the labels too."""
-    return {k: v.reshape(v.shape[1:]) for k, v in batch.items() if k != "texts"}
+    """BatchIterator's [1, B, ...] arrays as [B, ...], and its audio paths; the texts are in the labels too."""
+    flat = {k: v.reshape(v.shape[1:]) for k, v in batch.items() if k not in ("texts", "paths")}
+    return {**flat, SOURCES: batch["paths"]}
 
 
 class DeepSpeech2Task:
@@ -141,15 +147,40 @@ class DeepSpeech2Task:
     def _split_manifest(self, split: str) -> str:
         path = os.path.join(self.data.manifest_dir, f"{split}.jsonl")
         if not os.path.isfile(path):
-            raise FileNotFoundError(
+            raise DataError(
                 f"data.manifest_dir {self.data.manifest_dir} has no {split}.jsonl; write the three "
                 "manifests with scripts/make_manifest.py --split (see docs/TRAINING.md)")
         return path
 
-    def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None) -> SpeechDataset:
+    def dataset(self, manifest: str, limit: int | None = None, max_duration: float | None = None,
+                problems: Problems | None = None) -> SpeechDataset:
+        """The usable utterances of `manifest`; DataError when too many are not (data.max_unusable_share).
+
+        `problems`: where the skipped ones are counted (default: a new Problems).
+        """
         output_frames = functools.partial(ds2.output_lengths, self.model_config)
-        utterances = read_manifest(manifest)[:limit]
-        return SpeechDataset(utterances, max_duration=max_duration, output_frames=output_frames)
+        problems = problems or Problems()
+        utterances = read_manifest(manifest, problems)
+        return SpeechDataset(
+            utterances[:limit], max_duration=max_duration, output_frames=output_frames, problems=problems,
+            max_unusable_share=self.data.max_unusable_share, name=f"manifest {manifest}",
+            entries=len(utterances[:limit]) + problems.skipped,  # lines that made no utterance count too
+        )
+
+    def check_data(self) -> dict:
+        """Every split read and checked before training: {split: {"summary", "utterances", "usable", "skipped"}}."""
+        report = {}
+        for split in SPLITS:
+            dataset = self.dataset(self.manifests[split], max_duration=self.data.max_duration if split == "train" else None)
+            report[split] = {
+                "summary": f"{split}: {len(dataset)} of {dataset.total} utterances usable, "
+                + dataset.problems.summary(),
+                "manifest": self.manifests[split],
+                "utterances": dataset.total,
+                "usable": len(dataset),
+                "skipped": dataset.problems.report(),
+            }
+        return report
 
     # -- the engine's Task protocol
 
@@ -196,24 +227,44 @@ class DeepSpeech2Task:
 
     def train_batches(self, batch_size: int, shard: Shard, seed: int) -> TrainBatches:
         dataset = self.dataset(self.manifests["train"], max_duration=self.data.max_duration)
+        # The metadata checks are in check_data's report; what fails only when loaded is printed as it comes.
+        dataset.problems.on_skip = lambda line: print(f"data: skipped {line}", flush=True)
         return TrainBatches(self._batches(dataset, batch_size, shard, seed=seed, sortagrad=self.data.sortagrad))
 
     def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None = None):
         return self.manifest_batches(self.manifests[split], batch_size, shard, limit)
 
-    def manifest_batches(self, manifest: str, batch_size: int, shard: Shard, limit: int | None = None):
-        """One pass over `manifest` in increasing length (little padding), every utterance once."""
+    def manifest_batches(self, manifest: str, batch_size: int, shard: Shard, limit: int | None = None,
+                         problems: Problems | None = None):
+        """One pass over `manifest` in increasing length (little padding), every usable utterance once.
+
+        `problems`: where the skipped ones are counted (default: a new Problems).
+        """
         per_process = -(-batch_size // shard.count)
         order = dict(shuffle=False, sortagrad=False, drop_last=False, num_epochs=1)
-        with self._batches(self.dataset(manifest, limit), per_process, shard, **order) as batches:
+        dataset = self.dataset(manifest, limit, problems=problems)
+        with self._batches(dataset, per_process, shard, **order) as batches:
             for batch in batches:
                 yield _flatten(batch)
 
     # -- inference on audio files
 
+    @staticmethod
+    def audio_features(path: str) -> np.ndarray:
+        """The model's input for an audio file (any sample rate); DataError naming it and why it is unusable."""
+        try:
+            samples, _ = read_audio(path)
+        except FileNotFoundError:
+            raise DataError(f"{path}: {P.MISSING_FILE}") from None
+        except AudioError as e:
+            raise DataError(f"{path}: {P.UNREADABLE_AUDIO} ({e})") from None
+        if not np.isfinite(samples).all():
+            raise DataError(f"{path}: {P.NON_FINITE_AUDIO}")
+        return featurize(samples)
+
     def audio_batch(self, paths: list[str]) -> dict:
-        """A batch of the model's inputs for audio files (any sample rate)."""
-        spectrograms = [featurize(read_audio(path)[0]) for path in paths]
+        """A batch of the model's inputs for audio files (any sample rate); DataError for an unusable one."""
+        spectrograms = [self.audio_features(path) for path in paths]
         frames = max(len(s) for s in spectrograms)
         features = np.zeros((len(paths), frames, spectrograms[0].shape[1]), np.float32)
         for i, s in enumerate(spectrograms):

@@ -3,15 +3,17 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tiny_runs import CONFIG, ROOT, TRAIN, finish, mpirun, tiny_overrides
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import build_lm  # noqa: E402
@@ -21,36 +23,13 @@ import models  # noqa: E402
 import train  # noqa: E402
 import transcribe  # noqa: E402
 
-MPIRUN = Path(sys.executable).parent / "mpirun"
-
-
-def tiny_overrides(cache_dir, batch_size=8):
-    """ds2_tiny shrunk to seconds: 1 conv, one 8-unit GRU, 30 utterances, one padded length."""
-    values = {
-        "model.conv_layers": 1,
-        "model.conv_channels": "[2]",
-        "model.rnn_layers": 1,
-        "model.rnn_hidden": 8,
-        "data.cache_dir": cache_dir,
-        "data.utterances": 30,
-        "data.pad_frames_to": 320,
-        "train.batch_size": batch_size,
-        "train.epochs": 1,
-        "train.log_every": 1,
-        "eval.every_steps": 2,
-        "eval.batch_size": 8,
-        "eval.max_utterances": None,
-        "checkpoint.every_steps": 1,
-    }
-    return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One tiny training run shared by the tests below."""
     tmp = tmp_path_factory.mktemp("run")
     workdir = tmp / "run"
-    argv = ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(workdir), "--allreduce", "psum"]
+    argv = ["--config", str(CONFIG), "--workdir", str(workdir), "--allreduce", "psum"]
     argv += tiny_overrides(tmp / "cache")
     summary = train.main(argv)
     return workdir, summary, tmp / "cache"
@@ -149,12 +128,36 @@ def test_transcribe_prints_one_line_per_file(run, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == beam and len(beam) == 2
 
 
-def test_clear_errors(run, tmp_path, capsys):
+def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path, capsys):
+    workdir, _, cache = run
+    corpus = next(path for path in cache.glob("espeak-*") if path.is_dir())
+    good = sorted((corpus / "audio" / "test").glob("*.flac"))[:2]
+    nan_wav, garbage, missing = tmp_path / "nan.wav", tmp_path / "garbage.flac", tmp_path / "missing.wav"
+    samples = np.random.default_rng(0).uniform(-0.5, 0.5, 16000).astype(np.float32)
+    samples[1234] = np.nan
+    soundfile.write(str(nan_wav), samples, 16000, subtype="FLOAT")
+    garbage.write_bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    expected = transcribe.main(["--workdir", str(workdir), *map(str, good)])
+    capsys.readouterr()
+    paths = [good[0], nan_wav, garbage, missing, good[1]]
+    with pytest.raises(SystemExit) as exit_status:
+        transcribe.main(["--workdir", str(workdir), *map(str, paths)])
+    assert exit_status.value.code == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == expected
+    assert err.splitlines() == [
+        f"error: {nan_wav}: non-finite audio samples",
+        *[line for line in err.splitlines() if line.startswith(f"error: {garbage}: unreadable audio (")],
+        f"error: {missing}: missing file",
+    ]
+
+
+def test_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
-        train.main(["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--set", "optim.lerning_rate=1"])
+        train.main(["--config", str(CONFIG), "--set", "optim.lerning_rate=1"])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):
         evaluate.main(["--workdir", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no such audio file: nope.wav"):
+    with pytest.raises(SystemExit, match="config.yaml does not exist"):
         transcribe.main(["--workdir", str(tmp_path), "nope.wav"])
     with pytest.raises(SystemExit, match="weight a beam search; add --beam-width"):
         evaluate.main(["--workdir", str(run[0]), "--lm", "x.arpa"])
@@ -167,22 +170,12 @@ def test_clear_errors(run, tmp_path, capsys):
 
 def test_train_under_mpirun(run, tmp_path):
     _, _, cache = run  # the corpus is already there
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
-    environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "2"]
-    # the form the docs give: `python -m mpi4py` aborts the whole job when one rank fails
-    command += ["-x", "JAX_PLATFORMS", "-x", "XLA_FLAGS", sys.executable, "-m", "mpi4py", str(ROOT / "scripts" / "train.py")]
-    command += ["--config", str(ROOT / "configs" / "ds2_tiny.yaml"), "--workdir", str(tmp_path / "mpi")]
-    command += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
-    command += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=170)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"mpirun did not finish within 170 s:\n{process.communicate()[0]}")
-    assert process.returncode == 0, output
+    args = ["--config", str(CONFIG), "--workdir", str(tmp_path / "mpi")]
+    args += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
+    args += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
+    code, output = finish(mpirun(2, [TRAIN, *args], with_mpi4py=True), timeout_s=170)  # the docs' form
+    assert code is not None, f"mpirun did not finish within 170 s:\n{output}"
+    assert code == 0, output
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
     assert "(greedy), CER" in output and "(beam 16 + LM) on the synthetic eSpeak test split" in output

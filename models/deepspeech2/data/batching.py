@@ -65,6 +65,7 @@ class BatchIterator:
       weights          float32 [D, B]          1 for a real utterance, 0 for a row that only
                                                fills the shape (see below)
       texts            list of D*B str, device-major (normalised transcripts, "" for fillers)
+      paths            list of D*B str, device-major: the audio file of each row ("" for fillers)
     T and L are set by the whole global batch, so they agree across processes.
 
     A row whose audio turns out unreadable is filled with a copy of another row of the same
@@ -226,7 +227,7 @@ class BatchIterator:
             "label_lengths": np.zeros(n, np.int32),
             "weights": np.zeros(n, np.float32),
         }
-        texts = [""] * n
+        texts, paths = [""] * n, [""] * n
         for j, (example, weight) in enumerate(rows):
             if example is None:
                 continue
@@ -236,9 +237,10 @@ class BatchIterator:
             batch["label_lengths"][j] = len(example.labels)
             batch["weights"][j] = weight
             texts[j] = example.text if weight else ""
+            paths[j] = d.paths[local[j]] if weight else ""
         batch = {k: v.reshape(self.local_devices, self.per_device_batch, *v.shape[1:])
                  for k, v in batch.items()}
-        batch["texts"] = texts
+        batch["texts"], batch["paths"] = texts, paths
         return batch
 
     def _fill_failures(self, examples: list[Example | None]) -> list[tuple[Example | None, float]]:

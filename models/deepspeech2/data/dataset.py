@@ -40,13 +40,22 @@ class SpeechDataset:
     strict: raise DataError at the first bad utterance instead of skipping it.
     problems: where skips are counted (default: a new Problems(strict); a given one keeps
         its own strictness).
+    max_unusable_share: raise DataError as soon as more than this share of the entries
+        turns out unusable (here or while loading), or none is usable; None: never.
+    entries: how many entries the utterances came from, counting manifest lines that made
+        none (counted in `problems`); default len(utterances).
+    name: what error messages call this dataset (e.g. "manifest PATH").
     """
 
     def __init__(self, utterances: Sequence[Utterance], *, max_duration: float | None = None,
                  output_frames: Callable[[int], int] | None = None, strict: bool = False,
-                 problems: P.Problems | None = None):
+                 problems: P.Problems | None = None, max_unusable_share: float | None = None,
+                 entries: int | None = None, name: str = "the dataset"):
         self.problems = problems or P.Problems(strict)
         self.output_frames = output_frames
+        self.total = len(utterances) if entries is None else entries
+        self.max_unusable_share = max_unusable_share
+        self.name = name
         kept = [u for u in utterances if self._usable(u, max_duration)]
         self.paths = [u.audio_filepath for u in kept]
         self.durations = np.array([u.duration for u in kept], dtype=np.float64)
@@ -55,9 +64,15 @@ class SpeechDataset:
         self.label_lengths = np.array([len(x) for x in self.labels], dtype=np.int64)
         self.expected_frames = np.array(
             [features.num_frames(round(d * audio.SAMPLE_RATE)) for d in self.durations], np.int64)
+        self.check_usable()
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def check_usable(self) -> None:
+        """DataError if more than max_unusable_share of the entries is unusable, or none is."""
+        if self.max_unusable_share is not None:
+            self.problems.check_share(self.total, self.max_unusable_share, self.name)
 
     def _usable(self, u: Utterance, max_duration: float | None) -> bool:
         problem = self._metadata_problem(u, max_duration)
@@ -73,6 +88,10 @@ class SpeechDataset:
             return P.UNKNOWN_CHARACTERS, f"{''.join(sorted(lost))!r} in {u.text!r}"
         if not os.path.isfile(u.audio_filepath):
             return P.MISSING_FILE, ""
+        try:
+            audio.duration(u.audio_filepath)  # the header only: files that are no audio at all
+        except audio.AudioError as e:
+            return P.UNREADABLE_AUDIO, str(e)
         if max_duration is not None and u.duration > max_duration:
             return P.TOO_LONG, f"{u.duration:.2f} s > {max_duration} s"
         frames = features.num_frames(round(u.duration * audio.SAMPLE_RATE))
@@ -86,21 +105,24 @@ class SpeechDataset:
             return P.LABELS_TOO_LONG, f"CTC needs {needed} output frames, the model gives {available}"
         return None
 
+    def _skip(self, reason: str, path: str, detail: str = "") -> None:
+        self.problems.skip(reason, path, detail)
+        self.check_usable()
+
     def load(self, index: int) -> Example | None:
         """Features and labels of utterance `index`, or None (counted) if its audio is bad."""
         path = self.paths[index]
         try:
             samples, resampled = audio.read_audio(path)
         except FileNotFoundError:
-            self.problems.skip(P.MISSING_FILE, path)
-            return None
+            return self._skip(P.MISSING_FILE, path)
         except audio.AudioError as e:
-            self.problems.skip(P.UNREADABLE_AUDIO, path, str(e))
-            return None
+            return self._skip(P.UNREADABLE_AUDIO, path, str(e))
+        if not np.isfinite(samples).all():  # would poison the features, the loss and the weights
+            return self._skip(P.NON_FINITE_AUDIO, path, f"{np.count_nonzero(~np.isfinite(samples))} samples")
         if resampled:
             self.problems.note(P.RESAMPLED)
         spectrogram = features.featurize(samples)
         if problem := self._labels_misfit(self.labels[index], len(spectrogram)):
-            self.problems.skip(problem[0], path, problem[1])
-            return None
+            return self._skip(problem[0], path, problem[1])
         return Example(spectrogram, self.labels[index], self.texts[index])

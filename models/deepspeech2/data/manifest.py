@@ -39,43 +39,59 @@ def _missing_key_error(entry: dict, where: str) -> P.DataError | None:
             hint = f"; rename {close[0]!r} to {key!r}" if close else ""
             return P.DataError(
                 f"{where}: no key {key!r} (keys: {sorted(entry)}){hint}. Every manifest line needs "
-                '{"audio_filepath": str, "duration": seconds, "text": str}; '
-                "scripts/make_manifest.py writes such manifests from audio folders."
+                f"{_EXPECTED}; scripts/make_manifest.py writes such manifests from audio folders."
             )
     return None
 
 
+# No utterance is longer: a duration beyond this is a mistake in the manifest,
+# and batching would size padded arrays from it (1e6 s is hundreds of GiB).
+MAX_DURATION_S = 3600.0
+_EXPECTED = '{"audio_filepath": str, "duration": seconds, "text": str}'
+
+
 def read_manifest(path: str, problems: P.Problems | None = None) -> list[Utterance]:
-    """Utterances of a manifest. Lines that are not valid JSON or hold a value of the wrong
-    type are skipped and counted; a line without a required key raises DataError."""
+    """Utterances of a manifest; lines that are not a valid entry are skipped and counted.
+
+    Raises DataError if the file itself cannot be read, or a line lacks a
+    required key (a wrong key is on every line: skipping would skip them all).
+    """
     problems = problems or P.Problems()
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise P.DataError(f"manifest {path} cannot be read ({e.strerror or e}); check data.*_manifest") from None
     utterances = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems.skip(P.BAD_MANIFEST_LINE, where, f"not JSON: {e}")
-                continue
-            if not isinstance(entry, dict):
-                problems.skip(P.BAD_MANIFEST_LINE, where, f"a JSON {type(entry).__name__}, not an object")
-                continue
-            if error := _missing_key_error(entry, where):
-                raise error
-            try:
-                utterances.append(Utterance(
-                    audio_filepath=os.path.join(folder, entry["audio_filepath"]),
-                    duration=float(entry["duration"]),
-                    text=str(entry["text"]),
-                ))
-            except (TypeError, ValueError) as e:
-                problems.skip(P.BAD_MANIFEST_LINE, where, f"{type(e).__name__}: {e}; expected "
-                              '{"audio_filepath": str, "duration": seconds, "text": str}')
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            utterances.append(_parse_line(line, folder, f"{path}:{number}"))
+        except P.DataError:
+            raise
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            problems.skip(P.BAD_MANIFEST_LINE, f"{path}:{number}", f"{type(e).__name__}: {e}; expected {_EXPECTED}")
     return utterances
+
+
+def _parse_line(line: bytes, folder: str, where: str) -> Utterance:
+    entry = json.loads(line.decode("utf-8"))
+    if not isinstance(entry, dict):
+        raise TypeError(f"a line is a JSON object, got {type(entry).__name__}")
+    if error := _missing_key_error(entry, where):
+        raise error
+    duration = entry["duration"]
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise TypeError(f"duration must be a number of seconds, got {duration!r}")
+    if not 0 < duration <= MAX_DURATION_S:  # also refuses NaN
+        raise ValueError(f"duration {duration!r} is not in (0, {MAX_DURATION_S:g}] seconds")
+    if not isinstance(entry["audio_filepath"], str) or not isinstance(entry["text"], str):
+        raise TypeError("audio_filepath and text must be strings")
+    return Utterance(
+        audio_filepath=os.path.join(folder, entry["audio_filepath"]), duration=float(duration), text=entry["text"]
+    )
 
 
 def write_manifest(path: str, entries: list[dict]) -> None:

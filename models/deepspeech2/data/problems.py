@@ -1,4 +1,4 @@
-"""Bad input accounting: a long run skips what it cannot use, counts it, and says so once an epoch."""
+"""Bad input accounting: a long run skips what it cannot use, counts it, names the first few, and says so."""
 
 import collections
 import threading
@@ -11,8 +11,11 @@ UNKNOWN_CHARACTERS = "unknown characters"
 TOO_LONG = "longer than max_duration"
 LABELS_TOO_LONG = "labels longer than output frames"
 BAD_MANIFEST_LINE = "bad manifest line"
+NON_FINITE_AUDIO = "non-finite audio samples"
 # Repaired on the fly, counted but still used.
 RESAMPLED = "resampled"
+# Sources named per reason in reports; the rest are counted.
+NAMED_PER_REASON = 3
 
 
 class DataError(ValueError):
@@ -20,11 +23,18 @@ class DataError(ValueError):
 
 
 class Problems:
-    """Counts skipped (and repaired) inputs; with strict=True the first skip raises DataError."""
+    """Counts skipped (and repaired) inputs; with strict=True the first skip raises DataError.
 
-    def __init__(self, strict: bool = False):
+    on_skip: called with a line "SOURCE: REASON (DETAIL)" the first time a source is skipped,
+        e.g. to print each one.
+    """
+
+    def __init__(self, strict: bool = False, on_skip=None):
         self.strict = strict
+        self.on_skip = on_skip
         self.counts: collections.Counter[str] = collections.Counter()
+        self.first: dict[str, list[str]] = collections.defaultdict(list)  # reason -> first sources, with detail
+        self.unusable: set[str] = set()  # distinct sources skipped (an epoch meets a bad file again)
         self._lock = threading.Lock()  # utterances are loaded from several threads
 
     def skip(self, reason: str, source: str, detail: str = "") -> None:
@@ -34,7 +44,14 @@ class Problems:
                 f"{source}: {reason}{detail}. Fix or remove it, or run with strict=False "
                 "to skip such inputs."
             )
-        self.note(reason)
+        with self._lock:
+            new = source not in self.unusable
+            self.counts[reason] += 1
+            if new and len(self.first[reason]) < NAMED_PER_REASON:
+                self.first[reason].append(f"{source} ({detail})" if detail else source)
+            self.unusable.add(source)
+        if new and self.on_skip is not None:
+            self.on_skip(f"{source}: {reason}" + (f" ({detail})" if detail else ""))
 
     def note(self, reason: str) -> None:
         with self._lock:
@@ -47,6 +64,28 @@ class Problems:
     def snapshot(self) -> collections.Counter[str]:
         with self._lock:
             return collections.Counter(self.counts)
+
+    def report(self) -> dict[str, dict]:
+        """{reason: {"count", "first": the first few sources}} of what was skipped."""
+        with self._lock:
+            return {reason: {"count": n, "first": list(self.first[reason])}
+                    for reason, n in sorted(self.counts.items()) if reason != RESAMPLED}
+
+    def summary(self) -> str:
+        """describe() of the counts, then the first sources skipped for each reason."""
+        named = "; ".join(f"{reason}: {', '.join(entry['first'])}" for reason, entry in self.report().items())
+        return describe(self.snapshot()) + (f"; first: {named}" if named else "")
+
+    def check_share(self, total: int, max_share: float, what: str) -> None:
+        """Raises DataError if no source of `total` is usable, or more than `max_share` of them are not."""
+        with self._lock:
+            bad = len(self.unusable)
+        if bad < total and bad <= max_share * total:
+            return
+        raise DataError(
+            f"{what}: {bad} of {total} utterances are unusable ({self.summary()}), "
+            f"more than the {max_share:.0%} allowed (data.max_unusable_share). Fix or remove them"
+        )
 
 
 def describe(counts: collections.Counter[str]) -> str:

@@ -1,10 +1,10 @@
-"""Checkpoints: round trip, keep last N plus best, atomic writes, shape checks."""
+"""Checkpoints: round trip, keep last N plus best, atomic writes, shape checks, verification and fallback."""
 
 import numpy as np
 import optax
 import pytest
 
-from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.checkpoint import CheckpointError, Checkpoints, load_variables
 
 
 def make_state(seed):
@@ -38,7 +38,7 @@ def test_keeps_last_n_and_the_best(tmp_path):
     for step, wer in wers.items():
         ckpt.save(step, make_state(step), {}, None if wer is None else {"wer": wer})
     assert ckpt.steps() == [2, 5, 6]
-    assert ckpt.best() == {"step": 2, "metric": "wer", "value": 0.5}
+    assert ckpt.best() == {"step": 2, "metric": "wer", "value": 0.5, "metrics": {"wer": 0.5}}
     assert ckpt.latest() == 6
     assert_equal_trees(ckpt.restore(make_state(0), step=2)[0], make_state(2))
 
@@ -68,9 +68,80 @@ def test_clear_errors(tmp_path):
         ckpt.restore(wrong)
 
 
-def test_clear(tmp_path):
-    ckpt = Checkpoints(tmp_path, keep=5)
+def damage(path, how, rng):
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(data[: int(rng.integers(1, len(data)))])
+    else:  # one bit flipped, anywhere in the file
+        position = int(rng.integers(len(data)))
+        data[position] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "bit flip"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_intact_one_loads(tmp_path, capsys, how, seed):
+    ckpt = Checkpoints(tmp_path, keep=3)
+    for step in (1, 2, 3):
+        ckpt.save(step, make_state(step), {"at": step})
+    damage(ckpt.path(3), how, np.random.default_rng(seed))
+    restored, extra = ckpt.restore(make_state(0))
+    assert extra == {"at": 2}
+    assert_equal_trees(restored, make_state(2))
+    assert f"checkpoint {ckpt.path(3)}" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match=f"checkpoint {ckpt.path(3)} "):
+        ckpt.read(3)  # asked for by number: no silent substitute
+
+
+def test_every_checkpoint_damaged_is_one_error_naming_each(tmp_path):
+    ckpt = Checkpoints(tmp_path, keep=2)
     for step in (1, 2):
-        ckpt.save(step, make_state(step), {}, {"wer": 0.5})
-    assert ckpt.clear() == 2 and ckpt.steps() == [] and ckpt.best() is None
-    assert Checkpoints(tmp_path / "never_written").clear() == 0
+        ckpt.save(step, make_state(step), {})
+        ckpt.path(step).write_bytes(ckpt.path(step).read_bytes()[:-7])
+    with pytest.raises(CheckpointError, match="no intact checkpoint") as error:
+        ckpt.read()
+    assert str(ckpt.path(1)) in str(error.value) and str(ckpt.path(2)) in str(error.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_state_is_never_written(tmp_path, bad):
+    ckpt = Checkpoints(tmp_path, keep=1)
+    ckpt.save(1, make_state(1), {})
+    state = make_state(2)
+    state["params"]["dense"]["kernel"][1, 2] = bad
+    with pytest.raises(FloatingPointError, match=r"step 2: \['params'\]\['dense'\]\['kernel'\]"):
+        ckpt.save(2, state, {})
+    assert ckpt.steps() == [1]  # and the one before is kept, keep=1 notwithstanding
+
+
+def test_the_best_checkpoint_damaged_falls_back_to_the_newest_intact_one(tmp_path, capsys):
+    ckpt = Checkpoints(tmp_path / "checkpoints", keep=1, best_metric="wer")
+    for step, wer in ((1, 0.1), (2, 0.9)):
+        ckpt.save(step, {"params": make_state(step)["params"], "model_state": {}, "step": np.int32(step)}, {},
+                  {"wer": wer})
+    assert load_variables(tmp_path, "best")[1] == 1
+    ckpt.path(1).write_bytes(ckpt.path(1).read_bytes()[:100])
+    variables, step = load_variables(tmp_path, "best")
+    assert step == 2
+    assert_equal_trees(variables["params"], make_state(2)["params"])
+    assert f"checkpoint {ckpt.path(1)} is damaged" in capsys.readouterr().err
+
+
+def test_the_newest_checkpoint_survives_pruning(tmp_path):
+    ckpt = Checkpoints(tmp_path, keep=1, best_metric="wer")
+    ckpt.save(1, make_state(1), {}, {"wer": 0.1})  # the best
+    ckpt.save(2, make_state(2), {}, {"wer": 0.5})
+    ckpt.save(3, make_state(3), {})
+    assert ckpt.steps() == [1, 3]
+
+
+def test_a_best_record_lost_to_a_kill_is_made_again_from_the_checkpoint(tmp_path):
+    ckpt = Checkpoints(tmp_path, keep=3, best_metric="wer")
+    ckpt.save(1, make_state(1), {}, {"wer": 0.5})
+    ckpt.save(2, make_state(2), {}, {"wer": 0.2})
+    (tmp_path / "best.json").write_text('{"step": 1, "metric": "wer", "value": 0.5}')  # as if killed before its write
+    ckpt.update_best(2, {"wer": 0.2})
+    assert ckpt.best() == {"step": 2, "metric": "wer", "value": 0.2, "metrics": {"wer": 0.2}}
+    ckpt.update_best(2, None)  # a checkpoint without metrics changes nothing
+    ckpt.update_best(3, {"wer": 0.3})
+    assert ckpt.best()["step"] == 2

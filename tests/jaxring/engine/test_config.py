@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 
 import pytest
 import yaml
@@ -51,10 +52,21 @@ def test_defaults_and_types():
         ({"model": {"width": 0}}, "model.width must be at least 1; got 0"),
         ({"task": 3}, "task must be the name of a registered task; got 3"),
         ({"optim": [1, 2]}, "optim must be a mapping"),
+        ({"train": {"epochs": 0}}, "train.epochs must be positive (leave at least one step); got 0"),
+        ({"train": {"max_steps": 0}}, "train.max_steps must be positive (leave at least one step, or null"),
+        ({"train": {"max_steps": -3}}, "train.max_steps must be positive (leave at least one step, or null"),
+        ({"train": {"epochs": 1.5}}, "train.epochs must be int; got float 1.5"),
+        ({"train": {"bucket_bytes": 0}}, "train.bucket_bytes must be positive"),
+        ({"eval": {"batch_size": 0}}, "eval.batch_size must be positive; got 0"),
+        ({"eval": {"every_steps": -1}}, "eval.every_steps must be 0 (off) or a positive number of steps; got -1"),
+        ({"eval": {"max_utterances": 0}}, "eval.max_utterances must be positive (or null to score the whole dev"),
+        ({"checkpoint": {"every_steps": -5}}, "checkpoint.every_steps must be 0 (off) or a positive number"),
+        ({"checkpoint": {"keep": 0}}, "checkpoint.keep must be positive"),
+        ({"optim": {"learning_rate": float("nan")}}, "optim.learning_rate must be positive; got nan"),
     ],
 )
 def test_bad_configs_name_the_problem(raw, message):
-    with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
         config_lib.build(raw, TASK)
 
 
@@ -153,3 +165,22 @@ def test_paths_given_with_set_resolve_against_the_cwd(tmp_path, monkeypatch):
     assert cfg.files.manifest == os.path.join(os.path.expanduser("~"), "m.jsonl")
     nulled = config_lib.load(source, {"files": FilesSection}, ["files.manifest=null"], paths_relative_to="/repo")
     assert nulled.files.manifest is None and nulled.files.cache_dir == "/repo/in/file"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  epochs: 3\n   batch_size: 4\n", r"bad\.yaml:3:\d+: YAML syntax error: mapping values are not allowed here"),
+        ("train: [1, 2\n", r"bad\.yaml:2:1: YAML syntax error: while parsing a flow sequence expected ',' or ']'"),
+        ("", r"bad\.yaml: a config is a YAML mapping with `task: NAME` and at least one section .* got an empty file"),
+        ("# only a comment\n", "got an empty file"),
+        ("task: toy\n", r"at least one section .*got \{'task': 'toy'\}"),
+        ("- train\n- optim\n", r"got \['train', 'optim'\]"),
+    ],
+)
+def test_a_file_that_is_not_a_config_is_one_line_naming_it(tmp_path, text, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(config_lib.ConfigError, match=message) as error:
+        config_lib.load(bad, TASK)
+    assert "\n" not in str(error.value) and str(bad) in str(error.value)

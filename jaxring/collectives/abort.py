@@ -1,0 +1,68 @@
+"""Ending the whole MPI job when one of its processes fails or never starts.
+
+A process that stops on an exception (a TimeoutError naming a stuck peer, a
+bad input, a bug) while the others wait for it in a collective leaves them
+waiting, and cannot exit itself: MPI_Finalize waits for them too. `python -m
+mpi4py script.py` aborts the job on an uncaught exception;
+`abort_on_uncaught_exception` gives a script started as `python script.py`
+under mpirun the same behaviour. MPI_Init itself waits for every process of
+the job, with no limit: `start_mpi` bounds that wait.
+"""
+
+import math
+import signal
+import sys
+
+from jaxring.collectives import timeout as timeout_lib
+
+# Processes reach MPI_Init seconds apart (imports, a loaded machine), so its wait
+# is bounded by the collectives' timeout but never by less than this.
+MPI_INIT_MIN_S = 60.0
+
+
+def start_mpi() -> None:
+    """Initialises MPI, or ends this process (and so the job) if a process of the job never arrives.
+
+    MPI_Init holds the interpreter until it returns, so the limit is SIGALRM's
+    default action, which ends the process ("Alarm clock"; mpirun then ends the
+    others). Call it from the main thread, before anything imports mpi4py.
+    """
+    seconds = max(timeout_lib.default_timeout(), MPI_INIT_MIN_S)
+    if math.isinf(seconds):
+        from mpi4py import MPI  # noqa: F401  (MPI_Init)
+
+        return
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(math.ceil(seconds))
+    from mpi4py import MPI  # noqa: F401,F811  (MPI_Init)
+
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def abort_on_uncaught_exception() -> None:
+    """After the usual traceback, an uncaught exception aborts every process of the job (if there are several)."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return
+    report = sys.excepthook
+
+    def abort(kind, value, traceback):
+        report(kind, value, traceback)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort
+
+
+def exit_job(message: str) -> None:
+    """Ends this process with `message` on stderr and exit status 1, and the whole job if it has several."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1:
+        print(message, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)
+    sys.exit(message)
