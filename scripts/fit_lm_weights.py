@@ -46,6 +46,7 @@ def main(argv=None) -> dict:
 
     import models
     from jaxring.engine.task import Shard
+    from jaxring.engine.trainer import split_sources
     from models.deepspeech2 import decoding
     from models.deepspeech2.lm import ArpaLM
 
@@ -58,6 +59,7 @@ def main(argv=None) -> dict:
     scored = []  # (outputs, batch) of every batch: the model runs once
     for batch in task.manifest_batches(task.manifests[args.split], config.eval.batch_size, Shard(0, 1),
                                        limit=args.max_utterances):
+        batch, _ = split_sources(batch)
         outputs = jax.tree_util.tree_map(np.asarray, predict(variables, batch))
         scored.append((outputs, batch))
 

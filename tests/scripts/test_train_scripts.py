@@ -152,7 +152,7 @@ def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path
     ]
 
 
-def test_clear_errors(tmp_path, capsys):
+def test_clear_errors(run, tmp_path, capsys):
     with pytest.raises(SystemExit, match="unknown key 'lerning_rate' in optim; did you mean 'learning_rate'"):
         train.main(["--config", str(CONFIG), "--set", "optim.lerning_rate=1"])
     with pytest.raises(SystemExit, match="config.yaml does not exist"):

@@ -28,19 +28,14 @@ OTHER_NAMES = {
 }
 
 
-def _missing_key_error(entry: dict, where: str) -> P.DataError | None:
-    """A DataError naming the first required key `entry` lacks (and the present key it was
-    probably meant to be), or None. A manifest with a wrong key has it on every line, so
-    this stops the run instead of skipping every utterance."""
+def _missing_key(entry: dict) -> str | None:
+    """What required key `entry` lacks, and the present key it was probably meant to be; None if none."""
     for key in REQUIRED_KEYS:
         if key not in entry:
             unknown = [k for k in entry if k not in REQUIRED_KEYS]
             close = [k for k in unknown if k.lower() in OTHER_NAMES[key]] or difflib.get_close_matches(key, unknown, n=1)
-            hint = f"; rename {close[0]!r} to {key!r}" if close else ""
-            return P.DataError(
-                f"{where}: no key {key!r} (keys: {sorted(entry)}){hint}. Every manifest line needs "
-                f"{_EXPECTED}; scripts/make_manifest.py writes such manifests from audio folders."
-            )
+            hint = f"; rename {close[0]!r} to {key!r} (scripts/make_manifest.py writes such manifests)" if close else ""
+            return f"no key {key!r} (keys: {sorted(entry)}){hint}"
     return None
 
 
@@ -53,8 +48,9 @@ _EXPECTED = '{"audio_filepath": str, "duration": seconds, "text": str}'
 def read_manifest(path: str, problems: P.Problems | None = None) -> list[Utterance]:
     """Utterances of a manifest; lines that are not a valid entry are skipped and counted.
 
-    Raises DataError if the file itself cannot be read, or a line lacks a
-    required key (a wrong key is on every line: skipping would skip them all).
+    A line without a required key is skipped with the key named (and the key it
+    was probably meant to be), so the report says how to fix the manifest.
+    Raises DataError if the file itself cannot be read.
     """
     problems = problems or P.Problems()
     folder = os.path.dirname(os.path.abspath(path))
@@ -68,20 +64,18 @@ def read_manifest(path: str, problems: P.Problems | None = None) -> list[Utteran
         if not line.strip():
             continue
         try:
-            utterances.append(_parse_line(line, folder, f"{path}:{number}"))
-        except P.DataError:
-            raise
+            utterances.append(_parse_line(line, folder))
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             problems.skip(P.BAD_MANIFEST_LINE, f"{path}:{number}", f"{type(e).__name__}: {e}; expected {_EXPECTED}")
     return utterances
 
 
-def _parse_line(line: bytes, folder: str, where: str) -> Utterance:
+def _parse_line(line: bytes, folder: str) -> Utterance:
     entry = json.loads(line.decode("utf-8"))
     if not isinstance(entry, dict):
         raise TypeError(f"a line is a JSON object, got {type(entry).__name__}")
-    if error := _missing_key_error(entry, where):
-        raise error
+    if missing := _missing_key(entry):
+        raise ValueError(missing)
     duration = entry["duration"]
     if isinstance(duration, bool) or not isinstance(duration, (int, float)):
         raise TypeError(f"duration must be a number of seconds, got {duration!r}")

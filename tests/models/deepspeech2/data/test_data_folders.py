@@ -121,7 +121,7 @@ def test_the_task_reads_a_manifest_folder(tmp_path):
     task = DeepSpeech2Task(ModelConfig(conv_layers=1, conv_channels=(2,), rnn_layers=1, rnn_hidden=8), data)
     assert task.manifests == {s: str(tmp_path / "m" / f"{s}.jsonl") for s in ("train", "dev", "test")}
     assert len(task.dataset(task.manifests["test"])) == 1
-    with pytest.raises(FileNotFoundError, match="has no train.jsonl.*make_manifest.py --split"):
+    with pytest.raises(P.DataError, match="has no train.jsonl.*make_manifest.py --split"):
         _ = DeepSpeech2Task(task.model_config, DataConfig(manifest_dir=str(tmp_path))).manifests
 
 
