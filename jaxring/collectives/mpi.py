@@ -39,7 +39,6 @@ from jaxring.collectives import accumulation, agreement, ring, topology
 from jaxring.collectives import timeout as timeout_lib
 
 ALGORITHMS = ("ring", "mpi", "auto")
-OPS = ("sum", "mean")
 # Which cross-process algorithm was faster, by process count and bytes per
 # device: the table at $JAXRING_ALLREDUCE_TABLE (scripts/bench_allreduce_mpi.py
 # --write-table PATH measures one), else the one shipped with the package,
@@ -87,8 +86,8 @@ def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: fl
     CUDA-aware MPI (see the module docstring).
     """
     world = topology.init()
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if op not in ring.OPS:  # the in-jit ops own the list
+        raise ValueError(f"op must be one of {ring.OPS}, got {op!r}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     timeout_lib.resolve(timeout)  # a bad timeout fails here, before any process waits
