@@ -11,7 +11,16 @@ import models
 from jaxring.engine import config as config_lib
 from models.deepspeech2 import alphabet
 from models.deepspeech2.ctc import ctc_loss
-from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables, output_lengths
+from models.deepspeech2.model import (
+    CONV_GEOMETRY,
+    DeepSpeech2,
+    ModelConfig,
+    RecurrentLayer,
+    conv_direct,
+    conv_frames_as_channels,
+    init_variables,
+    output_lengths,
+)
 from models.deepspeech2.summary import count_params
 
 
@@ -128,6 +137,72 @@ def test_statistics_across_replicas_equal_one_replica_with_the_whole_batch():
     for per_replica, whole in zip(jax.tree.leaves(stats), jax.tree.leaves(whole_stats)):
         np.testing.assert_allclose(per_replica[0], whole, rtol=1e-4, atol=1e-6)
         np.testing.assert_array_equal(per_replica[0], per_replica[1])
+
+
+def _brute_force_conv(x, kernel, stride):
+    """float64 "same" convolution by summing over every kernel position."""
+    time_kernel, freq_kernel = kernel.shape[:2]
+    padded = np.pad(np.float64(x), ((0, 0), (time_kernel // 2,) * 2, (freq_kernel // 2,) * 2, (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (time_kernel, freq_kernel), axis=(1, 2))
+    windows = windows[:, :: stride[0], :: stride[1]]  # [B, T', F', C, time, freq]
+    return np.einsum("btfcij,ijco->btfo", windows, np.float64(kernel))
+
+
+@pytest.mark.parametrize("index", range(len(CONV_GEOMETRY)))
+@pytest.mark.parametrize("conv", [conv_direct, conv_frames_as_channels], ids=["direct", "frames_as_channels"])
+def test_both_convolution_forms_match_a_float64_brute_force(conv, index):
+    (freq_kernel, time_kernel), (freq_stride, time_stride) = CONV_GEOMETRY[index]
+    rng = np.random.default_rng(index)
+    channels = 1 if index == 0 else 3
+    x = rng.standard_normal((2, 13, 45, channels)).astype(np.float32)  # odd frames and bins
+    kernel = rng.standard_normal((time_kernel, freq_kernel, channels, 4)).astype(np.float32)
+    got = jax.jit(conv, static_argnums=2)(x, kernel, (time_stride, freq_stride))
+    np.testing.assert_allclose(got, _brute_force_conv(x, kernel, (time_stride, freq_stride)), rtol=1e-4, atol=1e-3)
+
+
+def _float64_recurrent_layer(config, params, x, lengths):
+    """RecurrentLayer at inference (running statistics 0 and 1) as per-utterance loops in float64."""
+    p = jax.tree.map(np.float64, params)
+    norm = p["MaskedBatchNorm_0"]
+    projected = x @ p["input_projection"]["kernel"]
+    projected = projected * norm["scale"] / np.sqrt(1 + config.batch_norm_epsilon) + norm["bias"]
+    directions = ["forward", "backward"] if config.bidirectional else ["forward"]
+    gates = config.rnn_gates * config.rnn_hidden
+    out = np.zeros(x.shape[:2] + (config.rnn_hidden,))
+    for b, length in enumerate(lengths):
+        for d, name in enumerate(directions):
+            kernel = p[name]["recurrent_kernel"]
+            bias = p[name].get("recurrent_bias", np.zeros(gates))
+            h = np.zeros(config.rnn_hidden)
+            frames = range(length) if name == "forward" else reversed(range(length))
+            for t in frames:
+                x_t, h_t = np.split(projected[b, t, d * gates : (d + 1) * gates], config.rnn_gates), h @ kernel + bias
+                if config.rnn_cell == "gru":
+                    x_r, x_z, x_n = x_t
+                    h_r, h_z, h_n = np.split(h_t, 3)
+                    reset, update = 1 / (1 + np.exp(-(x_r + h_r))), 1 / (1 + np.exp(-(x_z + h_z)))
+                    h = (1 - update) * np.tanh(x_n + reset * h_n) + update * h
+                else:
+                    h = np.clip(x_t[0] + h_t, 0, config.relu_clip)
+                out[b, t] += h
+    return out
+
+
+@pytest.mark.parametrize("cell", ["gru", "rnn"])
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "forward"])
+def test_recurrent_layer_matches_a_float64_loop_per_utterance(cell, bidirectional):
+    config = tiny(rnn_cell=cell, bidirectional=bidirectional, rnn_hidden=6)
+    rng = np.random.default_rng(7)
+    lengths = [9, 4, 1, 0]
+    x = rng.standard_normal((len(lengths), 9, 5)).astype(np.float32)
+    mask = jnp.arange(9)[None, :] < jnp.asarray(lengths)[:, None]
+    layer = RecurrentLayer(config)
+    variables = layer.init(jax.random.key(0), x, mask, train=False)
+    # Every parameter random, biases too, so a misplaced one cannot hide behind a zero.
+    leaves, tree = jax.tree.flatten(variables["params"])
+    params = jax.tree.unflatten(tree, [0.5 * rng.standard_normal(leaf.shape).astype(np.float32) for leaf in leaves])
+    got = layer.apply({**variables, "params": params}, x, mask, train=False)
+    np.testing.assert_allclose(got, _float64_recurrent_layer(config, params, x, lengths), rtol=1e-4, atol=1e-5)
 
 
 def _hand_count_bidirectional_gru(channels, hidden, layers):
