@@ -34,6 +34,7 @@ class ModelConfig:
 
     num_features: int = 161  # spectrogram bins: 20 ms window at 16 kHz
     conv_layers: int = 2  # 1 to 3, the paper's kernels and strides in order
+    time_stride: int = 2  # the first convolution's stride in time (the paper: 2 for characters, 3 for bigrams)
     conv_channels: tuple[int, ...] = (32, 32)  # one entry per conv layer
     rnn_cell: str = "gru"  # "gru" or "rnn" (simple RNN with clipped ReLU)
     rnn_layers: int = 5
@@ -63,6 +64,7 @@ class ModelConfig:
             rnn_layers=self.rnn_layers,
             rnn_hidden=self.rnn_hidden,
             scan_unroll=self.scan_unroll,
+            time_stride=self.time_stride,
             **{f"conv_channels[{i}]": c for i, c in enumerate(self.conv_channels)},
         )
         for name, value in positive.items():
@@ -70,6 +72,11 @@ class ModelConfig:
                 raise ValueError(f"model.{name} must be at least 1, got {value}")
         if self.lookahead < 0:
             raise ValueError(f"model.lookahead must be >= 0, got {self.lookahead}")
+
+    def conv_geometry(self, index: int):
+        """((freq kernel, time kernel), (freq stride, time stride)) of convolution `index`."""
+        kernel, (freq_stride, time_stride) = CONV_GEOMETRY[index]
+        return kernel, (freq_stride, self.time_stride if index == 0 else time_stride)
 
     @property
     def compute_dtype(self):
@@ -88,7 +95,8 @@ def strided_length(size, stride: int):
 
 def output_lengths(config: ModelConfig, lengths):
     """Output frames for `lengths` input frames (numpy or jax arrays, or ints)."""
-    for (_, (_, time_stride)) in CONV_GEOMETRY[: config.conv_layers]:
+    for index in range(config.conv_layers):
+        _, (_, time_stride) = config.conv_geometry(index)
         lengths = strided_length(lengths, time_stride)
     return lengths
 
@@ -213,7 +221,7 @@ class ConvBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, mask, train: bool):
-        (freq_kernel, time_kernel), (freq_stride, time_stride) = CONV_GEOMETRY[self.index]
+        (freq_kernel, time_kernel), (freq_stride, time_stride) = self.config.conv_geometry(self.index)
         x = TimeFrequencyConv(
             self.config.conv_channels[self.index],
             kernel=(time_kernel, freq_kernel),

@@ -5,7 +5,6 @@ import numpy as np
 
 from models.deepspeech2 import alphabet
 from models.deepspeech2.model import (
-    CONV_GEOMETRY,
     FRAMES_PER_SECOND,
     ModelConfig,
     init_variables,
@@ -37,7 +36,7 @@ def forward_flops(config: ModelConfig, frames: int) -> int:
     flops = 0
     time, bins, channels = frames, config.num_features, 1
     for index in range(config.conv_layers):
-        (freq_kernel, time_kernel), (freq_stride, time_stride) = CONV_GEOMETRY[index]
+        (freq_kernel, time_kernel), (freq_stride, time_stride) = config.conv_geometry(index)
         taps = _taps(time, time_kernel, time_stride) * _taps(bins, freq_kernel, freq_stride)
         flops += 2 * taps * channels * config.conv_channels[index]
         time, bins = strided_length(time, time_stride), strided_length(bins, freq_stride)
