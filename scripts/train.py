@@ -13,6 +13,7 @@ A directory that holds checkpoints needs --resume or --overwrite
 """
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -58,6 +59,23 @@ def expose_host_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
+_synthesis_lines = None  # the handler show_corpus_synthesis added, replaced when main() runs again
+
+
+def show_corpus_synthesis() -> None:
+    """Timestamped lines on stdout while the synthetic corpus is generated: a minute of silence otherwise."""
+    global _synthesis_lines
+    from jaxring.engine.progress import TIMESTAMP_FORMAT
+    from models.deepspeech2.data import synth
+
+    logger = logging.getLogger(synth.__name__)
+    logger.removeHandler(_synthesis_lines)
+    _synthesis_lines = logging.StreamHandler(sys.stdout)
+    _synthesis_lines.setFormatter(logging.Formatter("%(asctime)s %(message)s", TIMESTAMP_FORMAT))
+    logger.addHandler(_synthesis_lines)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.host_devices:
@@ -73,6 +91,7 @@ def main(argv=None) -> dict:
     from jaxring.engine import config as config_lib
     from jaxring.engine.checkpoint import CheckpointError
     from jaxring.engine.metrics import write_json
+    from jaxring.engine.progress import timestamp
     from jaxring.engine.rundir import RunDirectoryError
     from jaxring.engine.trainer import Trainer
     from models.deepspeech2 import decoding
@@ -81,6 +100,8 @@ def main(argv=None) -> dict:
     try:
         config = models.load_config(args.config, args.overrides)
         world = jaxring.init()
+        if world.rank == 0:
+            show_corpus_synthesis()
         task = models.build_task(config)
         summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume, overwrite=args.overwrite)
     except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,
@@ -88,6 +109,8 @@ def main(argv=None) -> dict:
         exit_job(f"error: {e}")
     if world.rank == 0:
         if config.decode.beam_width and "test_cer" in summary:
+            lm = " + LM" if config.decode.lm else ""
+            print(f"{timestamp()} scoring test by beam search ({config.decode.beam_width} beams{lm})", flush=True)
             summary.update(decoding.lm_test_scores(task, config, args.workdir))
             write_json(args.workdir / "summary.json", summary)
         line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"

@@ -17,8 +17,11 @@ from typing import TextIO
 from tqdm import tqdm
 
 
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"  # every status line, and the log lines scripts/train.py shows
+
+
 def timestamp() -> str:
-    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.datetime.now().astimezone().strftime(TIMESTAMP_FORMAT)
 
 
 class Progress:

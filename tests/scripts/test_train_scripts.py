@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,19 @@ def test_train_writes_the_run_directory(run, capsys):
     # ds2_tiny's decode section: the test split also by beam search with a word LM of the training split
     assert summary["lm"] == str(workdir / "lm.arpa") and summary["beam_width"] == 16
     assert 0 <= summary["test_beam_cer"] and 0 <= summary["test_beam_wer"]
+
+
+def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):
+    from models.deepspeech2.data import ensure_synthetic_corpus
+
+    train.show_corpus_synthesis()
+    train.show_corpus_synthesis()  # main() run twice in one process: still one line per message
+    ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)
+    ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)  # already there: silent
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d synthesising 3 utterances into .*n3-seed5 \(once per corpus\)", lines[0])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d synthesised 3 utterances in \d+ s", lines[1])
 
 
 def test_evaluate_with_beam_search_and_the_runs_lm_matches_the_summary(run):

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import scipy.fft
@@ -162,11 +163,13 @@ def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
     with open(os.path.join(cache_dir, name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.isdir(final):
-            log.info("synthesising %d utterances into %s", utterances, final)
+            log.info("synthesising %d utterances into %s (once per corpus)", utterances, final)
+            started = time.monotonic()
             partial = tempfile.mkdtemp(prefix=name + ".partial-", dir=cache_dir)
             try:
                 generate_corpus(partial, utterances, seed, workers)
                 os.rename(partial, final)
+                log.info("synthesised %d utterances in %.0f s", utterances, time.monotonic() - started)
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
