@@ -124,7 +124,8 @@ class Bench:
         return record
 
 
-def run(harness, quick):
+def run(harness, quick, ranks_list=RANKS, sweep_buckets=True):
+    """Every measurement; ranks_list must hold 2 and 8 (the targets' ring sizes)."""
     bench = Bench(harness, quick)
     device = harness.device_info()
     copy_bytes = 256 * MIB
@@ -138,7 +139,7 @@ def run(harness, quick):
     print(f"copy {copy_bw / 1e9:.0f} GB/s, reduce {reduce_bw['float32'] / 1e9:.0f} GB/s (f32)", flush=True)
 
     table = {}
-    for ranks in RANKS:
+    for ranks in ranks_list:
         for nbytes in SIZES:
             table[("host", ranks, nbytes)] = bench.per_call("host", "auto", ranks, nbytes)
             table[("ring", ranks, nbytes)] = bench.per_call("device", "ring", ranks, nbytes)
@@ -148,7 +149,7 @@ def run(harness, quick):
     bf16_host = bench.per_call("host", "auto", 8, 256 * MIB, dtype="bfloat16")
 
     crossover = {}
-    for ranks in RANKS:
+    for ranks in ranks_list:
         # The largest size at which one-shot still beats the ring (device-side).
         wins = [n for n in SIZES if ("one_shot", ranks, n) in table
                 and table[("one_shot", ranks, n)]["device_us"] < table[("ring", ranks, n)]["device_us"]]
@@ -158,7 +159,7 @@ def run(harness, quick):
         candidates = [table[(p, ranks, nbytes)]["device_us"] for p in ("ring", "one_shot") if (p, ranks, nbytes) in table]
         return min(candidates)
 
-    buckets = bucket_sweep(bench, crossover)
+    buckets = bucket_sweep(bench, crossover) if sweep_buckets else []
     per_call_s = best_device_us(8, 4 * KIB) * 1e-6
     best_bucket = min(buckets, key=lambda b: b["measured_ms"]) if buckets else None
     projection = None
@@ -258,10 +259,15 @@ def main():
     parser.add_argument("--json-dir", default="docs/bench", help="writes gpu-<device>-<date>.json here")
     parser.add_argument("--markdown", help="also write the tables here")
     parser.add_argument("--quick", action="store_true", help="fewer calls per size (a smoke run)")
+    parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="ring sizes to time; must include 2 and 8")
+    parser.add_argument("--no-buckets", action="store_true", help="skip ds2_paper's bucket sweep and projection")
     args = parser.parse_args()
+    ranks_list = tuple(int(k) for k in args.ranks.split(","))
+    if not {2, 8} <= set(ranks_list):
+        parser.error(f"--ranks {args.ranks}: the targets need k=2 and k=8")
     from jaxring.collectives import _jaxring_cuda_harness as harness
 
-    result = run(harness, args.quick)
+    result = run(harness, args.quick, ranks_list, not args.no_buckets)
     result["date"] = datetime.date.today().isoformat()
     result["command"] = " ".join(sys.argv)
     device = result["device"]["name"].lower().replace("nvidia ", "").split()[0]

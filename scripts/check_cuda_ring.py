@@ -113,17 +113,25 @@ def main():
     parser.add_argument("--largest", type=parse_bytes, default=64 << 20, help="skip sizes above this many elements (K/M/G suffixes: 1M = 2**20)")
     parser.add_argument("--engines", default="host,device", help="which of host, device to check")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a call may wait for its ranks")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="which of " + ", ".join(DTYPES))
+    parser.add_argument("--modes", default=",".join(MODES), help="which of " + ", ".join(MODES))
+    parser.add_argument("--max-failures", type=int, default=0,
+                        help="stop after this many failed cases (0: never); a hung engine costs --timeout per case")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    dtypes, modes = args.dtypes.split(","), args.modes.split(",")
+    for name, chosen, known in (("--dtypes", dtypes, DTYPES), ("--modes", modes, MODES)):
+        if unknown := [c for c in chosen if c not in known]:
+            parser.error(f"{name}: unknown {unknown}; choose from {', '.join(known)}")
     rng = np.random.default_rng(args.seed)
     print("device:", harness.device_info(), flush=True)
     failures = cases = 0
     with open(args.out, "w") as out:
         for k in map(int, args.ranks.split(",")):
             for size in sizes_for(k, args.largest):
-                for dtype in DTYPES:
+                for dtype in dtypes:
                     reference = Reference(rng, dtype, k, size)
-                    for mode in MODES:
+                    for mode in modes:
                         for engine, path in ENGINES:
                             if engine not in args.engines.split(","):
                                 continue
@@ -138,6 +146,9 @@ def main():
                             if not ok:
                                 failures += 1
                                 print("FAIL", record, flush=True)
+                                if failures == args.max_failures:
+                                    print(f"stopping after {failures} failed cases (--max-failures)")
+                                    return 1
             print(f"k={k}: {cases} cases so far, {failures} failed", flush=True)
     print(f"{cases} cases, {failures} failed")
     return 1 if failures else 0

@@ -1,98 +1,147 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one command, on a machine with only its
-# image (python3 with jax + CUDA plugin, flax, optax, nvcc, cmake, ninja,
-# scikit-build-core, nanobind; no network):
+# Everything that needs a GPU, in two calls of at most 10 minutes each, on a
+# machine with only its image (python3 with jax + CUDA plugin, flax, optax,
+# nvcc, cmake, ninja, scikit-build-core, nanobind; no network):
 #
-#   scripts/gpu_check.sh                       # every stage
-#   GPU_CHECK_STAGES="build harness" scripts/gpu_check.sh   # some of them
+#   scripts/gpu_check.sh 1     # decisive: build, smoke, correctness, latency, bandwidth, crossover
+#   scripts/gpu_check.sh 2     # sanitizer, jax under each engine, large sizes, bucket sweep
+#   GPU_CHECK_DRY_RUN=1 scripts/gpu_check.sh 1   # on CPU: every command resolves, CPU stages run
 #
-# Stages: build (in place, with -Xptxas=-v register report), import (jaxring
-# without the training-only packages), protocol (the CPU protocol tests, if
-# pytest is there), harness (scripts/check_cuda_ring.py: k = 2..8 virtual
-# ranks, both engines), sanitizer (compute-sanitizer memcheck and synccheck
-# on a small case), jax (scripts/check_jax_gpu.py under each engine, and a bad
-# JAXRING_CUDA_ENGINE), bench (scripts/bench_cuda_ring.py). Results go to
-# $OUT, else ./gpu-results; the exit status is non-zero if any stage failed.
-# HARNESS_LARGEST caps the harness's sizes (elements; default 64M).
+# Every stage runs under `timeout`, and the whole part under a budget
+# (GPU_CHECK_BUDGET_S, default 540 s): a stage gets the smaller of its own
+# limit and what is left, and a stage that no longer fits is recorded as
+# skipped, so a hung engine costs minutes, not hours. Results go to $OUT,
+# else ./gpu-results: one log per stage, stages.jsonl, and summary.json
+# (scripts/gpu_check_summary.py): every target with its measured value, pass
+# or fail, and what to flip when it passes. Exit status non-zero if a stage
+# failed or a target missed.
 set -u
 cd "$(dirname "$0")/.."
+PART="${1:-}"
+if [[ "$PART" != 1 && "$PART" != 2 ]]; then
+  echo "usage: $0 1|2  (part 1: the decisive numbers; part 2: sanitizer, jax, large sizes)" >&2
+  exit 2
+fi
 OUT="${OUT:-./gpu-results}"
 mkdir -p "$OUT"
 PYTHON="${PYTHON:-python3}"
-STAGES="${GPU_CHECK_STAGES:-build import protocol harness sanitizer jax bench}"
+DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
+SUMMARY_RESERVE_S=20
 # The harness runs k ranks' kernels at once from k streams, which needs k
 # hardware queues; CUDA reads this when it starts (docs/CUDA_RING.md).
 export CUDA_DEVICE_MAX_CONNECTIONS=32
+export PYTHONPATH="scripts${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
+: >"$OUT/summary.txt"
+: >"$OUT/stages.jsonl"
 
-stage() {  # stage NAME COMMAND...: runs it, logs to $OUT/NAME.log, records a failure
-  local name=$1
-  shift
-  echo "=== $name: $*" | tee -a "$OUT/summary.txt"
-  local start=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  tail -n 5 "$OUT/$name.log"
-  echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
-  [ $rc -eq 0 ] || failed+=("$name")
+record() {  # record NAME STATUS RC SECONDS LIMIT
+  printf '{"stage": "%s", "status": "%s", "rc": %s, "seconds": %s, "limit_s": %s}\n' "$@" >>"$OUT/stages.jsonl"
 }
 
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
+resolves() {  # resolves COMMAND...: the program is on PATH and every repository path it names exists
+  command -v "$1" >/dev/null || { echo "not found: $1"; return 1; }
+  local arg
+  for arg in "${@:2}"; do
+    arg="${arg%%::*}"
+    if [[ "$arg" == scripts/* || "$arg" == tests/* ]] && [ ! -e "$arg" ]; then
+      echo "missing: $arg"
+      return 1
+    fi
+  done
+}
 
-: >"$OUT/summary.txt"
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
-"$PYTHON" -c "import jax; print(jax.__version__, jax.devices())" >"$OUT/jax-devices.txt" 2>&1 || true
+# stage NAME KIND LIMIT_S [--expect-fail PATTERN] COMMAND...
+#   KIND: gpu (needs a GPU), build (compiles), cpu (runs anywhere; the dry run runs it).
+#   --expect-fail: the command must fail and its output contain PATTERN.
+stage() {
+  local name=$1 kind=$2 limit=$3 expect=""
+  shift 3
+  if [ "$1" = --expect-fail ]; then expect=$2; shift 2; fi
+  echo "=== $name: $*" | tee -a "$OUT/summary.txt"
+  if ! resolves "$@" >"$OUT/$name.log" 2>&1; then
+    cat "$OUT/$name.log"
+    record "$name" unresolved 127 0 "$limit"; failed+=("$name"); return
+  fi
+  if [ "$DRY_RUN" = 1 ] && [ "$kind" != cpu ]; then
+    record "$name" resolved 0 0 "$limit"; return
+  fi
+  local left=$((BUDGET_S - SUMMARY_RESERVE_S - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    echo "=== $name: skipped, out of time" | tee -a "$OUT/summary.txt"
+    record "$name" skipped null 0 "$limit"; failed+=("$name"); return
+  fi
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$? status=passed
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    status=timed_out
+  elif [ -n "$expect" ]; then
+    if [ $rc -ne 0 ] && grep -qF "$expect" "$OUT/$name.log"; then rc=0; else rc=1; fi
+  fi
+  [ $rc -eq 0 ] || { [ "$status" = timed_out ] || status=failed; failed+=("$name"); }
+  tail -n 5 "$OUT/$name.log"
+  echo "=== $name: $status (exit $rc) after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  record "$name" "$status" "$rc" "$((SECONDS - start))" "$limit"
+}
 
-if wants build; then
-  stage build "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
-  grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas.txt" || true
+HARNESS=("$PYTHON" scripts/check_cuda_ring.py)
+if [ "$DRY_RUN" != 1 ]; then
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 fi
 
-if wants import; then
+# The build is in place (no network) and reports registers and spills.
+stage build build 240 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
+grep -E "Compiling entry|registers|spill|lmem" "$OUT/build.log" >"$OUT/ptxas.txt" 2>/dev/null || true
+
+if [ "$PART" = 1 ]; then
   # The image lacks the training-only packages; jaxring must import without them.
-  stage import "$PYTHON" -c "
+  stage import cpu 60 "$PYTHON" -c "
 import importlib.util, jaxring
 absent = [m for m in ('jiwer', 'soundfile', 'soxr', 'espeakng_loader', 'tensorboardX', 'mpi4jax')
           if importlib.util.find_spec(m) is None]
 print('import jaxring: ok; absent here:', absent)
 print('platforms:', jaxring.collectives._ffi.register())"
-fi
-
-if wants protocol; then
-  if "$PYTHON" -c "import pytest" 2>/dev/null; then
-    stage protocol "$PYTHON" -m pytest -q -p no:cacheprovider tests/jaxring/test_ring_protocol.py tests/jaxring/test_schedule.py
-  else
-    echo "=== protocol: skipped (no pytest in this image)" | tee -a "$OUT/summary.txt"
-  fi
-fi
-
-if wants harness; then
-  stage harness "$PYTHON" scripts/check_cuda_ring.py --out "$OUT/harness.jsonl" --largest "${HARNESS_LARGEST:-67108864}"
-fi
-
-if wants sanitizer; then
-  # Small cases: the sanitizer slows kernels by orders of magnitude.
-  for tool in memcheck synccheck; do
-    stage "sanitizer-$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      "$PYTHON" scripts/check_cuda_ring.py --out "$OUT/sanitizer-$tool.jsonl" --ranks 2,3 --largest 1000 --timeout 120
-  done
-fi
-
-if wants jax; then
+  # Both engines, every path, k = 2 and 8, tiny sizes: a hang shows in seconds.
+  stage smoke gpu 60 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
+    --dtypes float32 --timeout 5 --max-failures 3
+  stage correctness gpu 100 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
+    --largest 1000003 --timeout 10 --max-failures 5
+  # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
+  mkdir -p "$OUT/bench-decisive"
+  stage bench-decisive gpu 200 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
+    --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
+else
+  stage protocol cpu 120 "$PYTHON" -m pytest -q -p no:cacheprovider \
+    tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py
+  # The sanitizer serialises kernels that spin on each other: the host engine
+  # in full, the device engine on one tiny case with a short deadline.
+  stage sanitizer-host gpu 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "${HARNESS[@]}" --out "$OUT/sanitizer-host.jsonl" --engines host --ranks 2,3 --largest 1000 --timeout 30
+  stage sanitizer-device gpu 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "${HARNESS[@]}" --out "$OUT/sanitizer-device.jsonl" --engines device --ranks 2 --largest 1 \
+    --dtypes float32 --modes allreduce --timeout 5 --max-failures 1
   for engine in host device; do
-    stage "jax-$engine" env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
+    stage "jax-$engine" gpu 60 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
   done
   # A misspelt engine is an error that says what to write instead.
-  stage jax-bad-engine bash -c "! JAXRING_CUDA_ENGINE=devcie '$PYTHON' scripts/check_jax_gpu.py >'$OUT/jax-bad-engine.out' 2>&1 \
-    && grep -q \"JAXRING_CUDA_ENGINE is 'devcie'; use 'host'\" '$OUT/jax-bad-engine.out'"
+  stage jax-bad-engine gpu 45 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
+    env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
+  stage correctness-large gpu 100 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
+    --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
+  mkdir -p "$OUT/bench-buckets"
+  stage bench-buckets gpu 150 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
+    --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
 fi
 
-if wants bench; then
-  stage bench "$PYTHON" scripts/bench_cuda_ring.py --json-dir "$OUT" --markdown "$OUT/bench.md"
-fi
-
+timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"
+summary_rc=${PIPESTATUS[0]}
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "FAILED: ${failed[*]}" | tee -a "$OUT/summary.txt"
+  echo "FAILED stages: ${failed[*]}" | tee -a "$OUT/summary.txt"
   exit 1
 fi
-echo "all stages passed: $STAGES" | tee -a "$OUT/summary.txt"
+# A dry run measures nothing: it passes when every command resolved and the CPU stages passed.
+[ "$summary_rc" -eq 0 ] || [ "$DRY_RUN" = 1 ] || exit 1
+echo "part $PART: all stages passed" | tee -a "$OUT/summary.txt"

@@ -236,18 +236,15 @@ def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms):
     return _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
 
 
-def _workspace_elements(dtype, elements, mode):
-    """Elements of partial sums the handler needs besides the output.
+def _workspace_elements(dtype, elements, mode, platform):
+    """Accumulation-type elements the handler needs besides the output.
 
-    All-reduce keeps its partial sums in the output when it has the
-    accumulation type; reduce_scatter's output is one chunk, so its partial
-    sums need a full buffer; all_gather adds nothing.
+    The layout's one owner is the C++ side (WorkspaceFor in
+    csrc/ring_handler_common.h); the handlers refuse any other size.
     """
-    if mode == ALL_GATHER:
-        return 0
-    if mode == ALLREDUCE and np.dtype(dtype) == accumulation.accumulation_dtype(dtype):
-        return 0
-    return elements
+    return _ffi.cpu_module().workspace_elements(
+        mode, np.dtype(dtype).itemsize, elements, SLICE_BYTES[platform], staging_slice=platform == "cuda"
+    )
 
 
 def _device_ordinal(device, platform):
@@ -283,10 +280,7 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
     if ring != ranks:
         raise ValueError(f"axis {axis_name} has {ring} devices in the mesh but {ranks} when traced")
     full = x_aval.shape[0] * (ranks if mode == ALL_GATHER else 1)
-    workspace_elements = _workspace_elements(x_aval.dtype, full, mode)
-    if platform == "cuda":
-        # One staging slice for peers that cannot map each other's memory.
-        workspace_elements += SLICE_BYTES[platform] // np.dtype(x_aval.dtype).itemsize
+    workspace_elements = _workspace_elements(x_aval.dtype, full, mode, platform)
     workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
     lower = jax.ffi.ffi_lowering(_ffi.target_name())
     out, _ = lower(

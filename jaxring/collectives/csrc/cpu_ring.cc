@@ -124,10 +124,13 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
     promise.SetError(ffi::Error::InvalidArgument(error));
     return future;
   }
-  // Partial sums live in the output when it has the accumulation type.
+  const WorkspaceLayout layout = WorkspaceFor(call, x.element_type(), /*staging_slice=*/false);
+  if (auto error = CheckWorkspace(layout, workspace->element_count()); !error.empty()) {
+    promise.SetError(ffi::Error::InvalidArgument(error));
+    return future;
+  }
   RankBuffers me{x.untyped_data(), out->untyped_data(),
-                 workspace->element_count() > 0 ? workspace->untyped_data()
-                                                : out->untyped_data()};
+                 layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
   Threads().Run([type = x.element_type(), call, me, promise]() mutable {
     const std::string error = RunRingOf(type, call, me);
     if (error.empty()) {

@@ -188,13 +188,14 @@ ffi::Error RingCuda(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordin
       !error.empty()) {
     return ffi::Error::InvalidArgument(error);
   }
-  // The workspace is [partial sums (may be empty) | one staging slice].
-  const int64_t staging_elements = call.slice_elements;
-  const int64_t acc_elements = workspace->element_count() - staging_elements;
+  const WorkspaceLayout layout = WorkspaceFor(call, x.element_type(), /*staging_slice=*/true);
+  if (auto error = CheckWorkspace(layout, workspace->element_count()); !error.empty()) {
+    return ffi::Error::InvalidArgument(error);
+  }
   char* ws = static_cast<char*>(workspace->untyped_data());
   CudaRank me{x.untyped_data(), out->untyped_data(),
-              acc_elements > 0 ? static_cast<void*>(ws) : out->untyped_data(),
-              ws + std::max<int64_t>(acc_elements, 0) * 4, device_ordinal, stream};
+              layout.partial_sums > 0 ? static_cast<void*>(ws) : out->untyped_data(),
+              ws + layout.partial_sums * 4, device_ordinal, stream};
   const std::vector<int> devices(ring_devices.begin() + call.key.group * call.ranks,
                                  ring_devices.begin() + (call.key.group + 1) * call.ranks);
   if (auto error = RunCudaCollective(call, x.element_type(), me, devices); !error.empty()) {

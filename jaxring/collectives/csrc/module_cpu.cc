@@ -40,6 +40,13 @@ NB_MODULE(_jaxring_cpu, m) {
     }
     return stages;
   }, "Stages of one rank: (kind, left_is_input, src, dst, count, wait_left, wait_right).");
+  m.def("workspace_elements", [](int64_t mode, int64_t element_bytes, int64_t elements,
+                                 int64_t slice_bytes, bool staging_slice) {
+    return jaxring::WorkspaceFor(static_cast<jaxring::Mode>(mode), element_bytes, elements,
+                                 slice_bytes, staging_slice).total();
+  }, nb::arg("mode"), nb::arg("element_bytes"), nb::arg("elements"), nb::arg("slice_bytes"),
+     nb::arg("staging_slice"),
+     "4-byte elements of the workspace a call needs (ring_handler_common.h's WorkspaceFor).");
   m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds,
         "Seconds a rendezvous waits for missing ranks (inf: no limit); jaxring/collectives/timeout.py sets it.");
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));

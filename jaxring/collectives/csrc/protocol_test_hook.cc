@@ -1,6 +1,6 @@
 // The device ring's synchronisation protocol (ring_protocol.h) run by host
 // threads, one per (rank, lane), over std::atomic flags: the CPU evidence for
-// the code the GPU kernel runs, driven from tests/jaxring/test_ring_protocol.py.
+// the code the GPU kernel runs, driven from tests/jaxring/collectives/test_ring_protocol.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>

@@ -54,6 +54,44 @@ inline RingCall MakeRingCall(RendezvousKey key, Mode mode, int64_t elements, int
                   mode == Mode::kAllReduce ? 16 / ElementBytes(type) : 1};
 }
 
+// The workspace XLA allocates next to a call's output, in 4-byte elements of
+// the accumulation type: [partial sums | staging slice]. The one definition:
+// jaxring/collectives/ring.py sizes the buffer with it (through
+// _jaxring_cpu.workspace_elements) and the handlers check what they get.
+// Partial sums: all-reduce keeps them in the output when it has the
+// accumulation type (4-byte types); reduce_scatter's output is one chunk, so
+// it needs a full buffer; all_gather sums nothing. The staging slice (CUDA
+// only) receives a peer's operand where peer access cannot be enabled.
+struct WorkspaceLayout {
+  int64_t partial_sums;
+  int64_t staging;
+  int64_t total() const { return partial_sums + staging; }
+};
+
+inline WorkspaceLayout WorkspaceFor(Mode mode, int64_t element_bytes, int64_t elements,
+                                    int64_t slice_bytes, bool staging_slice) {
+  const bool sums_in_output = mode == Mode::kAllGather ||
+                              (mode == Mode::kAllReduce && element_bytes == 4);
+  return WorkspaceLayout{sums_in_output ? 0 : elements,
+                         staging_slice ? std::max<int64_t>(1, slice_bytes / element_bytes) : 0};
+}
+
+inline WorkspaceLayout WorkspaceFor(const RingCall& call, xla::ffi::DataType type,
+                                    bool staging_slice) {
+  const int64_t bytes = ElementBytes(type);
+  return WorkspaceFor(call.mode, bytes, call.elements, call.slice_elements * bytes, staging_slice);
+}
+
+// "" when the workspace XLA gave the handler has the layout's size, else why not.
+inline std::string CheckWorkspace(const WorkspaceLayout& layout, int64_t given_elements) {
+  if (given_elements == layout.total()) return "";
+  return "jaxring: the workspace has " + std::to_string(given_elements) +
+         " elements but this call needs " + std::to_string(layout.total()) + " (partial sums " +
+         std::to_string(layout.partial_sums) + " + staging " + std::to_string(layout.staging) +
+         "); the lowering (jaxring/collectives/ring.py) and the compiled handler disagree: "
+         "rebuild the package (pip install --no-build-isolation -e .)";
+}
+
 // `ring_devices` lists, group after group, the device ordinals of each ring in
 // axis order (static, from the mesh at trace time), so the rank is the axis
 // position without reading device memory. Returns an error message or "".

@@ -33,7 +33,7 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
-// Harness op ids lie far above any the Python side hands out (jaxring/ring.py
+// Harness op ids lie far above any the Python side hands out (jaxring/collectives/ring.py
 // counts from 1), so their rings never share flags with real collectives.
 // Correctness runs of k ranks all use one ring, whatever their shape: the
 // flags must serve call after call with nothing reset, as under XLA.
@@ -51,12 +51,10 @@ int64_t InElements(const HarnessCase& c) {
 int64_t OutElements(const HarnessCase& c) {
   return c.mode == static_cast<int64_t>(Mode::kReduceScatter) ? c.elements / c.ranks : c.elements;
 }
-// Partial sums apart from the output, as jaxring/ring.py's _workspace_elements
-// sizes XLA's workspace: reduce_scatter always, all-reduce of 16-bit types.
-int64_t AccumulatorElements(const HarnessCase& c) {
-  if (c.mode == static_cast<int64_t>(Mode::kAllGather)) return 0;
-  if (c.mode == static_cast<int64_t>(Mode::kAllReduce) && ElementBytes(c.type) == 4) return 0;
-  return c.elements;
+// XLA's workspace for this case (ring_handler_common.h), as the handler gets it.
+WorkspaceLayout LayoutOf(const HarnessCase& c) {
+  return WorkspaceFor(static_cast<Mode>(c.mode), ElementBytes(c.type), c.elements, c.slice_bytes,
+                      /*staging_slice=*/true);
 }
 
 RingCall CallOf(const HarnessCase& c, int64_t op_id, int64_t rank) {
@@ -145,7 +143,7 @@ struct RankMemory {
   void* out = nullptr;
   void* workspace = nullptr;
   CudaRank Rank(const HarnessCase& c, const RingCall& call, cudaStream_t stream) const {
-    const int64_t acc = AccumulatorElements(c);
+    const int64_t acc = LayoutOf(c).partial_sums;
     char* ws = static_cast<char*>(workspace);
     return CudaRank{in, out, acc > 0 ? ws : out, ws + acc * 4, kDevice, stream};
   }
@@ -159,8 +157,7 @@ class Buffers {
       RankMemory m;
       Check(cudaMalloc(&m.in, std::max<int64_t>(InElements(c) * bytes, 16)), "cudaMalloc input");
       Check(cudaMalloc(&m.out, std::max<int64_t>(OutElements(c) * bytes, 16)), "cudaMalloc output");
-      const int64_t staging = std::max<int64_t>(1, c.slice_bytes / bytes);
-      Check(cudaMalloc(&m.workspace, (AccumulatorElements(c) + staging) * 4), "cudaMalloc workspace");
+      Check(cudaMalloc(&m.workspace, LayoutOf(c).total() * 4), "cudaMalloc workspace");
       memory_.push_back(m);
     }
   }
@@ -201,7 +198,7 @@ std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, vo
     Check(cudaMemcpy(m.in, static_cast<const char*>(inputs) + r * InElements(c) * bytes,
                      InElements(c) * bytes, cudaMemcpyHostToDevice), "copying an input");
     Check(cudaMemset(m.out, 0xff, OutElements(c) * bytes), "poisoning an output");
-    Check(cudaMemset(m.workspace, 0xff, AccumulatorElements(c) * 4), "poisoning partial sums");
+    Check(cudaMemset(m.workspace, 0xff, LayoutOf(c).partial_sums * 4), "poisoning partial sums");
   }
   Check(cudaDeviceSynchronize(), "preparing the buffers");
   std::vector<cudaStream_t> streams = Streams(c.ranks);

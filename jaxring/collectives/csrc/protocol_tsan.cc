@@ -1,0 +1,200 @@
+// ring_protocol.h under ThreadSanitizer, published as the GPU kernel
+// publishes (cuda_device_ring.cu's DeviceSync): every lane is a block of
+// kBlockThreads host threads that all touch the lane's data, meet at a block
+// barrier, and then only thread 0 release-stores the flags; a waiter's thread
+// 0 acquire-loads and a barrier releases the rest. protocol_test_hook.cc
+// publishes from the one thread that did all the accesses, which never
+// exercises "barrier, then thread 0 releases".
+//
+// A standalone program (no Python, so TSan sees only this), built and run by
+// tests/jaxring/collectives/test_protocol_tsan.py:
+//   c++ -std=c++17 -O1 -g -fsanitize=thread -DJAXRING_TSAN_MUTATION=<m> protocol_tsan.cc
+// Mutations, each of which must make TSan report a data race:
+//   0 none; 1 no barrier before thread 0's release; 2 a relaxed store
+//   instead of the release; 3 a relaxed load instead of the acquire.
+// Exits 0 when every rank's output matches a float64 reference, 1 otherwise.
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ring_protocol.h"
+#include "ring_schedule.h"
+
+#ifndef JAXRING_TSAN_MUTATION
+#define JAXRING_TSAN_MUTATION 0
+#endif
+
+namespace jaxring {
+namespace {
+
+constexpr int kBlockThreads = 4;
+constexpr int64_t kRanks = 3;
+constexpr int64_t kLanes = 2;
+constexpr int64_t kCalls = 3;
+constexpr int64_t kElements = 1003;   // odd: uneven chunks, lanes and thread strides
+constexpr int64_t kSliceElements = 64;  // several slices per stage
+
+using Word = std::atomic<uint64_t>;
+
+// __syncthreads(): a reusable barrier of one block's threads.
+class Barrier {
+ public:
+  explicit Barrier(int64_t threads) : threads_(threads) {}
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = generation_;
+    if (++arrived_ == threads_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return;
+    }
+    changed_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  const int64_t threads_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int64_t arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// DeviceSync on host threads: `tid` is threadIdx.x, `block` the lane's barrier.
+struct BlockSync {
+  using Word = jaxring::Word;
+  int tid;
+  Barrier* block;
+
+  void Publish(Word* const* words, int count, uint64_t value) {
+#if JAXRING_TSAN_MUTATION != 1
+    block->Arrive();
+#endif
+    if (tid == 0) {
+#if JAXRING_TSAN_MUTATION == 2
+      for (int i = 0; i < count; ++i) words[i]->store(value, std::memory_order_relaxed);
+#else
+      for (int i = 0; i < count; ++i) words[i]->store(value, std::memory_order_release);
+#endif
+    }
+  }
+
+  bool Wait(const Word* word, uint64_t value, uint64_t* seen) {
+    if (tid == 0) {
+#if JAXRING_TSAN_MUTATION == 3
+      constexpr auto order = std::memory_order_relaxed;
+#else
+      constexpr auto order = std::memory_order_acquire;
+#endif
+      uint64_t v = word->load(order);
+      while (v < value) {
+        std::this_thread::yield();
+        v = word->load(order);
+      }
+      *seen = v;
+    }
+    block->Arrive();  // no deadline here: every rank runs every call
+    return true;
+  }
+};
+
+// BlockElementwise on host threads: thread `tid` of the block takes every
+// kBlockThreads-th element, as the GPU's threads stride through a lane.
+struct StridedElementwise {
+  int tid;
+  template <typename T>
+  void Copy(T* dst, const T* src, int64_t n) {
+    for (int64_t i = tid; i < n; i += kBlockThreads) dst[i] = src[i];
+  }
+  template <typename A, typename B, typename D>
+  void Add(const A* a, const B* b, D* dst, int64_t n) {
+    for (int64_t i = tid; i < n; i += kBlockThreads) dst[i] = a[i] + b[i];
+  }
+  template <typename T>
+  void SumInRankOrder(const T* const* inputs, int ranks, int64_t offset, T* dst, int64_t n) {
+    for (int64_t i = tid; i < n; i += kBlockThreads) {
+      T sum = inputs[0][offset + i];
+      for (int p = 1; p < ranks; ++p) sum += inputs[p][offset + i];
+      dst[i] = sum;
+    }
+  }
+};
+
+float InputOf(int64_t call, int64_t rank, int64_t i) {
+  // Distinct per call, rank and element, exact in float32 sums of three.
+  return static_cast<float>((call * 7 + rank * 13 + i * 5) % 97) - 48.0f;
+}
+
+// Runs kCalls all-reduces on the ring or one-shot path, reusing every rank's
+// buffers from call to call as XLA does; returns the number of wrong elements.
+int64_t RunAllReduces(bool one_shot) {
+  std::vector<std::vector<float>> in(kRanks, std::vector<float>(kElements));
+  std::vector<std::vector<float>> out(kRanks, std::vector<float>(kElements));
+  std::vector<RankBuffers> buffers;
+  for (int64_t r = 0; r < kRanks; ++r) buffers.push_back(RankBuffers{in[r].data(), out[r].data(), out[r].data()});
+  std::vector<std::unique_ptr<Word[]>> blocks;
+  std::vector<Word*> block_pointers;
+  for (int64_t r = 0; r < kRanks; ++r) {
+    blocks.emplace_back(new Word[kFlagWords]);
+    for (int i = 0; i < kFlagWords; ++i) blocks.back()[i].store(0);
+    block_pointers.push_back(blocks.back().get());
+  }
+  // A rank's kernel ends (every lane done) before its stream moves on.
+  std::vector<std::unique_ptr<Barrier>> kernels, lane_blocks;
+  for (int64_t r = 0; r < kRanks; ++r) kernels.emplace_back(new Barrier(kLanes * kBlockThreads));
+  for (int64_t i = 0; i < kRanks * kLanes; ++i) lane_blocks.emplace_back(new Barrier(kBlockThreads));
+  std::atomic<int64_t> wrong{0};
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < kRanks; ++r) {
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      for (int tid = 0; tid < kBlockThreads; ++tid) {
+        threads.emplace_back([&, r, lane, tid] {
+          const SchedulePlan plan = SchedulePlan::Make(Mode::kAllReduce, kElements, kRanks, r,
+                                                       kSliceElements, 16 / sizeof(float));
+          for (int64_t c = 0; c < kCalls; ++c) {
+            // The stream's previous work: this call's input, written by the "host".
+            if (lane == 0 && tid == 0) {
+              for (int64_t i = 0; i < kElements; ++i) in[r][i] = InputOf(c, r, i);
+            }
+            kernels[r]->Arrive();
+            BlockSync sync{tid, lane_blocks[r * kLanes + lane].get()};
+            StridedElementwise ew{tid};
+            const LaneCall<Word> call{kRanks, r, kLanes, lane, static_cast<uint64_t>(c + 1),
+                                      block_pointers.data(), buffers.data()};
+            const LaneOutcome outcome = one_shot ? RunOneShotLane<float>(plan, call, sync, ew)
+                                                 : RunRingLane<float, float>(plan, call, sync, ew);
+            if (!outcome.ok) wrong += kElements;
+            kernels[r]->Arrive();
+            if (lane == 0 && tid == 0) {  // the next op reads the output
+              for (int64_t i = 0; i < kElements; ++i) {
+                double expected = 0;
+                for (int64_t p = 0; p < kRanks; ++p) expected += InputOf(c, p, i);
+                if (out[r][i] != expected) ++wrong;
+              }
+            }
+            kernels[r]->Arrive();
+          }
+        });
+      }
+    }
+  }
+  for (auto& t : threads) t.join();
+  return wrong.load();
+}
+
+}  // namespace
+}  // namespace jaxring
+
+int main() {
+  const int64_t ring_wrong = jaxring::RunAllReduces(/*one_shot=*/false);
+  const int64_t one_shot_wrong = jaxring::RunAllReduces(/*one_shot=*/true);
+  std::printf("mutation %d: ring %lld wrong elements, one-shot %lld\n", JAXRING_TSAN_MUTATION,
+              static_cast<long long>(ring_wrong), static_cast<long long>(one_shot_wrong));
+  return ring_wrong == 0 && one_shot_wrong == 0 ? 0 : 1;
+}
