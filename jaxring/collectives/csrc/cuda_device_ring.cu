@@ -10,6 +10,8 @@
 // cross GPUs over peer mappings; on one GPU it is merely stronger than needed.
 #include "cuda_device_ring.h"
 
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -30,31 +32,6 @@ namespace jaxring {
 namespace {
 
 namespace ffi = xla::ffi;
-
-constexpr int kThreads = 512;
-// A lane per this many bytes of a stage (ring) or of a rank's output
-// (one-shot), up to kMaxLanes: 4 packs of 16 bytes per thread.
-constexpr int64_t kBytesPerLane = int64_t{kThreads} * 16 * 4;
-
-// What a lane that gave up leaves for the host, in host-mapped memory;
-// epoch 0: nothing to report.
-struct LaneFailureRecord {
-  uint64_t epoch;
-  int64_t peer;
-  uint64_t wanted;
-  uint64_t seen;
-};
-
-struct KernelArgs {
-  SchedulePlan plan;
-  int64_t lanes;
-  uint64_t epoch;
-  bool one_shot;
-  uint64_t timeout_ns;
-  uint64_t* flag_blocks[kMaxDeviceRanks];
-  RankBuffers buffers[kMaxDeviceRanks];
-  LaneFailureRecord* failures;  // this rank's, one per lane
-};
 
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
@@ -103,6 +80,43 @@ struct DeviceSync {
   }
 };
 
+// What a timed-out call leaves in its output, so that XLA never hands on a
+// half-written result as if it were right: NaN for the float types, INT32_MIN
+// for int32 (docs/CUDA_RING.md).
+__device__ __forceinline__ void PoisonValue(float* v) { *v = __int_as_float(0x7fc00000); }
+__device__ __forceinline__ void PoisonValue(__half* v) { *v = __ushort_as_half(0x7e00); }
+__device__ __forceinline__ void PoisonValue(__nv_bfloat16* v) { *v = __ushort_as_bfloat16(0x7fc0); }
+__device__ __forceinline__ void PoisonValue(int32_t* v) { *v = INT32_MIN; }
+
+// Run by every block of a rank's kernel at its end: the last block to finish
+// (a counter in the rank's flag block that only grows) poisons the rank's
+// whole output if any lane of this call gave up.
+template <typename T>
+__device__ void PoisonIfAnyLaneFailed(const KernelArgs& args) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(reinterpret_cast<unsigned long long*>(args.blocks_done), 1ull) + 1 ==
+           args.blocks_done_after;
+  }
+  __syncthreads();
+  if (!last) return;
+  int failed = 0;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    for (int64_t lane = 0; lane < args.lanes; ++lane) {
+      failed |= static_cast<volatile LaneFailureRecord*>(args.failures)[lane].epoch == args.epoch;
+    }
+  }
+  if (!__syncthreads_or(failed)) return;
+  const SchedulePlan& plan = args.plan;
+  const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank)
+                                                      : plan.chunks.elements;
+  T* out = static_cast<T*>(args.buffers[plan.rank].out);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) PoisonValue(out + i);
+}
+
 // One block per lane. Bounded registers (512 threads, two blocks per SM:
 // at most 64 registers, no spills on sm_80/sm_90 with -Xptxas=-v) and bounded
 // blocks (kMaxLanes) per rank let the ranks sharing a GPU be co-resident
@@ -124,6 +138,7 @@ __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs
     __threadfence_system();
     record->epoch = args.epoch;
   }
+  PoisonIfAnyLaneFailed<T>(args);
 }
 
 template <typename T>
@@ -132,149 +147,139 @@ cudaError_t Launch(const KernelArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// --- host side -------------------------------------------------------------
-
-// What a rank tells the others at the call's rendezvous.
-struct Published {
-  RankBuffers buffers;
-  uint64_t* flag_block;
-  uint64_t calls;  // this rank's count of calls of this ring, this one included
-};
-
-// One rank's persistent state in one ring (op id, group). Only that rank's
-// handler thread writes it, except `published`, which the others read
-// between the rendezvous and their launch. Two slots, alternating, because a
-// rank can enter its next call (and publish again) while a slower peer still
-// reads this call's slot, but not two calls ahead: it would need that peer at
-// the next rendezvous first.
-struct RankSlot {
-  uint64_t* flag_block = nullptr;                 // kFlagWords, on the rank's device
-  LaneFailureRecord* failures = nullptr;          // kMaxLanes, host-mapped
-  LaneFailureRecord* device_failures = nullptr;   // the same, as the device sees it
-  uint64_t calls = 0;
-  Published published[2];
-};
-
-// Rings live for the process: their flags must keep growing across calls,
-// and an op id is never reused.
-RankSlot* SlotFor(const RingCall& call, std::string* error) {
-  static std::mutex mu;
-  static auto* rings = new std::map<std::pair<int64_t, int64_t>, std::vector<RankSlot>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& ring = (*rings)[{call.key.op_id, call.key.group}];
-  if (ring.empty()) ring.resize(call.ranks);
-  if (static_cast<int64_t>(ring.size()) != call.ranks) {
-    *error = "jaxring device ring: devices of one collective disagree on the ring size (" +
-             std::to_string(ring.size()) + " vs " + std::to_string(call.ranks) + ")";
-    return nullptr;
-  }
-  return &ring[call.rank];
-}
+// --- host side: the CUDA runtime behind device_engine.h's seam ------------
 
 std::string CudaError(const char* what, cudaError_t err) {
-  return std::string("jaxring device ring: ") + what + ": " + cudaGetErrorString(err);
+  return std::string(what) + ": " + cudaGetErrorString(err);
 }
 
-// Flags zeroed and failure records allocated at a rank's first call of a
-// ring. The stream is synchronised so the zeros land before any peer (which
-// launches only after this rank reaches the rendezvous) can publish.
-std::string Allocate(RankSlot& slot, cudaStream_t stream) {
-  cudaError_t err = cudaMalloc(&slot.flag_block, kFlagWords * sizeof(uint64_t));
-  if (err == cudaSuccess) {
-    err = cudaMemsetAsync(slot.flag_block, 0, kFlagWords * sizeof(uint64_t), stream);
+// A driver API function, found through the runtime (no link to libcuda).
+template <typename Fn>
+Fn DriverFunction(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
   }
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  if (err == cudaSuccess) {
-    err = cudaHostAlloc(&slot.failures, kMaxLanes * sizeof(LaneFailureRecord),
-                        cudaHostAllocMapped | cudaHostAllocPortable);
-  }
-  if (err == cudaSuccess) {
-    std::memset(slot.failures, 0, kMaxLanes * sizeof(LaneFailureRecord));
-    err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot.device_failures),
-                                   slot.failures, 0);
-  }
-  return err == cudaSuccess ? "" : CudaError("allocating the ring's flags", err);
+  return reinterpret_cast<Fn>(fn);
 }
 
-std::string TakeFailure(RankSlot& slot, int64_t rank) {
-  if (slot.failures == nullptr) return "";
-  std::string error;
-  for (int lane = 0; lane < kMaxLanes; ++lane) {
-    volatile LaneFailureRecord* record = slot.failures + lane;
-    if (record->epoch == 0) continue;
-    if (error.empty()) {
-      error = DescribeLaneFailure(rank, LaneOutcome{false, record->peer, record->wanted,
-                                                    record->seen});
+class CudaRuntimeSeam : public CudaSeam {
+ public:
+  int DeviceCount() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) cudaGetLastError();
+    return count;
+  }
+
+  // Asking for a kernel's attributes loads its module on the current device.
+  std::string LoadKernels(int device) override {
+    cudaError_t err = cudaSetDevice(device);
+    cudaFuncAttributes attributes;
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<float>);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<__nv_bfloat16>);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<__half>);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<int32_t>);
+    return err == cudaSuccess ? "" : CudaError("loading the ring kernels", err);
+  }
+
+  std::string AllocZeroedDevice(int device, size_t bytes, void** ptr) override {
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = cudaMalloc(ptr, bytes);
+    if (err == cudaSuccess) err = cudaMemset(*ptr, 0, bytes);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    return err == cudaSuccess ? "" : CudaError("allocating the flag pool", err);
+  }
+
+  std::string AllocMappedHost(size_t bytes, void** host, void** device_view) override {
+    cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err == cudaSuccess) {
+      std::memset(*host, 0, bytes);
+      err = cudaHostGetDevicePointer(device_view, *host, 0);
     }
-    record->epoch = 0;
+    return err == cudaSuccess ? "" : CudaError("allocating the failure records", err);
   }
-  return error;
-}
 
-template <typename T>
-int64_t LanesFor(const RingCall& call, bool one_shot) {
-  int64_t bytes;
-  if (one_shot) {
-    bytes = call.elements * static_cast<int64_t>(sizeof(T));
-  } else {
-    const SchedulePlan plan = SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
-                                                 call.slice_elements, call.align);
-    bytes = plan.slice_len * static_cast<int64_t>(sizeof(T));
-  }
-  return std::clamp<int64_t>((bytes + kBytesPerLane - 1) / kBytesPerLane, 1, kMaxLanes);
-}
-
-template <typename T>
-std::string RunTyped(const RingCall& call, const CudaRank& me, DevicePath path) {
-  cudaError_t err = cudaSetDevice(me.device);
-  if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
-  if (call.ranks > kMaxDeviceRanks) {
-    return "jaxring device ring: " + std::to_string(call.ranks) + " ranks; the device engine " +
-           "takes at most " + std::to_string(kMaxDeviceRanks);
-  }
-  std::string error;
-  RankSlot* slot = SlotFor(call, &error);
-  if (slot == nullptr) return error;
-  if (error = TakeFailure(*slot, call.rank); !error.empty()) {
-    return "an earlier call of this collective failed: " + error;
-  }
-  if (slot->flag_block == nullptr) {
-    if (error = Allocate(*slot, me.stream); !error.empty()) return error;
-  }
-  const bool one_shot =
-      path == DevicePath::kOneShot ||
-      (path == DevicePath::kAuto &&
-       call.elements * static_cast<int64_t>(sizeof(T)) <= OneShotMaxBytes(call.ranks));
-  ++slot->calls;
-  Published& mine = slot->published[slot->calls % 2];
-  mine = Published{RankBuffers{me.in, me.out, me.acc}, slot->flag_block, slot->calls};
-
-  KernelArgs args{};
-  args.plan = SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
-                                 call.slice_elements, call.align);
-  args.lanes = LanesFor<T>(call, one_shot);
-  args.one_shot = one_shot;
-  args.failures = slot->device_failures;
-  const auto deadline = DeadlineFor(call.timeout_ms);
-  args.timeout_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
-  {
-    RendezvousHandle rendezvous(call.key, call.ranks, call.rank);
-    if (!rendezvous.join_error().empty()) return rendezvous.join_error();
-    if (error = rendezvous->Arrive(call.rank, &mine, deadline); !error.empty()) return error;
-    // Ranks agree on the epoch: the highest call count, so a rank that
-    // missed calls (after an error) catches up and values keep growing.
-    for (int64_t p = 0; p < call.ranks; ++p) {
-      const Published& peer = *static_cast<const Published*>(rendezvous->state(p));
-      args.flag_blocks[p] = peer.flag_block;
-      args.buffers[p] = peer.buffers;
-      args.epoch = std::max(args.epoch, peer.calls);
+  // NVLink-class: peer access with native atomics, which PCIe peer links lack.
+  PeerLink Link(int device, int peer) override {
+    int can = 0, atomics = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) cudaGetLastError();
+    if (!can) return PeerLink::kNone;
+    if (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer) !=
+        cudaSuccess) {
+      cudaGetLastError();
     }
+    return atomics ? PeerLink::kNvlink : PeerLink::kPcie;
   }
-  slot->calls = args.epoch;
-  err = Launch<T>(args, me.stream);
-  return err == cudaSuccess ? "" : CudaError("launching the ring kernel", err);
-}
+
+  std::string EnablePeerAccess(int device, int peer) override {
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = cudaDeviceEnablePeerAccess(peer, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      err = cudaSuccess;
+    }
+    return err == cudaSuccess ? "" : CudaError("enabling peer access", err);
+  }
+
+  // Peer access covers cudaMalloc memory; memory of a cudaMallocAsync pool or
+  // a VMM mapping is readable by a peer only if its pool or mapping says so.
+  std::string PeerCanRead(const void* ptr, int peer) override {
+    static const auto get_attribute =
+        DriverFunction<CUresult (*)(void*, CUpointer_attribute, CUdeviceptr)>("cuPointerGetAttribute");
+    static const auto pool_access =
+        DriverFunction<CUresult (*)(CUmemAccess_flags*, CUmemoryPool, CUmemLocation*)>("cuMemPoolGetAccess");
+    static const auto mapping_access =
+        DriverFunction<CUresult (*)(unsigned long long*, const CUmemLocation*, CUdeviceptr)>("cuMemGetAccess");
+    if (get_attribute == nullptr || pool_access == nullptr || mapping_access == nullptr) {
+      return "the CUDA driver does not offer the pointer queries";
+    }
+    const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+    CUmemLocation location{};
+    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = peer;
+    CUmemoryPool pool = nullptr;
+    if (get_attribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, address) == CUDA_SUCCESS &&
+        pool != nullptr) {
+      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      if (pool_access(&flags, pool, &location) != CUDA_SUCCESS ||
+          flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        return "it comes from a cudaMallocAsync pool that does not grant the peer access";
+      }
+      return "";
+    }
+    unsigned long long flags = 0;
+    if (mapping_access(&flags, &location, address) == CUDA_SUCCESS &&
+        flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+      return "it is a virtual-memory mapping that does not grant the peer access";
+    }
+    return "";  // cudaMalloc memory (cuMemGetAccess refuses it): peer access covers it
+  }
+
+  std::string Launch(ffi::DataType type, const KernelArgs& args, void* stream) override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    cudaError_t err;
+    switch (type) {
+      case ffi::DataType::F32:
+        err = jaxring::Launch<float>(args, s);
+        break;
+      case ffi::DataType::BF16:
+        err = jaxring::Launch<__nv_bfloat16>(args, s);
+        break;
+      case ffi::DataType::F16:
+        err = jaxring::Launch<__half>(args, s);
+        break;
+      case ffi::DataType::S32:
+        err = jaxring::Launch<int32_t>(args, s);
+        break;
+      default:
+        return "jaxring: unsupported dtype";
+    }
+    return err == cudaSuccess ? "" : CudaError("jaxring device ring: launching the ring kernel", err);
+  }
+};
 
 bool DebugLogging() {
   static const bool on = [] {
@@ -284,34 +289,35 @@ bool DebugLogging() {
   return on;
 }
 
-// The engine of one ring, decided by its first call on any rank so that all
-// its ranks take the same one.
-bool DeviceEngineWorks(const RingCall& call, const std::vector<int>& devices) {
-  static std::mutex mu;
-  static auto* decided = new std::map<std::pair<int64_t, int64_t>, bool>();
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(call.key.op_id, call.key.group);
-  auto it = decided->find(key);
-  if (it != decided->end()) return it->second;
-  std::string why;
-  if (call.ranks > kMaxDeviceRanks) why = "more than " + std::to_string(kMaxDeviceRanks) + " ranks";
-  for (int a : devices) {
-    for (int b : devices) {
-      int can = 1;
-      if (a != b) cudaDeviceCanAccessPeer(&can, a, b);
-      if (!can && why.empty()) {
-        why = "device " + std::to_string(a) + " cannot map device " + std::to_string(b);
+// JAXRING_CUDA_ENGINE, read once: "host" (the default), "device" (over
+// NVLink-class links) or "device-any-link" (over PCIe too); "" if unknown.
+const std::string& EngineName() {
+  static const std::string name = [] {
+    const char* value = std::getenv("JAXRING_CUDA_ENGINE");
+    return std::string(value == nullptr || *value == '\0' ? "host" : value);
+  }();
+  return name;
+}
+
+// The process's engine. Pool: a flag block per (collective op, rank) on each
+// device, 2 KiB each; the virtual-rank harness makes a ring per case.
+DeviceEngine& Engine() {
+  static auto* seam = new CudaRuntimeSeam();
+  static auto* engine = new DeviceEngine(seam, [] {
+    EngineOptions options;
+    options.any_link = EngineName() == "device-any-link";
+    options.pool_slots = 16384;
+    options.one_shot_max_bytes = OneShotMaxBytes;
+    options.log = [](const std::string& line) {
+      static std::atomic<bool> first{true};
+      if (first.exchange(false) || DebugLogging()) {
+        std::fprintf(stderr, "%s%s\n", line.c_str(),
+                     DebugLogging() ? "" : " (JAXRING_LOG=debug logs every ring)");
       }
-    }
-  }
-  if (DebugLogging()) {
-    std::fprintf(stderr, "jaxring: ring of op %lld group %lld (%lld ranks): %s\n",
-                 static_cast<long long>(call.key.op_id), static_cast<long long>(call.key.group),
-                 static_cast<long long>(call.ranks),
-                 why.empty() ? "device-synchronised engine"
-                             : ("host-staged engine: " + why).c_str());
-  }
-  return decided->emplace(key, why.empty()).first->second;
+    };
+    return options;
+  }());
+  return *engine;
 }
 
 }  // namespace
@@ -324,30 +330,27 @@ int64_t OneShotMaxBytes(int64_t ranks) {
 }
 
 std::string RunDeviceRing(const RingCall& call, ffi::DataType type, const CudaRank& me,
-                          DevicePath path) {
-  switch (type) {
-    case ffi::DataType::F32:
-      return RunTyped<float>(call, me, path);
-    case ffi::DataType::BF16:
-      return RunTyped<__nv_bfloat16>(call, me, path);
-    case ffi::DataType::F16:
-      return RunTyped<__half>(call, me, path);
-    case ffi::DataType::S32:
-      return RunTyped<int32_t>(call, me, path);
+                          const std::vector<int>& devices, DevicePath path) {
+  cudaError_t err = cudaSetDevice(me.device);
+  if (err != cudaSuccess) return CudaError("jaxring device ring: cudaSetDevice", err);
+  std::string error;
+  switch (Engine().Run(call, type, DeviceRank{me.in, me.out, me.acc, me.device, me.stream, call.key.run_id},
+                       devices, path, &error)) {
+    case DeviceEngine::Outcome::kLaunched:
+      return "";
+    case DeviceEngine::Outcome::kUseHostEngine:
+      return RunCudaRing(call, type, me);
     default:
-      return "jaxring: unsupported dtype";
+      return error;
   }
 }
 
-std::string TakeDeviceFailure(const RingCall& call) {
-  std::string error;
-  RankSlot* slot = SlotFor(call, &error);
-  return slot == nullptr ? error : TakeFailure(*slot, call.rank);
+std::string TakeDeviceFailure(const RingCall& call, const std::vector<int>& devices) {
+  return Engine().TakeFailure(call, devices);
 }
 
 int64_t DeviceLanes(const RingCall& call, ffi::DataType type, bool one_shot) {
-  return ElementBytes(type) == 2 ? LanesFor<__half>(call, one_shot)
-                                 : LanesFor<float>(call, one_shot);
+  return DeviceEngine::Lanes(call, ElementBytes(type), one_shot);
 }
 
 int DeviceRingBlocksPerSm(ffi::DataType type) {
@@ -371,26 +374,15 @@ int DeviceRingBlocksPerSm(ffi::DataType type) {
 
 std::string RunCudaCollective(const RingCall& call, ffi::DataType type, const CudaRank& me,
                               const std::vector<int>& devices) {
-  static const char* engine = [] {
-    const char* value = std::getenv("JAXRING_CUDA_ENGINE");
-    return value == nullptr || *value == '\0' ? "host" : value;
-  }();
-  if (std::strcmp(engine, "host") == 0) return RunCudaRing(call, type, me);
-  if (std::strcmp(engine, "device") != 0) {
-    return std::string("jaxring: JAXRING_CUDA_ENGINE is '") + engine +
-           "'; use 'host' (the host-staged engine, the default) or 'device' (the "
-           "device-synchronised engine)";
+  const std::string& engine = EngineName();
+  if (engine == "host") return RunCudaRing(call, type, me);
+  if (engine != "device" && engine != "device-any-link") {
+    return "jaxring: JAXRING_CUDA_ENGINE is '" + engine +
+           "'; use 'host' (the host-staged engine, the default), 'device' (the "
+           "device-synchronised engine where the ring's GPUs are NVLink-connected) or "
+           "'device-any-link' (the device engine over PCIe too)";
   }
-  if (!DeviceEngineWorks(call, devices)) return RunCudaRing(call, type, me);
-  cudaError_t err = cudaSetDevice(me.device);
-  if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
-  for (int peer : devices) {
-    if (!PeerReadable(me.device, peer)) {
-      return "jaxring device ring: peer access from device " + std::to_string(me.device) +
-             " to device " + std::to_string(peer) + " could not be enabled";
-    }
-  }
-  return RunDeviceRing(call, type, me, DevicePath::kAuto);
+  return RunDeviceRing(call, type, me, devices, DevicePath::kAuto);
 }
 
 }  // namespace jaxring

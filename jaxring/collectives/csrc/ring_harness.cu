@@ -175,9 +175,12 @@ class Buffers {
   std::vector<RankMemory> memory_;
 };
 
+// Every virtual rank lives on the one device.
+std::vector<int> RingDevices(const HarnessCase& c) { return std::vector<int>(c.ranks, kDevice); }
+
 std::string RunEngine(const HarnessCase& c, const RingCall& call, const CudaRank& me) {
   if (c.engine == "host") return RunCudaRing(call, c.type, me);
-  return RunDeviceRing(call, c.type, me, PathOf(c.path));
+  return RunDeviceRing(call, c.type, me, RingDevices(c), PathOf(c.path));
 }
 
 std::vector<cudaStream_t> Streams(int64_t n) {
@@ -212,7 +215,7 @@ std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, vo
       errors[r] = RunEngine(c, call, buffers.At(0, r).Rank(c, call, streams[r]));
       const cudaError_t err = cudaStreamSynchronize(streams[r]);
       if (errors[r].empty() && err != cudaSuccess) errors[r] = cudaGetErrorString(err);
-      if (errors[r].empty() && c.engine == "device") errors[r] = TakeDeviceFailure(call);
+      if (errors[r].empty() && c.engine == "device") errors[r] = TakeDeviceFailure(call, RingDevices(c));
     });
   }
   for (auto& t : threads) t.join();
@@ -267,7 +270,7 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
         cudaEventRecord(ends[r * calls + i], streams[r]);
       }
       cudaStreamSynchronize(streams[r]);
-      if (errors[r].empty() && c.engine == "device") errors[r] = TakeDeviceFailure(call);
+      if (errors[r].empty() && c.engine == "device") errors[r] = TakeDeviceFailure(call, RingDevices(c));
       std::lock_guard<std::mutex> lock(mu);
       ++finished;
       changed.notify_all();

@@ -1,0 +1,279 @@
+// The device engine's host side (device_engine.h) over a fake CUDA, for
+// tests/jaxring/collectives/test_device_engine.py: k ranks on k host
+// threads call the engine as XLA's handler threads do; the fake records
+// every CUDA call, keeps the kernel arguments of each launch, and can play
+// a kernel that timed out, a buffer a peer cannot map, and the links.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "device_engine.h"
+
+namespace nb = nanobind;
+
+namespace jaxring {
+namespace {
+
+struct Launched {
+  int64_t rank;
+  uint64_t epoch;
+  int64_t lanes;
+  bool one_shot;
+  std::vector<uintptr_t> flag_blocks;
+  std::vector<uintptr_t> inputs;
+  uint64_t blocks_done_after;
+  uintptr_t blocks_done;
+};
+
+class FakeCuda : public CudaSeam {
+ public:
+  FakeCuda(int devices, std::map<std::pair<int, int>, PeerLink> links)
+      : devices_(devices), links_(std::move(links)) {}
+
+  int DeviceCount() override {
+    Record("device_count");
+    return devices_;
+  }
+  std::string LoadKernels(int device) override {
+    Record("load_kernels " + std::to_string(device));
+    return fail_setup_ == "load_kernels" ? "fake: no kernel image for this device" : "";
+  }
+  std::string AllocZeroedDevice(int device, size_t bytes, void** ptr) override {
+    Record("alloc_device " + std::to_string(device) + " " + std::to_string(bytes));
+    memory_.emplace_back(bytes / sizeof(uint64_t) + 1, 0);
+    *ptr = memory_.back().data();
+    return "";
+  }
+  std::string AllocMappedHost(size_t bytes, void** host, void** device_view) override {
+    Record("alloc_mapped " + std::to_string(bytes));
+    memory_.emplace_back(bytes / sizeof(uint64_t) + 1, 0);
+    *host = *device_view = memory_.back().data();
+    return "";
+  }
+  PeerLink Link(int device, int peer) override {
+    auto it = links_.find({device, peer});
+    return it == links_.end() ? PeerLink::kNvlink : it->second;
+  }
+  std::string EnablePeerAccess(int device, int peer) override {
+    Record("enable_peer " + std::to_string(device) + " " + std::to_string(peer));
+    return "";
+  }
+  std::string PeerCanRead(const void* ptr, int peer) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pointer_queries_;
+    return unreadable_.count({reinterpret_cast<uintptr_t>(ptr), peer}) ? "fake: not mapped" : "";
+  }
+  // Plays the kernel: a lane of a rank told to fail records its failure as
+  // the real kernel does (ring_protocol.h's outcome, at the call's epoch).
+  std::string Launch(xla::ffi::DataType, const KernelArgs& args, void*) override {
+    const int64_t rank = args.plan.rank, ranks = args.plan.ranks();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_.count({rank, args.epoch})) {
+      const int64_t peer = fail_[{rank, args.epoch}];
+      args.failures[0] = LaneFailureRecord{args.epoch, peer, FlagValue(args.epoch, 1), FlagValue(args.epoch - 1, 3)};
+    }
+    if (!keep_launches_) return "";
+    Launched l{rank, args.epoch, args.lanes, args.one_shot, {}, {}, args.blocks_done_after,
+               reinterpret_cast<uintptr_t>(args.blocks_done)};
+    for (int64_t p = 0; p < ranks; ++p) {
+      l.flag_blocks.push_back(reinterpret_cast<uintptr_t>(args.flag_blocks[p]));
+      l.inputs.push_back(reinterpret_cast<uintptr_t>(args.buffers[p].in));
+    }
+    launched_.push_back(l);
+    return "";
+  }
+
+  void Record(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(what + (launched_.empty() ? "" : " (after a launch)"));
+  }
+
+  int devices_;
+  std::map<std::pair<int, int>, PeerLink> links_;
+  std::mutex mu_;
+  std::vector<std::string> calls_;
+  std::vector<Launched> launched_;
+  std::vector<std::vector<uint64_t>> memory_;
+  std::set<std::pair<uintptr_t, int>> unreadable_;
+  std::map<std::pair<int64_t, uint64_t>, int64_t> fail_;  // (rank, epoch) -> peer it waited for
+  int64_t pointer_queries_ = 0;
+  bool keep_launches_ = true;
+  std::string fail_setup_;
+};
+
+PeerLink LinkNamed(const std::string& name) {
+  if (name == "nvlink") return PeerLink::kNvlink;
+  if (name == "pcie") return PeerLink::kPcie;
+  if (name == "none") return PeerLink::kNone;
+  throw std::invalid_argument("link must be nvlink, pcie or none, got '" + name + "'");
+}
+
+// A fake machine and the engine on it.
+class Fake {
+ public:
+  Fake(int devices, const std::map<std::pair<int, int>, std::string>& links, bool any_link,
+       int64_t pool_slots, int64_t one_shot_max_bytes)
+      : cuda_(devices, [&] {
+          std::map<std::pair<int, int>, PeerLink> parsed;
+          for (const auto& [pair, name] : links) parsed[pair] = LinkNamed(name);
+          return parsed;
+        }()) {
+    EngineOptions options;
+    options.any_link = any_link;
+    options.pool_slots = pool_slots;
+    options.one_shot_max_bytes = [one_shot_max_bytes](int64_t) { return one_shot_max_bytes; };
+    options.log = [this](const std::string& line) { engine_log_.push_back(line); };  // under the engine's lock
+    engine_ = std::make_unique<DeviceEngine>(&cuda_, options);
+  }
+
+  static uintptr_t Input(int64_t rank) { return 0x100000 * (rank + 1); }
+  static uintptr_t Output(int64_t rank) { return Input(rank) + 0x1000; }
+
+  // `calls` calls of one op by every rank but `absent_rank`, each rank on its
+  // own thread; per call and rank: (outcome, error).
+  std::vector<std::vector<std::pair<std::string, std::string>>> Run(
+      int64_t op_id, std::vector<int> devices, int64_t elements, int64_t calls, int64_t mode,
+      int64_t timeout_ms, std::vector<int64_t> run_ids, int64_t absent_rank) {
+    const int64_t ranks = static_cast<int64_t>(devices.size());
+    if (run_ids.empty()) run_ids.assign(ranks, 1);
+    std::vector<std::vector<std::pair<std::string, std::string>>> results(
+        calls, std::vector<std::pair<std::string, std::string>>(ranks));
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (int64_t r = 0; r < ranks; ++r) {
+      if (r == absent_rank) continue;
+      threads.emplace_back([&, r] {
+        const RingCall call = MakeRingCall(RendezvousKey{run_ids[r], op_id, 0}, static_cast<Mode>(mode),
+                                           elements, ranks, r, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
+        const DeviceRank me{reinterpret_cast<const void*>(Input(r)), reinterpret_cast<void*>(Output(r)),
+                            reinterpret_cast<void*>(Output(r)), devices[r],
+                            reinterpret_cast<void*>(r + 1), run_ids[r]};
+        for (int64_t c = 0; c < calls; ++c) {
+          std::string error;
+          const auto outcome = engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+          results[c][r] = {outcome == DeviceEngine::Outcome::kLaunched      ? "launched"
+                           : outcome == DeviceEngine::Outcome::kUseHostEngine ? "host engine"
+                                                                              : "failed",
+                           error};
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  // Host nanoseconds per call per rank (the median rank) of `calls` calls
+  // with launches that do nothing, after `calls` / 10 warm-up calls.
+  double TimeCalls(int64_t ranks, int64_t calls, int64_t op_id) {
+    cuda_.keep_launches_ = false;
+    std::vector<int> devices(ranks);
+    for (int64_t r = 0; r < ranks; ++r) devices[r] = static_cast<int>(r);
+    std::vector<double> per_rank(ranks);
+    std::vector<std::string> errors(ranks);
+    {
+      nb::gil_scoped_release release;
+      std::vector<std::thread> threads;
+      for (int64_t r = 0; r < ranks; ++r) {
+        threads.emplace_back([&, r] {
+          const RingCall call = MakeRingCall(RendezvousKey{1, op_id, 0}, Mode::kAllReduce, 1024, ranks, r,
+                                             60000, 1 << 20, xla::ffi::DataType::F32);
+          const DeviceRank me{reinterpret_cast<const void*>(Input(r)), reinterpret_cast<void*>(Output(r)),
+                              reinterpret_cast<void*>(Output(r)), devices[r],
+                              reinterpret_cast<void*>(r + 1), 1};
+          std::string error;
+          for (int64_t c = 0; c < calls / 10 + 1; ++c) {
+            engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+          }
+          const auto start = std::chrono::steady_clock::now();
+          for (int64_t c = 0; c < calls; ++c) {
+            engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+          }
+          per_rank[r] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / calls;
+          errors[r] = error;
+        });
+      }
+      for (auto& t : threads) t.join();
+    }
+    cuda_.keep_launches_ = true;
+    for (const std::string& e : errors) {
+      if (!e.empty()) throw std::runtime_error(e);
+    }
+    std::sort(per_rank.begin(), per_rank.end());
+    return per_rank[ranks / 2];
+  }
+
+  nb::list Launches() {
+    nb::list out;
+    std::lock_guard<std::mutex> lock(cuda_.mu_);
+    for (const Launched& l : cuda_.launched_) {
+      nb::dict d;
+      d["rank"] = l.rank;
+      d["epoch"] = l.epoch;
+      d["lanes"] = l.lanes;
+      d["one_shot"] = l.one_shot;
+      d["flag_blocks"] = l.flag_blocks;
+      d["inputs"] = l.inputs;
+      d["blocks_done"] = l.blocks_done;
+      d["blocks_done_after"] = l.blocks_done_after;
+      out.append(d);
+    }
+    cuda_.launched_.clear();
+    return out;
+  }
+
+  FakeCuda cuda_;
+  std::vector<std::string> engine_log_;
+  std::unique_ptr<DeviceEngine> engine_;
+};
+
+}  // namespace
+}  // namespace jaxring
+
+NB_MODULE(_jaxring_engine_test, m) {
+  using jaxring::Fake;
+  nb::class_<Fake>(m, "Fake")
+      .def(nb::init<int, const std::map<std::pair<int, int>, std::string>&, bool, int64_t, int64_t>(),
+           nb::arg("devices"), nb::arg("links") = std::map<std::pair<int, int>, std::string>{},
+           nb::arg("any_link") = false, nb::arg("pool_slots") = 64, nb::arg("one_shot_max_bytes") = 0)
+      .def("run", &Fake::Run, nb::arg("op_id"), nb::arg("devices"), nb::arg("elements") = 1000,
+           nb::arg("calls") = 1, nb::arg("mode") = 0, nb::arg("timeout_ms") = 10000,
+           nb::arg("run_ids") = std::vector<int64_t>{}, nb::arg("absent_rank") = -1)
+      .def("time_calls", &Fake::TimeCalls, nb::arg("ranks"), nb::arg("calls"), nb::arg("op_id"))
+      .def("launches", &Fake::Launches, "Each launch since the last ask (and forgets them).")
+      .def("cuda_calls", [](Fake& f) { std::lock_guard<std::mutex> l(f.cuda_.mu_); return f.cuda_.calls_; })
+      .def("engine_log", [](Fake& f) { return f.engine_log_; })
+      .def("pointer_queries", [](Fake& f) { std::lock_guard<std::mutex> l(f.cuda_.mu_); return f.cuda_.pointer_queries_; })
+      .def("fail_on_device", [](Fake& f, int64_t rank, uint64_t epoch, int64_t peer) {
+        std::lock_guard<std::mutex> l(f.cuda_.mu_);
+        f.cuda_.fail_[{rank, epoch}] = peer;
+      }, "The kernel of `rank` in call `epoch` times out waiting for `peer`.")
+      .def("unreadable", [](Fake& f, uintptr_t ptr, int peer) {
+        std::lock_guard<std::mutex> l(f.cuda_.mu_);
+        f.cuda_.unreadable_.insert({ptr, peer});
+      }, "Kernels on `peer` cannot read `ptr`.")
+      .def("fail_setup", [](Fake& f, const std::string& what) { f.cuda_.fail_setup_ = what; })
+      .def("take_failure", [](Fake& f, int64_t op_id, std::vector<int> devices, int64_t rank) {
+        const auto call = jaxring::MakeRingCall(jaxring::RendezvousKey{1, op_id, 0}, jaxring::Mode::kAllReduce, 1,
+                                                static_cast<int64_t>(devices.size()), rank, 1000, 1 << 20,
+                                                xla::ffi::DataType::F32);
+        return f.engine_->TakeFailure(call, devices);
+      });
+  m.def("input_address", &Fake::Input);
+  m.def("output_address", &Fake::Output);
+  m.attr("POOL_SLOT_BYTES") = jaxring::kSlotWords * sizeof(uint64_t);
+  m.attr("MAX_LANES") = jaxring::kMaxLanes;
+}
