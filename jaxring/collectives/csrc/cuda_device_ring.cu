@@ -49,17 +49,17 @@ __device__ __forceinline__ void StoreRelease(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// ring_protocol.h's primitives for one block: thread 0 touches the flags,
-// barriers order the other threads' data accesses around it.
+// ring_protocol.h's primitives for one block: after a barrier, thread i
+// stores flag i (the one-shot path's k stores go out at once, not one after
+// another from thread 0); thread 0 waits, and a barrier orders the other
+// threads' data accesses after it.
 struct DeviceSync {
   using Word = uint64_t;
   uint64_t deadline_ns;  // meaningful in thread 0
 
   __device__ void Publish(Word* const* words, int count, uint64_t value) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < count; ++i) StoreRelease(words[i], value);
-    }
+    for (int i = threadIdx.x; i < count; i += blockDim.x) StoreRelease(words[i], value);
   }
 
   __device__ bool Wait(const Word* word, uint64_t value, uint64_t* seen) {

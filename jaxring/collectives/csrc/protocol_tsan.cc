@@ -1,8 +1,9 @@
 // ring_protocol.h under ThreadSanitizer, published as the GPU kernel
 // publishes (cuda_device_ring.cu's DeviceSync): every lane is a block of
 // kBlockThreads host threads that all touch the lane's data, meet at a block
-// barrier, and then only thread 0 release-stores the flags; a waiter's thread
-// 0 acquire-loads and a barrier releases the rest. protocol_test_hook.cc
+// barrier, and then thread i release-stores flag i (so a flag is released by
+// a thread that did not write most of the data); a waiter's thread 0
+// acquire-loads and a barrier releases the rest. protocol_test_hook.cc
 // publishes from the one thread that did all the accesses, which never
 // exercises "barrier, then thread 0 releases".
 //
@@ -10,7 +11,7 @@
 // tests/jaxring/collectives/test_protocol_tsan.py:
 //   c++ -std=c++17 -O1 -g -fsanitize=thread -DJAXRING_TSAN_MUTATION=<m> protocol_tsan.cc
 // Mutations, each of which must make TSan report a data race:
-//   0 none; 1 no barrier before thread 0's release; 2 a relaxed store
+//   0 none; 1 no barrier before the release; 2 a relaxed store
 //   instead of the release; 3 a relaxed load instead of the acquire.
 // Exits 0 when every rank's output matches a float64 reference, 1 otherwise.
 #include <atomic>
@@ -76,13 +77,12 @@ struct BlockSync {
 #if JAXRING_TSAN_MUTATION != 1
     block->Arrive();
 #endif
-    if (tid == 0) {
 #if JAXRING_TSAN_MUTATION == 2
-      for (int i = 0; i < count; ++i) words[i]->store(value, std::memory_order_relaxed);
+    constexpr auto order = std::memory_order_relaxed;
 #else
-      for (int i = 0; i < count; ++i) words[i]->store(value, std::memory_order_release);
+    constexpr auto order = std::memory_order_release;
 #endif
-    }
+    for (int i = tid; i < count; i += kBlockThreads) words[i]->store(value, order);
   }
 
   bool Wait(const Word* word, uint64_t value, uint64_t* seen) {

@@ -1,10 +1,11 @@
 """The device ring's publish pattern under ThreadSanitizer (csrc/protocol_tsan.cc).
 
-Many threads of a lane write, meet at a barrier, and one thread releases the
-flags, as the GPU kernel does. The program is built with -fsanitize=thread
-here; without a mutation TSan is silent and the sums are right, and each
-mutation that breaks the ordering (no barrier before the release, a relaxed
-store, a relaxed load) makes TSan report a data race.
+Many threads of a lane write, meet at a barrier, and thread i releases flag i
+(a flag released by a thread that wrote little of the data), as the GPU
+kernel does. The program is built with -fsanitize=thread here; without a
+mutation TSan is silent and the sums are right, and each mutation that
+breaks the ordering (no barrier before the release, a relaxed store, a
+relaxed load) makes TSan report a data race.
 """
 
 import shutil

@@ -1,0 +1,35 @@
+"""Host time per call per rank of the device engine, on CPU, with launches that do nothing.
+
+Ranks are host threads over a fake CUDA (csrc/module_engine_test.cc): what is
+timed is the engine's own per-call path (finding the ring, publishing,
+the lock-free meeting, the launch arguments), not CUDA's launch. With more
+ranks than cores the meeting waits on the scheduler: compare k against the
+machine's cores. Target (issue 21): <= 5 us per rank per call at k = 8.
+
+    flock /tmp/jaxring-bench.lock python scripts/bench_device_engine_host.py
+"""
+
+import argparse
+import json
+import os
+
+from jaxring.collectives import _jaxring_engine_test as engine_test
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", default="1,2,8")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=5, help="the best of this many runs is reported")
+    args = parser.parse_args()
+    result = {"cores": os.cpu_count(), "calls": args.calls, "ns_per_call_per_rank": {}}
+    for k in map(int, args.ranks.split(",")):
+        fake = engine_test.Fake(k)
+        best = min(fake.time_calls(k, args.calls, op_id) for op_id in range(1, args.repeats + 1))
+        result["ns_per_call_per_rank"][k] = round(best, 1)
+        print(f"k={k}: {best / 1000:.2f} us per call per rank (best of {args.repeats})", flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
