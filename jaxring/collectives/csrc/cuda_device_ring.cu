@@ -51,11 +51,12 @@ __device__ __forceinline__ void StoreRelease(uint64_t* p, uint64_t v) {
 
 // ring_protocol.h's primitives for one block: after a barrier, thread i
 // stores flag i (the one-shot path's k stores go out at once, not one after
-// another from thread 0); thread 0 waits, and a barrier orders the other
-// threads' data accesses after it.
+// another from thread 0); thread 0 waits for one flag, thread i for flag i
+// of many (WaitEvery), and a barrier orders every thread's data accesses
+// after the waits.
 struct DeviceSync {
   using Word = uint64_t;
-  uint64_t deadline_ns;  // meaningful in thread 0
+  uint64_t deadline_ns;
 
   __device__ void Publish(Word* const* words, int count, uint64_t value) {
     __syncthreads();
@@ -77,6 +78,33 @@ struct DeviceSync {
       *seen = v;
     }
     return !__syncthreads_or(timed_out);
+  }
+
+  // Thread i waits for words i, i + blockDim.x, ...: the one-shot path's k
+  // waits at once. The caller's barriers keep `late` from being reset while
+  // a thread still reads it (a Publish lies between any two WaitEvery).
+  __device__ bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value,
+                            int64_t* which, uint64_t* seen) {
+    __shared__ int late;  // the lowest index that timed out; count if none
+    if (threadIdx.x == 0) late = count;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      const Word* word = first + i * stride;
+      while (LoadAcquire(word) < value) {
+        if (GlobalTimerNs() > deadline_ns) {
+          atomicMin(&late, i);
+          break;
+        }
+        __nanosleep(100);
+      }
+    }
+    __syncthreads();
+    if (late == count) return true;
+    if (threadIdx.x == 0) {
+      *which = late;
+      *seen = LoadAcquire(first + late * stride);
+    }
+    return false;
   }
 };
 
@@ -124,7 +152,7 @@ __device__ void PoisonIfAnyLaneFailed(const KernelArgs& args) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs args) {
   using Acc = typename AccumulatorOf<T>::type;
-  DeviceSync sync{threadIdx.x == 0 ? GlobalTimerNs() + args.timeout_ns : 0};
+  DeviceSync sync{GlobalTimerNs() + args.timeout_ns};
   BlockElementwise ew;
   const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, blockIdx.x,
                                 args.epoch, args.flag_blocks, args.buffers};

@@ -55,6 +55,11 @@ struct HostSync {
       else std::this_thread::yield();
     }
   }
+
+  bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value, int64_t* which,
+                 uint64_t* seen) {
+    return WaitInTurn(*this, first, stride, count, value, which, seen);
+  }
 };
 
 using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
@@ -249,6 +254,10 @@ struct RecordingSync {
     events->emplace_back("wait", Peer(word), static_cast<int64_t>(value & 0xffffffffu), 0, 0);
     *seen = value;
     return true;
+  }
+  bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value, int64_t* which,
+                 uint64_t* seen) {
+    return WaitInTurn(*this, first, stride, count, value, which, seen);
   }
 };
 

@@ -102,6 +102,20 @@ struct BlockSync {
     block->Arrive();  // no deadline here: every rank runs every call
     return true;
   }
+
+  // As the GPU: thread i waits for words i, i + kBlockThreads, ..., then a barrier.
+  bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value, int64_t*, uint64_t*) {
+#if JAXRING_TSAN_MUTATION == 3
+    constexpr auto order = std::memory_order_relaxed;
+#else
+    constexpr auto order = std::memory_order_acquire;
+#endif
+    for (int i = tid; i < count; i += kBlockThreads) {
+      while (first[i * stride].load(order) < value) std::this_thread::yield();
+    }
+    block->Arrive();
+    return true;
+  }
 };
 
 // BlockElementwise on host threads: thread `tid` of the block takes every

@@ -25,6 +25,12 @@
 //       after every data access of this lane so far: release-stores `value`
 //   bool Wait(const Word* word, uint64_t value, uint64_t* seen)
 //       acquire-loads until *word >= value; false at the call's deadline
+//   bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value,
+//                  int64_t* which, uint64_t* seen)
+//       Wait for each of first[0], first[stride], ..., first[(count - 1) * stride];
+//       false at the deadline, naming a word that did not get there. The GPU
+//       spreads the words over the block's threads; host Syncs wait in turn
+//       (WaitInTurn).
 // Elementwise (the data template argument), all over one lane's range:
 //   Copy(T* dst, const T* src, n), Add(const A* a, const B* b, D* dst, n),
 //   SumInRankOrder(const T* const* inputs, int ranks, int64_t offset, T* dst, n)
@@ -162,15 +168,29 @@ JAXRING_HOST_DEVICE LaneOutcome RunRingLane(const SchedulePlan& plan,
   return Succeeded();
 }
 
-// Waits until every rank's word says `progress`.
+// WaitEvery of a Sync that waits for one word after another.
+template <typename Sync>
+JAXRING_HOST_DEVICE bool WaitInTurn(Sync& sync, const typename Sync::Word* first, int64_t stride,
+                                    int count, uint64_t value, int64_t* which, uint64_t* seen) {
+  for (int i = 0; i < count; ++i) {
+    if (!sync.Wait(first + i * stride, value, seen)) {
+      *which = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Waits until every rank's word says `progress`: the words from rank 0 to
+// rank k-1 lie kMaxLanes apart in this rank's block (LaneCall::WordOf).
 template <typename Sync>
 JAXRING_HOST_DEVICE LaneOutcome WaitForEveryone(const LaneCall<typename Sync::Word>& call,
                                                 Sync& sync, int64_t progress) {
+  int64_t which = 0;
   uint64_t seen = 0;
-  for (int64_t p = 0; p < call.ranks; ++p) {
-    if (!sync.Wait(call.From(p), call.Value(progress), &seen)) {
-      return LaneOutcome{false, p, call.Value(progress), seen};
-    }
+  if (!sync.WaitEvery(call.From(0), kMaxLanes, static_cast<int>(call.ranks), call.Value(progress),
+                      &which, &seen)) {
+    return LaneOutcome{false, which, call.Value(progress), seen};
   }
   return Succeeded();
 }
