@@ -105,11 +105,10 @@ std::string DeviceEngine::Prepare() {
   for (int a = 0; a < count && prepare_error_.empty(); ++a) {
     for (int b = 0; b < count && prepare_error_.empty(); ++b) {
       if (a == b) continue;
+      // Every pair that can, PCIe too: the host-staged engine, which rings
+      // over PCIe take, would enable it later, while other rings' kernels spin.
       links_[a][b] = seam_->Link(a, b);
-      if (links_[a][b] == PeerLink::kNvlink ||
-          (links_[a][b] == PeerLink::kPcie && options_.any_link)) {
-        prepare_error_ = seam_->EnablePeerAccess(a, b);
-      }
+      if (links_[a][b] != PeerLink::kNone) prepare_error_ = seam_->EnablePeerAccess(a, b);
     }
   }
   if (prepare_error_.empty()) {
@@ -182,33 +181,35 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
       slot = std::move(made);
     }
     ring = slot.get();
-    if (ring->devices != devices) {
-      *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + " group " +
-               std::to_string(call.key.group) + " first ran on devices " +
-               DeviceList(ring->devices) + " and now on " + DeviceList(devices) +
-               "; the device engine keys its flags by op id, so one traced collective cannot "
-               "run on two sets of devices (trace it once per device set)";
-      return nullptr;
-    }
-    Rank& rank = ring->ranks[call.rank];
-    if (ring->use_device && rank.flag_block == nullptr) {
-      int64_t& used = pool_used_[device];
-      if (used == options_.pool_slots) {
-        *error = "jaxring device ring: device " + std::to_string(device) + "'s pool of " +
-                 std::to_string(options_.pool_slots) +
-                 " ring flag blocks is used up (one per collective op and rank); use fewer "
-                 "distinct collectives (larger buckets) or JAXRING_CUDA_ENGINE=host";
-        return nullptr;
-      }
-      rank.flag_block = pools_[device] + used++ * kSlotWords;
-    }
     cache[cache_key] = ring;
+  }
+  if (ring->devices != devices) {
+    *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + " group " +
+             std::to_string(call.key.group) + " first ran on devices " +
+             DeviceList(ring->devices) + " and now on " + DeviceList(devices) +
+             "; the device engine keys its flags by op id, so one traced collective cannot "
+             "run on two sets of devices (trace it once per device set)";
+    return nullptr;
   }
   if (ring->devices[call.rank] != device) {
     *error = "jaxring device ring: rank " + std::to_string(call.rank) + " of op " +
              std::to_string(call.key.op_id) + " runs on device " + std::to_string(device) +
              " but its ring places it on device " + std::to_string(ring->devices[call.rank]);
     return nullptr;
+  }
+  // The rank's flag block, at its first call (whichever thread makes it).
+  Rank& rank = ring->ranks[call.rank];
+  if (ring->use_device && rank.flag_block == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t& used = pool_used_[device];
+    if (used == options_.pool_slots) {
+      *error = "jaxring device ring: device " + std::to_string(device) + "'s pool of " +
+               std::to_string(options_.pool_slots) +
+               " ring flag blocks is used up (one per collective op and rank); use fewer "
+               "distinct collectives (larger buckets) or JAXRING_CUDA_ENGINE=host";
+      return nullptr;
+    }
+    rank.flag_block = pools_[device] + used++ * kSlotWords;
   }
   return ring;
 }

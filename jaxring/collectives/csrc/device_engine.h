@@ -7,7 +7,7 @@
 //   the first call of the engine in the process, before any ring exists (so
 //   before any ring kernel is launched), loads the kernels on every device
 //   (CUDA loads modules lazily, at the first launch, otherwise), enables peer
-//   access where the link allows, and makes each device's pool of flag words
+//   access between every pair of devices that can map each other, and makes each device's pool of flag words
 //   and the host-mapped failure records. Later calls make no CUDA call but
 //   the launch and pointer queries.
 // - The ranks of a ring meet once per call without a lock: each publishes its
