@@ -77,8 +77,8 @@ def _canonical_axis(axis, ndim, what):
 def _ring(flat, *, mode, names, timeout_ms):
     """Binds one ring op on a 1-D array."""
     _ffi.register()
-    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
-        flat = _varying_over_all(flat, names)
+    if _jax_compat.checking_varying_axes():
+        flat = _varying_over_all(flat, names) if mode == ALLREDUCE else _auto_pcast(flat, names)
     return ring_p.bind(
         flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
     )
@@ -110,6 +110,14 @@ def _varying_over_all(flat, names):
             f"as lax.psum, it takes one that varies over all or none; mark it with "
             f"jax.lax.pcast(x, {missing}, to='varying')"
         )
+    if missing and _jax_compat.auto_pcast():
+        return jax.lax.pcast(flat, missing, to="varying")
+    return flat
+
+
+def _auto_pcast(flat, names):
+    """As lax.psum_scatter and all_gather under jax_auto_pcast: an input invariant over some reduced axes is marked varying."""
+    missing = tuple(n for n in names if n not in _jax_compat.varying_axes(jax.typeof(flat)))
     if missing and _jax_compat.auto_pcast():
         return jax.lax.pcast(flat, missing, to="varying")
     return flat
