@@ -18,5 +18,5 @@ x = np.random.default_rng(world.rank).normal(size=(len(world.local_devices), 100
 mpi.global_allreduce(x)  # compiled and run once: the stop below is in the middle of a job
 if world.rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)  # the others are already in the compiled exchange, or about to be
-mpi.global_allreduce(x)
+mpi.global_allreduce(x).block_until_ready()  # dispatched asynchronously: its error comes with the result
 print(f"FAIL rank {world.rank}: global_allreduce returned although rank 1 stopped in it", flush=True)
