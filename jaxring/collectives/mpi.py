@@ -33,12 +33,15 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
-from jaxring.collectives import accumulation, agreement, ring, topology
+from jaxring.collectives import _jax_compat, accumulation, agreement, ring, topology
 from jaxring.collectives import timeout as timeout_lib
 
 _AXIS = "jaxring_local"
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
+# Types a value that is bitwise equal on every device of `names` (the all-gathered
+# sum) as invariant over them, as lax.psum types its result; it moves nothing.
+invariant_p = core.Primitive("jaxring_invariant")
 # Tags of the legs, in lowering order: every process lowers the same programs in
 # the same order (the agreement at lowering checks it), so tags match.
 _tags = itertools.count()
@@ -70,14 +73,16 @@ def processes() -> int:
 def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str = "ring"):
     """The sum of `x` over the devices of `names` and every process, bitwise equal everywhere.
 
-    Inside pmap or shard_map(check_vma=False); `x` of a supported dtype, not
-    empty. `local_ops`: "ring" (jaxring's ring) or "lax" (XLA's own
+    Inside pmap or shard_map; `x` of a supported dtype, not empty. Under
+    check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`: "ring" (jaxring's ring) or "lax" (XLA's own
     psum_scatter and all_gather) for the reduce-scatter and all-gather among
     this process' devices.
     """
     _leg_module()
     local = ring._ring_size(names)
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
+    if _jax_compat.checking_varying_axes():
+        flat = ring._varying_over_all(flat, names)
     if local > 1:
         chunk = -(-flat.size // local)
         flat = jnp.pad(flat, (0, local * chunk - flat.size))
@@ -92,6 +97,8 @@ def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str =
         else:
             flat = jax.lax.all_gather(flat, names, tiled=True)
         flat = flat[: x.size]
+    if _jax_compat.checking_varying_axes():
+        flat = invariant_p.bind(flat, names=names)
     return flat.reshape(x.shape)
 
 
@@ -173,3 +180,19 @@ ad.deflinear2(mpi_ring_p, _transpose)
 batching.primitive_batchers[mpi_ring_p] = _batch
 mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu")
 mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda")
+
+
+def _invariant_abstract_eval(x, *, names):
+    return _jax_compat.with_shape_and_varying(x, x.shape, _jax_compat.varying_axes(x) - frozenset(names))
+
+
+def _invariant_transpose(cotangent, x, *, names):
+    # As lax.psum's typed transpose: every device's input receives the cotangent whole.
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [jax.lax.pcast(cotangent, names, to="varying")]
+
+
+invariant_p.def_abstract_eval(_invariant_abstract_eval)
+ad.deflinear2(invariant_p, _invariant_transpose)
+mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])

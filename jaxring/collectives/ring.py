@@ -135,8 +135,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     srun, each process mapping `axis_name` over its own devices): the sum of
     the leaf over all devices of all processes, the mean dividing by their
     count, inside the same compiled program (jaxring/collectives/mpi.py).
-    Every process must run the same program. Under shard_map it needs
-    check_vma=False. With one process it is processes=False.
+    Every process must run the same program. With one process it is
+    processes=False.
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -170,11 +170,6 @@ def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
     """allreduce(processes=True) of one leaf in a job of several processes."""
     from jaxring.collectives import mpi
 
-    if _jax_compat.checking_varying_axes():
-        raise NotImplementedError(
-            "jaxring.allreduce(processes=True) under shard_map needs check_vma=False "
-            "(its result is not yet typed as invariant over the reduced axes)"
-        )
     if x.size == 0:
         total = x
     else:

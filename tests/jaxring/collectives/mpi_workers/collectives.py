@@ -109,6 +109,9 @@ def check_mean_and_jit_and_shard_map():
     mapped = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v[0], AXIS, "mean", processes=True)[None],
                                    mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False))
     assert np.asarray(mapped(x)).tobytes() == np.asarray(mean).tobytes()
+    typed = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v[0], AXIS, "mean", processes=True),
+                                  mesh=mesh, in_specs=P(AXIS), out_specs=P(), check_vma=True))
+    assert np.asarray(typed(x)).tobytes() == np.asarray(mean)[0].tobytes()  # typed invariant, as lax.pmean
     ints = data(world.rank, 101, (6,), jnp.int32)
     int_mean = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, "mean", processes=True), AXIS)(ints)
     assert int_mean.dtype == np.float32  # as lax.pmean
