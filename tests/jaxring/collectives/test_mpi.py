@@ -33,7 +33,7 @@ def assert_passed(output, checks, ranks):
             assert f"PASS rank {rank} {check}\n" in output, f"rank {rank} did not pass {check}:\n{output}"
 
 
-@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (3, 1), (3, 2)])
+@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (2, 3), (3, 1), (3, 2)])
 def test_collectives_across_processes(n_procs, devices_per_proc):
     output = run_workers("collectives.py", CHECKS, n_procs, devices_per_proc)
     assert_passed(output, CHECKS, range(n_procs))
