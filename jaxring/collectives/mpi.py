@@ -105,7 +105,7 @@ def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str =
 def mean_over_processes_with_lax(x, axis_name):
     """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg across."""
     n_procs = processes()
-    what = f"{np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
+    what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
     total = sum_over_processes(x, (axis_name,), 0, what, local_ops="lax")
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
 

@@ -173,7 +173,7 @@ def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
     if x.size == 0:
         total = x
     else:
-        what = f"{np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
+        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
         total = mpi.sum_over_processes(x, names, timeout_ms, what)
     return accumulation.mean(total, ranks * n_procs) if op == "mean" else total
 

@@ -149,6 +149,13 @@ def check_mismatch():
     else:
         raise AssertionError("mismatched shapes were not detected")
     assert f"rank {odd_one}: leg" in message and "float32[11]" in message and "float32[10]" in message, message
+    op = "mean" if world.rank == odd_one else "sum"
+    try:
+        jax.pmap(lambda v: jaxring.allreduce(v, AXIS, op, processes=True), AXIS)(np.ones((L, 10), np.float32))
+    except ValueError as error:
+        assert f"rank {odd_one}: leg" in str(error) and "mean of float32[10]" in str(error), error
+    else:
+        raise AssertionError("mismatched ops were not detected")
     # The mismatch is found when compiling, before any data moves, so the processes stay in step.
     out = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(np.ones((L, 4), np.float32))
     assert (np.asarray(out) == world.n_devices).all()
