@@ -24,7 +24,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <vector>
 
 #include "mpi_ring.h"
 #include "rendezvous.h"
@@ -112,13 +111,14 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
                                        Max(elements, 1), 1);
   const auto theirs = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right,
                                          Max(elements, 1), 1);
-  std::vector<T> received(mine.chunks.Size(0));
   for (int64_t i = 0; i < mine.StageCount(); ++i) {
     const Stage st = mine.StageAt(i);
     const Stage rt = theirs.StageAt(i);
     MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    // Received straight into the output: a stage's destination chunk is never
+    // the chunk the right neighbour reads from this rank in the same stage.
     if (st.count > 0) {
-      MPI_Irecv(received.data(), static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
+      MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
                 leg.comm, &requests[0]);
     }
     if (rt.count > 0) {
@@ -130,10 +130,8 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
                 leg.comm, &requests[1]);
     }
     if (auto error = Wait(requests, left, right, leg); !error.empty()) return error;
-    if (st.kind == StageKind::kCopy) {
-      std::memcpy(out + st.dst, received.data(), st.count * sizeof(T));
-    } else {
-      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], received[j]);
+    if (st.kind != StageKind::kCopy) {
+      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], out[st.dst + j]);
     }
   }
   return "";
