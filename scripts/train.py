@@ -86,6 +86,7 @@ def main(argv=None) -> dict:
     start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
     abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
 
+    import jax
     import jaxring
     import models
     from jaxring.engine import config as config_lib
@@ -106,6 +107,10 @@ def main(argv=None) -> dict:
         summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume, overwrite=args.overwrite)
     except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,
             TimeoutError) as e:
+        exit_job(f"error: {e}")
+    except jax.errors.JaxRuntimeError as e:
+        if "jaxring" not in str(e):  # a jaxring handler's timeout names the process; others keep their traceback
+            raise
         exit_job(f"error: {e}")
     if world.rank == 0:
         if config.decode.beam_width and "test_cer" in summary:

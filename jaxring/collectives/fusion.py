@@ -74,9 +74,14 @@ def unpack(flats, layout: Layout):
     return jax.tree_util.tree_unflatten(layout.treedef, leaves)
 
 
-def tree_allreduce(tree, axis_name, op="mean", *, bucket_bytes=DEFAULT_BUCKET_BYTES, timeout=None):
-    """All-reduces every leaf of `tree` over `axis_name` with one ring per fused bucket."""
-    if jax.lax.axis_size(axis_name) == 1:  # nothing moves, so packing would only copy
-        return ring.allreduce(tree, axis_name, op, timeout=timeout)
+def fused(fn, tree, bucket_bytes):
+    """`tree` with fn applied to each flat bucket of its packed leaves (fn keeps shape and dtype)."""
     flats, layout = pack(tree, bucket_bytes)
-    return unpack([ring.allreduce(flat, axis_name, op=op, timeout=timeout) for flat in flats], layout)
+    return unpack([fn(flat) for flat in flats], layout)
+
+
+def tree_allreduce(tree, axis_name, op="mean", *, bucket_bytes=DEFAULT_BUCKET_BYTES, processes=False, timeout=None):
+    """All-reduces every leaf of `tree` over `axis_name` (and every process, as ring.allreduce) with one op per fused bucket."""
+    if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
+        return ring.allreduce(tree, axis_name, op, timeout=timeout)
+    return fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout), tree, bucket_bytes)

@@ -109,6 +109,10 @@ CASES = [
     Case("scatter-replicated-out", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P(), ((16, 3),)),
     Case("scatter-varying-out", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((16, 3),)),
     Case("gather-replicated-out", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", tiled=True), (P("x"),), P(), ((8, 3),)),
+    # An input invariant over the reduced axis: lax (jax_auto_pcast) marks it varying first.
+    Case("scatter-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.reduce_scatter(x, "y", tiled=True), (P("x", None),), P("x", "y"), ((4, 6),)),
+    Case("gather-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, "y"), (P("x", None),), P(None, ("x", "y")), ((4, 6),)),
+    Case("gather-tiled-over-both-axes", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, ("x", "y"), tiled=True), (P("x", None),), P(("x", "y")), ((4, 6),)),
     Case("untiled-scatter-wrong-size", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((12, 3),)),
     Case("gather-axis-out-of-range", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", axis=3), (P("x"),), P("x"), ((8, 3),)),
     Case("unbound-axis", {"x": 4}, lambda ops, x: ops.allreduce(x, "z"), (P("x"),), P("x"), ((8, 3),)),
