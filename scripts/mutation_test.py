@@ -8,9 +8,11 @@ a mutant is killed when those tests fail (or exceed --timeout). A surviving
 mutant is either a test that asserts too little or an equivalent change;
 each survivor is printed with its line to judge which.
 
-One mutant at a time, in place: the module is rewritten, tested and restored
-(also on Ctrl-C). Run it from a clean checkout of the module; it refuses a
-module with uncommitted changes, so the restore can be checked with git.
+One mutant at a time, in a copy of the checkout (the files git lists,
+committed or not, plus the compiled extensions), so the checkout itself is
+never touched and can be worked on meanwhile. A sitecustomize.py in the copy
+takes the editable install's import hook out of every Python process the
+tests start, so that they import the copy's (mutated) modules.
 
     python scripts/mutation_test.py jaxring/engine/rundir.py --sample 40
 """
@@ -19,8 +21,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
+import os
 import random
+import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -167,36 +173,66 @@ def mutants(source: str) -> Iterator[Mutant]:
     return iter(found)
 
 
-def run_tests(test_args: list[str], timeout_s: float) -> str:
-    """'killed', 'survived' or 'timeout' for the tests at `test_args` against the module as it is on disk."""
+# Put first on PYTHONPATH in the copy: the editable install (_editable_skbc_jaxring.pth) maps `jaxring`
+# to the checkout with an import hook that would win over the copy's files.
+_SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_")]
+"""
+
+
+def make_workspace() -> Path:
+    """A copy of the checkout in which `import jaxring` finds the copy (module docstring)."""
+    workspace = Path(tempfile.mkdtemp(prefix="jaxring-mutants-"))
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, workspace / name)
+    extensions = Path(importlib.util.find_spec("jaxring.collectives._jaxring_cpu").origin).parent
+    for library in extensions.glob("*.so"):
+        shutil.copy2(library, workspace / "jaxring" / "collectives" / library.name)
+    (workspace / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    return workspace
+
+
+def run_tests(workspace: Path, test_args: list[str], timeout_s: float) -> str:
+    """'killed', 'survived' or 'timeout' for the tests at `test_args` against the modules of `workspace`."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *test_args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(workspace), os.environ.get("PYTHONPATH")]))}
     try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=timeout_s)
+        result = subprocess.run(command, cwd=workspace, env=env, capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return "timeout"
     return "survived" if result.returncode == 0 else "killed"
 
 
-def _unchanged_in_git(path: Path) -> bool:
-    return subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(path)], cwd=ROOT).returncode == 0
+def check_workspace(workspace: Path) -> None:
+    """Raises unless Python started as the tests are imports jaxring from `workspace`."""
+    env = {**os.environ, "PYTHONPATH": str(workspace)}
+    found = subprocess.run([sys.executable, "-c", "import jaxring.engine.config as m; print(m.__file__)"],
+                           cwd=workspace, env=env, capture_output=True, text=True).stdout.strip()
+    if not found.startswith(str(workspace)):
+        raise SystemExit(f"the tests would import jaxring from {found or 'nowhere'}, not from the copy {workspace}")
 
 
-def mutate_module(module: str, sample: int | None, seed: int, timeout_s: float) -> tuple[int, int, int, list]:
+def mutate_module(workspace: Path, module: str, sample: int | None, seed: int, timeout_s: float):
     """(killed, timed out, total, survivors) of `module`'s mutants (a random `sample` of them if given)."""
-    path = ROOT / module
-    if not _unchanged_in_git(path):
-        raise SystemExit(f"{module} has uncommitted changes: commit or stash them first (mutants are applied in place)")
+    path = workspace / module
     original = path.read_text()
     found = list(mutants(original))
     if sample is not None and sample < len(found):
         found = sorted(random.Random(seed).sample(found, sample), key=lambda m: m.line)
+    if run_tests(workspace, TESTS[module], timeout_s) != "survived":  # else every mutant would count as killed
+        raise SystemExit(f"the tests of {module} ({' '.join(TESTS[module])}) fail without any mutant: fix them first")
     killed = timed_out = 0
     survivors = []
     try:
         for number, mutant in enumerate(found, 1):
             path.write_text(mutant.source)
             started = time.perf_counter()
-            outcome = run_tests(TESTS[module], timeout_s)
+            outcome = run_tests(workspace, TESTS[module], timeout_s)
             killed += outcome == "killed"
             timed_out += outcome == "timeout"
             line = original.splitlines()[mutant.line - 1].strip()
@@ -227,12 +263,17 @@ def main(argv=None) -> int:
         return 0
     total_killed = total = 0
     report = []
-    for module in args.modules:
-        killed, timed_out, count, survivors = mutate_module(module, args.sample, args.seed, args.timeout)
-        total_killed += killed + timed_out
-        total += count
-        report.append(f"{module}: {killed + timed_out}/{count} killed ({timed_out} by the timeout)")
-        report += [f"  survived {module}:{line} {what}  | {text}" for line, what, text in survivors]
+    workspace = make_workspace()
+    try:
+        check_workspace(workspace)
+        for module in args.modules:
+            killed, timed_out, count, survivors = mutate_module(workspace, module, args.sample, args.seed, args.timeout)
+            total_killed += killed + timed_out
+            total += count
+            report.append(f"{module}: {killed + timed_out}/{count} killed ({timed_out} by the timeout)")
+            report += [f"  survived {module}:{line} {what}  | {text}" for line, what, text in survivors]
+    finally:
+        shutil.rmtree(workspace)
     print("\n".join(report))
     print(f"killed {total_killed}/{total} = {100 * total_killed / max(total, 1):.1f}%")
     return 0

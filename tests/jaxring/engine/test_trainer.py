@@ -21,6 +21,7 @@ from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.task import MetricNames
+from tests.tiny_runs import finish, mpirun
 
 DIM = 5
 HIDDEN = 8
@@ -394,3 +395,26 @@ def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_
     assert resumed["train_seconds"] == pytest.approx(first["train_seconds"] + resumed["train_seconds_since_resume"])
     assert resumed["examples_per_s"] == pytest.approx(96 / resumed["train_seconds"])
     assert resumed["examples_per_s_since_resume"] == pytest.approx(48 / resumed["train_seconds_since_resume"])
+
+
+SEPARATE_DISKS_CONFIG = {"train": {"epochs": 2}, "checkpoint": {"every_steps": 4}, "eval": {"every_steps": 6}}
+
+
+def test_processes_with_separate_disks_resume_from_process_0s_checkpoint(tmp_path):
+    """Only process 0 reads checkpoints and broadcasts them: a process whose disk has none resumes all the same."""
+    first = toy_config(**{**SEPARATE_DISKS_CONFIG, "train": {"epochs": 2, "max_steps": 12}})
+    trainer_lib.Trainer(ToyTask(), first, tmp_path / "rank0", world_of(4)).fit()  # on process 0's disk only
+    (tmp_path / "rank1").mkdir()  # process 1's disk: no checkpoint
+    worker = Path(__file__).with_name("separate_disks_worker.py")
+    code, output = finish(mpirun(2, [worker, tmp_path], with_mpi4py=True, devices_per_proc=2), 300)
+    assert code == 0, output
+    for rank in (0, 1):  # both resumed at process 0's step and scored test on the same best step
+        assert re.search(rf"rank {rank} resumed_at_step 12 steps 24 test_step (6|12|18|24)\n", output), output
+    assert len(set(re.findall(r"test_step (\d+)", output))) == 1, output
+    assert not (tmp_path / "rank1" / "checkpoints").exists()  # only process 0 writes
+    straight, _ = train_params(tmp_path / "straight", 4, **SEPARATE_DISKS_CONFIG)
+    template = trainer_lib.Trainer(ToyTask(), toy_config(), tmp_path / "t", world_of(4)).init_state()
+    resumed, _ = Checkpoints(tmp_path / "rank0" / "checkpoints").restore(template)
+    assert int(resumed.step) == int(straight.step) == 24
+    for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
