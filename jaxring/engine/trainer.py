@@ -42,6 +42,10 @@ SYNC_TIMING_REPEATS = 3
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
 
+# summary.json keys renamed on 2026-11-24, still written with the same value under the old name for the
+# readers users have; summary.json's "deprecated" says what each became.
+RENAMED_SUMMARY_KEYS = {"last_window_allreduce_share": "last_window_allreduce_share_estimate"}
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -349,8 +353,9 @@ class Trainer:
             "learning_rate": float(self.schedule(step - 1)),
             "examples_per_s": examples / elapsed,
             "step_s": step_s,
-            # The sync timed alone at start-up (time_sync), as a share of this window's mean step.
-            "allreduce_share": min(1.0, sync_s / step_s),
+            # An estimate, not a measurement: the sync timed alone once at start-up (time_sync)
+            # over this window's measured mean step.
+            "allreduce_share_estimate": min(1.0, sync_s / step_s),
         }
 
     def _best_step(self) -> int | None:
@@ -458,10 +463,12 @@ class Trainer:
             **self.throughput.summary(),
             "loss": last.get("loss"),
             # the last train.log_every window alone: the pace of the steps, without the evaluations and checkpoints
-            **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share")},
+            **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share_estimate")},
             "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
         }
+        summary.update({old: summary[new] for old, new in RENAMED_SUMMARY_KEYS.items()})
+        summary["deprecated"] = {old: f"renamed {new}; same value" for old, new in RENAMED_SUMMARY_KEYS.items()}
         best_step = self._best_step()
         summary["best_step"] = best_step
         if cfg.eval.test_at_end:
@@ -489,6 +496,6 @@ class Trainer:
                 shown[f"dev_{name}"] = f"{100 * value:.1f}%" if name in self.task.metrics.percent else f"{value:.4g}"
         if "examples_per_s" in row:
             shown["ex/s"] = f"{row['examples_per_s']:.0f}"
-        if "allreduce_share" in row:
-            shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
+        if "allreduce_share_estimate" in row:
+            shown["allreduce"] = f"{100 * row['allreduce_share_estimate']:.0f}%"
         return shown

@@ -166,12 +166,16 @@ def test_run_directory(tmp_path):
     state, summary = train_params(tmp_path, 4, train={"epochs": 2})
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
-    assert all({"loss", "examples_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
+    assert all({"loss", "examples_per_s", "allreduce_share_estimate", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
-    assert all(0 <= r["allreduce_share"] <= 1 for r in rows)
+    assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    # the renamed key is still written, with the same value, and said to be deprecated
+    assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
+    assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
+    assert "renamed last_window_allreduce_share_estimate" in on_disk["deprecated"]["last_window_allreduce_share"]
     dev_rows = [r for r in rows if "dev_mse" in r]
     assert [r["step"] for r in dev_rows] == [6, 12, 18, 24]
     assert on_disk["best_step"] == on_disk["test_step"] == min(dev_rows, key=lambda r: r["dev_mse"])["step"]
