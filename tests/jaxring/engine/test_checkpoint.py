@@ -207,3 +207,53 @@ def test_a_best_record_lost_to_a_kill_is_made_again_from_the_checkpoint(tmp_path
     ckpt.update_best(2, None)  # a checkpoint without metrics changes nothing
     ckpt.update_best(3, {"wer": 0.3})
     assert ckpt.best()["step"] == 2
+
+
+def test_defaults_nested_directories_and_bad_keep(tmp_path):
+    ckpt = Checkpoints(tmp_path / "run" / "checkpoints")  # created, parents too, by the first save
+    assert ckpt.steps() == [] and ckpt.latest() is None and ckpt.best() is None
+    assert [ckpt.save(step, make_state(step), {}) for step in range(1, 6)][-1] == ckpt.path(5)
+    assert ckpt.steps() == [3, 4, 5]  # keep defaults to 3, as checkpoint.keep does
+    with pytest.raises(ValueError, match="keep must be at least 1; got 0"):
+        Checkpoints(tmp_path, keep=0)
+
+
+def test_a_file_damaged_on_its_way_to_disk_is_caught_by_the_read_back_and_prunes_nothing(tmp_path, monkeypatch):
+    from jaxring.engine import checkpoint as checkpoint_lib
+
+    ckpt = Checkpoints(tmp_path, keep=1)
+    ckpt.save(1, make_state(1), {"at": 1})
+    write = checkpoint_lib._atomic_write
+    monkeypatch.setattr(checkpoint_lib, "_atomic_write", lambda path, data: write(path, data[:-9]))  # a disk that lies
+    with pytest.raises(CheckpointError, match=f"checkpoint {ckpt.path(2)} is damaged"):
+        ckpt.save(2, make_state(2), {"at": 2})
+    monkeypatch.undo()
+    assert ckpt.read(1).extra == {"at": 1}  # keep=1 notwithstanding, the intact one was not pruned
+
+
+def test_a_save_is_fsynced_before_its_rename_and_the_directory_after(tmp_path, monkeypatch):
+    import os
+
+    calls = []
+    descriptors = {}
+    real = {name: getattr(os, name) for name in ("fsync", "replace", "open", "close")}
+
+    def opened(path, *args):
+        fd = real["open"](path, *args)
+        descriptors[fd] = os.fspath(path)
+        return fd
+
+    def fsync(fd):  # a file's size when it is fsynced: all of its bytes, flushed from Python's buffer
+        calls.append(("fsync", descriptors.get(fd) or os.fstat(fd).st_size))
+        real["fsync"](fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("replace", os.path.basename(b))) or real["replace"](a, b))
+    monkeypatch.setattr(os, "open", opened)
+    monkeypatch.setattr(os, "close", lambda fd: calls.append(("close", descriptors.get(fd, "file"))) or real["close"](fd))
+    path = Checkpoints(tmp_path).save(1, make_state(1), {})
+    monkeypatch.undo()
+    directory = os.fspath(tmp_path)
+    # the file's bytes reach the disk before it takes its name; the directory entry after; the directory is closed
+    assert calls[:4] == [("fsync", path.stat().st_size), ("replace", "step_000000001.msgpack"), ("fsync", directory),
+                         ("close", directory)], calls
