@@ -63,21 +63,31 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    name: str = "sgd"  # "sgd" (Nesterov momentum, the paper's recipe) | "adamw"
+    # Model-neutral defaults: plain SGD at a constant rate, no clipping. A task's
+    # recipe (Deep Speech 2's Nesterov momentum 0.99, rate annealed by 1.2 per
+    # epoch, clip_norm 400) is written out in its configs (configs/*.yaml).
+    name: str = "sgd"  # "sgd" | "adamw"
     learning_rate: float = 3e-4
-    momentum: float = 0.99  # sgd
-    nesterov: bool = True  # sgd
+    momentum: float = 0.0  # sgd; 0: plain SGD
+    nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # adamw
-    schedule: str = "anneal"  # "anneal" | "warmup_cosine" | "constant"
-    anneal_factor: float = 1.2  # anneal: learning rate divided by this after each epoch
+    schedule: str = "constant"  # "constant" | "anneal" | "warmup_cosine"
+    anneal_factor: float | None = None  # anneal (required): learning rate divided by this after each epoch
     warmup_steps: int = 0  # warmup_cosine
     final_learning_rate: float = 0.0  # warmup_cosine
-    clip_norm: float | None = 400.0  # global gradient-norm clipping; null disables
+    clip_norm: float | None = None  # global gradient-norm clipping; null: none
 
     def __post_init__(self):
         _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
         _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
         _check_positive("optim.learning_rate", self.learning_rate)
+        if self.schedule == "anneal" and self.anneal_factor is None:
+            raise ConfigError("optim.schedule anneal needs optim.anneal_factor, the learning rate's divisor after "
+                              "each epoch (Deep Speech 2's is 1.2: configs/ds2_paper.yaml)")
+        if self.anneal_factor is not None:
+            _check_positive("optim.anneal_factor", self.anneal_factor)
+        if self.clip_norm is not None:
+            _check_positive("optim.clip_norm", self.clip_norm, "or null for no clipping")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +113,23 @@ class CheckpointConfig:
     def __post_init__(self):
         _check_not_negative("checkpoint.every_steps", self.every_steps)
         _check_positive("checkpoint.keep", self.keep)
+
+
+def best_metric(checkpoint: CheckpointConfig, metrics) -> str:
+    """checkpoint.best_metric, else the task's; a name the task's MetricNames (jaxring/engine/task.py) lists.
+
+    Checked before the first step: a misspelled metric would otherwise never be
+    found in the dev results, no checkpoint would be the best, and test would be
+    scored on the final weights.
+    """
+    name = checkpoint.best_metric or metrics.best
+    if name not in metrics.names:
+        close = closest_key(name, metrics.names)
+        raise ConfigError(
+            f"checkpoint.best_metric {name!r} is not a metric of the task"
+            f"{f'; did you mean {close!r}?' if close else ''} (its metrics: {', '.join(metrics.names)})"
+        )
+    return name
 
 
 TASK_KEY = "task"  # the top-level key that names the task

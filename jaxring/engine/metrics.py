@@ -103,7 +103,7 @@ def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> 
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, points in curves.items():
             steps, values = zip(*points)
-            scale = 100.0 if key.startswith("dev_") else 1.0
+            scale = 100.0 if key.removeprefix("dev_") in metrics.percent else 1.0  # rates as percentages
             ax.plot(steps, [v * scale for v in values], marker="o" if len(points) < 30 else None, label=key)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -42,9 +42,15 @@ class MetricNames:
     """How the engine reports a task's evaluation metrics: keys of `Task.summarize`, lower is better."""
 
     best: str  # the dev metric that selects the best checkpoint (unless checkpoint.best_metric says otherwise)
-    plotted: tuple[str, ...]  # drawn together in the run's plots/dev_metrics.png, as percentages
-    shown: tuple[str, ...]  # in the progress bar, as percentages
-    label: str = "dev metric (%)"  # the y axis of plots/dev_metrics.png
+    plotted: tuple[str, ...]  # drawn together in the run's plots/dev_metrics.png
+    shown: tuple[str, ...]  # in the progress bar
+    label: str = "dev metric"  # the y axis of plots/dev_metrics.png
+    percent: tuple[str, ...] = ()  # the metrics that are rates (shares of 1): printed as percentages
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every metric named here: what checkpoint.best_metric may pick."""
+        return tuple(dict.fromkeys((self.best, *self.plotted, *self.shown, *self.percent)))
 
 
 class Task(Protocol):

@@ -113,7 +113,8 @@ class DeepSpeech2Task:
     """Deep Speech 2 trained by CTC and scored by greedy decoding (or self.decoder)."""
 
     config_sections = {"model": ds2.ModelConfig, "data": DataConfig, "augment": AugmentConfig, "decode": DecodeConfig}
-    metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
+    metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)",
+                          percent=("cer", "wer"))
 
     def __init__(self, model: ds2.ModelConfig, data: DataConfig, augmentation: AugmentConfig = AugmentConfig()):
         self.model_config = model

@@ -49,6 +49,7 @@ def test_train_writes_the_run_directory(run, capsys):
     # ds2_tiny's decode section: the test split also by beam search with a word LM of the training split
     assert summary["lm"] == str(workdir / "lm.arpa") and summary["beam_width"] == 16
     assert 0 <= summary["test_beam_cer"] and 0 <= summary["test_beam_wer"]
+    assert summary["test_beam_step"] == summary["test_step"] == summary["best_step"]  # scored on the best weights
 
 
 def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):

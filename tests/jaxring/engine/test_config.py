@@ -3,11 +3,13 @@
 import dataclasses
 import os
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from jaxring.engine import config as config_lib
+from jaxring.engine.task import MetricNames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,3 +186,61 @@ def test_a_file_that_is_not_a_config_is_one_line_naming_it(tmp_path, text, messa
     with pytest.raises(config_lib.ConfigError, match=message) as error:
         config_lib.load(bad, TASK)
     assert "\n" not in str(error.value) and str(bad) in str(error.value)
+
+
+NAMES = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), percent=("cer", "wer", "ser"))
+
+
+@pytest.mark.parametrize(
+    "chosen, result",
+    [(None, "wer"), ("cer", "cer"), ("ser", "ser")],  # null: the task's own; any metric MetricNames lists
+)
+def test_best_metric_is_one_the_task_reports(chosen, result):
+    assert config_lib.best_metric(config_lib.CheckpointConfig(best_metric=chosen), NAMES) == result
+
+
+@pytest.mark.parametrize("chosen, close", [("WER", "wer"), ("cre", "cer"), ("ser_rate", "ser")])
+def test_a_best_metric_the_task_does_not_report_names_the_closest(chosen, close):
+    checkpoint = config_lib.CheckpointConfig(best_metric=chosen)
+    expected = f"checkpoint.best_metric '{chosen}' is not a metric of the task; did you mean '{close}'\\? " \
+               "\\(its metrics: wer, cer, ser\\)"
+    with pytest.raises(config_lib.ConfigError, match=f"^{expected}$"):
+        config_lib.best_metric(checkpoint, MetricNames(best="wer", plotted=("cer", "wer"), shown=("ser",)))
+
+
+@pytest.mark.parametrize(
+    "optim, message",
+    [
+        ({"schedule": "anneal"}, "optim.schedule anneal needs optim.anneal_factor"),
+        ({"schedule": "anneal", "anneal_factor": 0}, "optim.anneal_factor must be positive; got 0"),
+        ({"clip_norm": -1}, "optim.clip_norm must be positive (or null for no clipping); got -1"),
+    ],
+)
+def test_optimizer_settings_that_cannot_work_are_refused(optim, message):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+        config_lib.build({"optim": optim}, TASK)
+
+
+def test_the_engine_optimizer_defaults_are_model_neutral():
+    optim = config_lib.build({}, TASK).optim
+    assert (optim.name, optim.schedule, optim.clip_norm, optim.momentum, optim.nesterov) == ("sgd", "constant", None, 0.0, False)
+    assert optim.anneal_factor is None
+
+
+# The settings each optimizer and schedule reads (jaxring/engine/optim.py).
+USED_SETTINGS = {
+    "sgd": {"learning_rate", "momentum", "nesterov"},
+    "adamw": {"learning_rate", "weight_decay"},
+    "anneal": {"anneal_factor"},
+    "warmup_cosine": {"warmup_steps", "final_learning_rate"},
+    "constant": set(),
+}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_config_writes_out_its_optimizer_recipe(path):
+    """A recipe written out in full cannot change when the engine's defaults do."""
+    optim = yaml.safe_load(path.read_text())["optim"]
+    assert set(USED_SETTINGS) >= {optim["name"], optim["schedule"]}
+    needed = {"name", "schedule", "clip_norm"} | USED_SETTINGS[optim["name"]] | USED_SETTINGS[optim["schedule"]]
+    assert needed <= set(optim), f"{path.name} leaves {sorted(needed - set(optim))} to the engine's defaults"
