@@ -52,7 +52,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int = 32  # global: split across processes, then local devices
     epochs: int = 20
-    max_steps: int | None = None  # stop before the epochs run out
+    max_steps: int | None = None  # the run's length in steps, in place of epochs (the data repeats as needed)
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
     log_every: int = 10  # steps between metrics.jsonl rows

@@ -163,9 +163,8 @@ class Trainer:
         self.shard = Shard(self.rank, self.world_size)
         self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         epoch_steps = self.batches.steps_per_epoch
-        self.total_steps = train.epochs * epoch_steps
-        if train.max_steps is not None:
-            self.total_steps = min(self.total_steps, train.max_steps)
+        # max_steps, when set, is the run's length (the data repeats as often as that takes).
+        self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
         self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
         self.optimizer = make_optimizer(config.optim, self.schedule)
         best_metric = config.checkpoint.best_metric or task.metrics.best
@@ -337,6 +336,8 @@ class Trainer:
         lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         resume = rundir.take_over(self.workdir, self.checkpoints.steps(), resume, overwrite, lead)
+        if resume:
+            rundir.refuse_finished(self.workdir, self.checkpoints.latest(), self.total_steps)
         data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
