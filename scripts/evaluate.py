@@ -25,7 +25,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--workdir", type=Path, required=True, help="a run directory of scripts/train.py")
     parser.add_argument("--manifest", help="JSON-lines manifest to score (default: the run's --split)")
     parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
-    parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
+    parser.add_argument("--checkpoint", default="best", help="best (by the run's checkpoint.best_metric, e.g. dev CER), latest or a step number")
     parser.add_argument("--batch-size", type=int, help="default: the run's eval.batch_size")
     add_decoder_flags(parser)
     args = parser.parse_args(argv)

@@ -23,7 +23,7 @@ def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="a run directory of scripts/train.py")
     parser.add_argument("audio", nargs="+", help="audio files (any format libsndfile reads, any sample rate)")
-    parser.add_argument("--checkpoint", default="best", help='"best" (by dev WER), "latest" or a step number')
+    parser.add_argument("--checkpoint", default="best", help="best (by the run's checkpoint.best_metric, e.g. dev CER), latest or a step number")
     add_decoder_flags(parser)
     args = parser.parse_args(argv)
 
