@@ -119,6 +119,33 @@ def test_evaluate_from_another_directory_reads_the_runs_corpus(run, tmp_path):
     assert list(elsewhere.iterdir()) == []  # no corpus synthesised into the cwd
 
 
+def test_evaluate_says_when_it_synthesises_a_missing_corpus_and_scores_the_same(run, tmp_path, capsys):
+    """A run directory from another checkout or machine: its corpus is not where config.yaml says."""
+    workdir, summary, _ = run
+    moved = tmp_path / "moved_run"
+    shutil.copytree(workdir / "checkpoints", moved / "checkpoints")
+    saved = yaml.safe_load((workdir / "config.yaml").read_text())
+    saved["data"]["cache_dir"] = str(tmp_path / "no_corpus_here")
+    (moved / "config.yaml").write_text(yaml.safe_dump(saved))
+    result = evaluate.main(["--workdir", str(moved)])
+    err = capsys.readouterr().err
+    assert f"the run's corpus is not in {tmp_path / 'no_corpus_here'}" in err and "synthesising all 30 utterances" in err
+    assert result["cer"] == pytest.approx(summary["test_cer"])  # the corpus is synthesised the same again
+    evaluate.main(["--workdir", str(moved)])
+    assert "synthesising" not in capsys.readouterr().err  # there now: nothing to say
+
+
+def test_a_relative_lm_that_is_not_there_names_the_runs_own(run, tmp_path, monkeypatch):
+    workdir = run[0]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=f"--lm runs/tiny/lm.arpa does not exist \\(a relative path is relative to "
+                       f"the current directory, {tmp_path}\\); the run has its own LM: --lm {workdir / 'lm.arpa'}"):
+        evaluate.main(["--workdir", str(workdir), "--beam-width", "4", "--lm", "runs/tiny/lm.arpa"])
+    monkeypatch.chdir(workdir.parent)
+    result = evaluate.main(["--workdir", workdir.name, "--beam-width", "4", "--lm", f"{workdir.name}/lm.arpa"])
+    assert result["lm"] == str(workdir / "lm.arpa")  # absolute, as every path the results name
+
+
 def test_evaluate_prints_the_scores_of_the_best_checkpoint(run, capsys):
     workdir, summary, _ = run
     result = evaluate.main(["--workdir", str(workdir)])
@@ -136,10 +163,10 @@ def test_transcribe_prints_one_line_per_file(run, capsys):
     corpus = next(path for path in cache.glob("espeak-*") if path.is_dir())
     audio = sorted((corpus / "audio" / "test").glob("*.flac"))[:2]
     texts = transcribe.main(["--workdir", str(workdir), *map(str, audio)])
-    assert capsys.readouterr().out.splitlines()[-2:] == texts and len(texts) == 2
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"{a}\t{t}" for a, t in zip(audio, texts)]
     beam = transcribe.main(["--workdir", str(workdir), "--beam-width", "8", "--lm", str(workdir / "lm.arpa"),
                             *map(str, audio)])
-    assert capsys.readouterr().out.splitlines()[-2:] == beam and len(beam) == 2
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"{a}\t{t}" for a, t in zip(audio, beam)]
 
 
 def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path, capsys):
@@ -158,7 +185,11 @@ def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path
         transcribe.main(["--workdir", str(workdir), *map(str, paths)])
     assert exit_status.value.code == 1
     out, err = capsys.readouterr()
-    assert out.splitlines() == expected
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [path for path, _ in lines] == list(map(str, paths))  # one line per file, in order
+    assert [text for _, text in lines[::4]] == expected
+    assert lines[1][1] == "error: non-finite audio samples" and lines[3][1] == "error: missing file"
+    assert lines[2][1].startswith("error: unreadable audio (")
     assert err.splitlines() == [
         f"error: {nan_wav}: non-finite audio samples",
         *[line for line in err.splitlines() if line.startswith(f"error: {garbage}: unreadable audio (")],
