@@ -63,23 +63,23 @@ class RunFinished(RunDirectoryError):
     """--resume of a run that has nothing left to do."""
 
 
-def refuse_finished(workdir: Path, newest_step: int | None, total_steps: int) -> None:
+def refuse_finished(workdir: Path, resumed_step: int | None, total_steps: int) -> None:
     """Raises RunFinished if the run in `workdir` ended (summary.json written) at or after
-    `total_steps`, its newest checkpoint being there too: resuming would only repeat the end.
+    `total_steps`, the checkpoint resumed (`resumed_step`) being its last: resuming would only repeat the end.
     A run stopped during its final evaluation has no summary of that step, and resumes."""
     summary = workdir / "summary.json"
-    if newest_step is None or newest_step < total_steps or not summary.is_file():
+    if resumed_step is None or resumed_step < total_steps or not summary.is_file():
         return
     try:
         ended_at = json.loads(summary.read_text()).get("steps")
     except (OSError, ValueError):
         return
-    if ended_at != newest_step:
+    if ended_at != resumed_step:
         return
     raise RunFinished(
-        f"the run in {workdir} is finished: it trained {newest_step} steps (train.max_steps, else train.epochs "
+        f"the run in {workdir} is finished: it trained {resumed_step} steps (train.max_steps, else train.epochs "
         f"x steps per epoch, gives {total_steps}) and its results are in {summary}. To train it longer, give a "
-        f"larger length: --resume --set train.max_steps={2 * newest_step} (or train.epochs); to score it again: "
+        f"larger length: --resume --set train.max_steps={2 * resumed_step} (or train.epochs); to score it again: "
         "scripts/evaluate.py --workdir " + str(workdir)
     )
 

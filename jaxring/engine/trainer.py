@@ -336,8 +336,6 @@ class Trainer:
         lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         resume = rundir.take_over(self.workdir, self.checkpoints.steps(), resume, overwrite, lead)
-        if resume:
-            rundir.refuse_finished(self.workdir, self.checkpoints.latest(), self.total_steps)
         data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
@@ -348,6 +346,8 @@ class Trainer:
             # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
             self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         start = int(state.step)
+        if resume:  # the step of the newest intact checkpoint, which is the one resumed
+            rundir.refuse_finished(self.workdir, start, self.total_steps)
         if lead:
             self.checkpoints.discard_partial()
             config_lib.save(cfg, self.workdir / "config.yaml")
