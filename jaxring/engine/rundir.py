@@ -63,12 +63,13 @@ class RunFinished(RunDirectoryError):
     """--resume of a run that has nothing left to do."""
 
 
-def refuse_finished(workdir: Path, resumed_step: int | None, total_steps: int) -> None:
-    """Raises RunFinished if the run in `workdir` ended (summary.json written) at or after
-    `total_steps`, the checkpoint resumed (`resumed_step`) being its last: resuming would only repeat the end.
-    A run stopped during its final evaluation has no summary of that step, and resumes."""
+def refuse_finished(workdir: Path, resumed_step: int, total_steps: int) -> None:
+    """Raises RunFinished if the checkpoint resumed, of `resumed_step`, is where the run in
+    `workdir` ended (its summary.json says so) and that is at or past `total_steps`: resuming
+    would only repeat the end. A run stopped during its final evaluation has no summary of
+    that step yet, and resumes."""
     summary = workdir / "summary.json"
-    if resumed_step is None or resumed_step < total_steps or not summary.is_file():
+    if resumed_step < total_steps or not summary.is_file():
         return
     try:
         ended_at = json.loads(summary.read_text()).get("steps")
