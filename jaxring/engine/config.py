@@ -13,8 +13,10 @@ Fields declared `ConfigPath` name files or folders. A relative one written in
 a config file resolves against the folder the loader names (`load(...,
 paths_relative_to=)`; the scripts name the repository root, see
 models/__init__.py), one given with `--set` against the current directory,
-as any path typed on a command line; the resolved config, and the copy saved
-in a run directory, hold absolute paths.
+as any path typed on a command line; the resolved config holds absolute
+paths. The copy saved in a run directory writes those inside the folder they
+were resolved against relative to it again (save()), so a run keeps finding
+the checkout's data after the checkout moves.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
 
 
+class OverrideError(ConfigError):
+    """A `--set` override that does not fit the schema: the command line is wrong, not the file."""
+
+
 _PATH_MARK = "config path"
 ConfigPath = Annotated[str, _PATH_MARK]  # a file or folder; relative ones are resolved (module docstring)
 
@@ -46,7 +52,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int = 32  # global: split across processes, then local devices
     epochs: int = 20
-    max_steps: int | None = None  # stop before the epochs run out
+    max_steps: int | None = None  # the run's length in steps, in place of epochs (the data repeats as needed)
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
     log_every: int = 10  # steps between metrics.jsonl rows
@@ -285,18 +291,18 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or "." not in path:
-            raise ConfigError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
+            raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
         section, _, key = path.partition(".")
         if section not in sections:
-            raise _unknown_key_error("the config", section, sections)
+            raise OverrideError(f"--set {item}: {_unknown_key_error('the config', section, sections)}")
         cls = sections[section]
         fields = _field_types(cls)
         if key not in fields:
-            raise _unknown_key_error(section, key, fields)
+            raise OverrideError(f"--set {item}: {_unknown_key_error(section, key, fields)}")
         try:
             value = parse_override_value(text, fields[key])
         except ConfigError as e:
-            raise ConfigError(f"--set {path}: {e}") from None
+            raise OverrideError(f"--set {path}: {e}") from None
         if key in _path_fields(cls):
             value = _absolute(value, os.getcwd())
         current = raw.get(section) or {}
@@ -312,6 +318,7 @@ class Config:
 
     sections: Mapping[str, Any]
     task: str | None = None
+    paths_relative_to: str | None = None  # the folder relative paths were resolved against, if any
 
     def __getattr__(self, name):
         if name == "sections":  # not yet set (copy, unpickling): no recursion
@@ -355,7 +362,7 @@ def resolve_paths(config: Config, base: str | Path) -> Config:
     for name, section in config.sections.items():
         paths = _path_fields(type(section)) if dataclasses.is_dataclass(section) else []
         sections[name] = dataclasses.replace(section, **{key: _absolute(getattr(section, key), base) for key in paths})
-    return dataclasses.replace(config, sections=sections)
+    return dataclasses.replace(config, sections=sections, paths_relative_to=str(base))
 
 
 def _read(path: str | Path) -> Any:
@@ -405,11 +412,25 @@ def load(path: str | Path, task_sections: Mapping[str, type], overrides=(), path
         raise _not_a_config(path, repr(dict(raw))[:80])
     try:
         config = build(raw, task_sections, overrides)
+    except OverrideError:
+        raise
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return config if paths_relative_to is None else resolve_paths(config, paths_relative_to)
 
 
 def save(config: Config, path: str | Path) -> None:
+    """Writes `config` as YAML that load() reads back. Paths inside the folder the config's
+    relative paths were resolved against (the checkout, for the scripts) are written relative
+    to it again, so a run directory still finds its data after the checkout moves; others stay
+    absolute."""
+    values = config.to_dict()
+    base = config.paths_relative_to
+    if base is not None:
+        for name, section in config.sections.items():
+            for key in _path_fields(type(section)) if dataclasses.is_dataclass(section) else []:
+                value = values[name][key]
+                if value is not None and Path(value).is_relative_to(base):
+                    values[name][key] = os.path.relpath(value, base)
     with open(path, "w") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+        yaml.safe_dump(values, f, sort_keys=False)

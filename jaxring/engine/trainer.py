@@ -167,9 +167,8 @@ class Trainer:
         self.shard = Shard(self.rank, self.world_size)
         self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         epoch_steps = self.batches.steps_per_epoch
-        self.total_steps = train.epochs * epoch_steps
-        if train.max_steps is not None:
-            self.total_steps = min(self.total_steps, train.max_steps)
+        # max_steps, when set, is the run's length (the data repeats as often as that takes).
+        self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
         self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
         self.optimizer = make_optimizer(config.optim, self.schedule)
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
@@ -384,6 +383,8 @@ class Trainer:
             # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
             self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         start = int(state.step)
+        if resume:  # the step of the newest intact checkpoint, which is the one resumed
+            rundir.refuse_finished(self.workdir, start, self.total_steps)
         if lead:
             self.checkpoints.discard_partial()
             config_lib.save(cfg, self.workdir / "config.yaml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 from pathlib import Path
 
 import jax
@@ -96,5 +97,5 @@ def lm_test_scores(task, config, workdir) -> dict:
     decoder = beam_decoder(d.beam_width, lm, d.alpha, d.beta)
     result = score_manifest(task, variables, task.manifests["test"], config.eval.batch_size, decoder)
     return {"test_beam_cer": result["cer"], "test_beam_wer": result["wer"], "test_beam_step": step, "beam_width": d.beam_width,
-            "lm": None if lm is None else str(Path(workdir) / LM_FILE) if d.lm == TRAIN_LM else d.lm,
+            "lm": None if lm is None else os.path.abspath(Path(workdir) / LM_FILE if d.lm == TRAIN_LM else d.lm),
             "alpha": d.alpha if lm is not None else None, "beta": d.beta}

@@ -149,6 +149,11 @@ def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | Non
         write_manifest(os.path.join(out_dir, f"{split}.jsonl"), rows)
 
 
+def corpus_folder(cache_dir: str, utterances: int, seed: int) -> str:
+    """Where ensure_synthetic_corpus keeps the corpus of (utterances, seed) under `cache_dir`."""
+    return os.path.join(cache_dir, f"espeak-v{VERSION}-n{utterances}-seed{seed}")
+
+
 def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
                             workers: int | None = None) -> str:
     """The folder of the synthetic corpus for (utterances, seed), generated on first use.
@@ -158,8 +163,8 @@ def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
     wait for one generator instead of racing.
     """
     os.makedirs(cache_dir, exist_ok=True)
-    name = f"espeak-v{VERSION}-n{utterances}-seed{seed}"
-    final = os.path.join(cache_dir, name)
+    final = corpus_folder(cache_dir, utterances, seed)
+    name = os.path.basename(final)
     with open(os.path.join(cache_dir, name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.isdir(final):
