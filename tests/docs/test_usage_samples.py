@@ -26,7 +26,7 @@ def run_alone(tmp_path, code, devices=8):
 def test_the_docs_have_the_samples_this_file_runs():
     assert len(USAGE) == 3 and len(README) == 1
     assert "jax.pmap" in USAGE[0] and "jax.shard_map" in USAGE[1] and "jax.set_mesh" in USAGE[1]
-    assert "global_allreduce" in USAGE[2]
+    assert "processes=True" in USAGE[2]
 
 
 @pytest.mark.parametrize("code", [*USAGE, *README], ids=["pmap", "shard_map_grad", "processes", "readme"])

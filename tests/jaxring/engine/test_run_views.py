@@ -7,7 +7,7 @@ import pytest
 from jaxring.engine import metrics
 from jaxring.engine.task import MetricNames
 
-NAMES = MetricNames(best="cer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
+NAMES = MetricNames(best="cer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)", percent=("cer", "wer"))
 
 
 def test_smoothing_is_tensorboards_debiased_moving_average():
