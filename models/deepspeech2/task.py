@@ -25,7 +25,7 @@ from models.deepspeech2.augment import AugmentConfig, augment
 from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
 from models.deepspeech2.data import Problems, featurize, read_audio, read_manifest
 from models.deepspeech2.data import problems as P
-from models.deepspeech2.decoding import DecodeConfig
+from models.deepspeech2.decoding import DecodeConfig, lm_test_scores
 
 SPLITS = ("train", "dev", "test")
 
@@ -83,6 +83,18 @@ class DataConfig:
             return "synthetic eSpeak test split, held-out voices"
         test = self.test_manifest or os.path.join(self.manifest_dir, "test.jsonl")
         return f"test manifest {test}"
+
+
+def result_text(summary: dict, test_split: str) -> str:
+    """Test CER/WER greedy (and by beam search, if scored) on `test_split`, then dev."""
+    line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
+    if "test_cer" not in summary:
+        return line
+    test = f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% (greedy)"
+    if "test_beam_cer" in summary:
+        how = f"beam {summary['beam_width']}" + (" + LM" if summary["lm"] else "")
+        test += f", CER {100 * summary['test_beam_cer']:.2f}% WER {100 * summary['test_beam_wer']:.2f}% ({how})"
+    return f"{test} on the {test_split}, checkpoint of step {summary['best_step']}; " + line
 
 
 class TrainBatches:
@@ -246,6 +258,19 @@ class DeepSpeech2Task:
         with self._batches(dataset, per_process, shard, **order) as batches:
             for batch in batches:
                 yield _flatten(batch)
+
+    # -- the run's final report (the engine's optional hook, jaxring/engine/task.py)
+
+    def final_report(self, config, workdir, summary: dict) -> tuple[dict, str]:
+        """Test scored again by the `decode:` section's beam search and LM (when set); the result text."""
+        from jaxring.engine.progress import timestamp
+
+        scores = {}
+        if config.decode.beam_width and "test_cer" in summary:
+            lm = " + LM" if config.decode.lm else ""
+            print(f"{timestamp()} scoring test by beam search ({config.decode.beam_width} beams{lm})", flush=True)
+            scores = lm_test_scores(self, config, workdir)
+        return scores, result_text({**summary, **scores}, self.data.describe())
 
     # -- inference on audio files
 

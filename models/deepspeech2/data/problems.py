@@ -3,6 +3,8 @@
 import collections
 import threading
 
+from jaxring.engine import task
+
 # Reasons an utterance is skipped.
 MISSING_FILE = "missing file"
 UNREADABLE_AUDIO = "unreadable audio"
@@ -18,7 +20,7 @@ RESAMPLED = "resampled"
 NAMED_PER_REASON = 3
 
 
-class DataError(ValueError):
+class DataError(task.DataError):
     """Bad input met with strict=True; the message names the file and the reason."""
 
 
