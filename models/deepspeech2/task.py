@@ -61,7 +61,8 @@ class DataConfig:
         split_keys = [f"data.{s}_manifest" for s in SPLITS]
         given = [key for key in split_keys if getattr(self, key.split(".")[1]) is not None]
         if self.corpus not in (None, *SYNTHESIZED, "manifest"):
-            raise ValueError(f"data.corpus must be 'synthetic', 'voices' or 'manifest'; got {self.corpus!r}")
+            raise ValueError(f"data.corpus must be 'synthetic' or 'manifest', or 'voices' (several synthesizers); "
+                             f"got {self.corpus!r}")
         if self.corpus in SYNTHESIZED and (self.manifest_dir or given):
             raise ValueError(f"data.corpus is {self.corpus!r} but {', '.join(given or ['data.manifest_dir'])} "
                              "set; drop data.corpus (or set it to 'manifest') to train on manifests")
