@@ -26,6 +26,7 @@ import difflib
 import os
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -100,14 +101,14 @@ class OptimConfig:
 class EvalConfig:
     every_steps: int = 0  # dev metrics every this many steps (0: only at the end)
     batch_size: int = 32
-    max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
+    max_examples: int | None = None  # score the first N dev examples only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
 
     def __post_init__(self):
         _check_not_negative("eval.every_steps", self.every_steps)
         _check_positive("eval.batch_size", self.batch_size)
-        if self.max_utterances is not None:
-            _check_positive("eval.max_utterances", self.max_utterances, "or null to score the whole dev split")
+        if self.max_examples is not None:
+            _check_positive("eval.max_examples", self.max_examples, "or null to score the whole dev split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +140,9 @@ def best_metric(checkpoint: CheckpointConfig, metrics) -> str:
 
 
 TASK_KEY = "task"  # the top-level key that names the task
+
+# Keys that were renamed, (section, old key) -> new key: the old one still works, with a warning.
+RENAMED_KEYS = {("eval", "max_utterances"): "max_examples"}
 
 ENGINE_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -181,6 +185,16 @@ def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
     close = closest_key(key, valid)
     hint = f"; did you mean {close!r}?" if close else ""
     return ConfigError(f"unknown key {key!r} in {where}{hint} (valid keys: {', '.join(valid)})")
+
+
+def _current_key(section: str, key: str) -> str:
+    """The name `section.key` has now; a renamed key warns (FutureWarning: shown by default)."""
+    new = RENAMED_KEYS.get((section, key))
+    if new is None:
+        return key
+    warnings.warn(f"{section}.{key} is deprecated: it is now called {section}.{new} (same meaning); "
+                  f"rename it in the config or --set", FutureWarning, stacklevel=2)
+    return new
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -249,6 +263,13 @@ def section_from_dict(cls, values: Mapping[str, Any] | None, where: str):
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of keys to values; got {values!r}")
     fields = _field_types(cls)
+    current = {}
+    for key, value in values.items():
+        new = _current_key(where, key)
+        if new in current:
+            raise ConfigError(f"{where}.{key} and {where}.{new} are the same setting; give only {where}.{new}")
+        current[new] = value
+    values = current
     for key in values:
         if key not in fields:
             raise _unknown_key_error(where, key, fields)
@@ -293,6 +314,7 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
         if not sep or "." not in path:
             raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
         section, _, key = path.partition(".")
+        key = _current_key(section, key)
         if section not in sections:
             raise OverrideError(f"--set {item}: {_unknown_key_error('the config', section, sections)}")
         cls = sections[section]
@@ -308,6 +330,7 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
         current = raw.get(section) or {}
         if not isinstance(current, Mapping):
             raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
+        current = {k: v for k, v in current.items() if RENAMED_KEYS.get((section, k)) != key}  # the file's old name
         raw[section] = {**current, key: value}
     return raw
 

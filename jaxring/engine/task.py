@@ -17,6 +17,10 @@ AXIS = "batch"  # the pmapped axis: local devices
 SOURCES = "sources"
 
 
+class DataError(ValueError):
+    """Data a task cannot use; the message names where and why (scripts/train.py prints it as one line)."""
+
+
 class Shard(NamedTuple):
     """This process's share of the data: shard `index` of `count`."""
 
@@ -83,3 +87,12 @@ class Task(Protocol):
     # what makes a split unusable, and returns a JSON-serialisable report by
     # split of what it skipped, each with a one-line "summary" (the trainer
     # prints those and writes the report to WORKDIR/data_report.json).
+    #
+    # Optional: a task that scores more once training ends (a slower decoder, say)
+    # should also have
+    #   final_report(self, config, workdir, summary) -> tuple[dict, str]
+    # called on the lead process after Trainer.fit with its summary (the best
+    # checkpoint is in WORKDIR): it returns entries to add to summary.json and
+    # the result text that begins the run's last line. Without it the line shows
+    # the metrics `metrics` names (jaxring/engine/report.py, which adds the devices,
+    # processes, all-reduce share and time to either).

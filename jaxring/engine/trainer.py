@@ -236,10 +236,10 @@ class Trainer:
     # -- evaluation and checkpoints
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float]:
-        """Task metrics on `split`; dev is cut to eval.max_utterances, test is scored whole."""
+        """Task metrics on `split`; dev is cut to eval.max_examples, test is scored whole."""
         cfg = self.config.eval
-        limit = cfg.max_utterances if split == "dev" else None
-        self.progress.status(f"evaluating {split}" + (f" (at most {limit} utterances)" if limit else ""))
+        limit = cfg.max_examples if split == "dev" else None
+        self.progress.status(f"evaluating {split}" + (f" (at most {limit} examples)" if limit else ""))
         started = time.perf_counter()
         batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
         variables = variables_of(state)

@@ -56,8 +56,8 @@ def test_train_writes_the_run_directory(run, capsys):
 def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):
     from models.deepspeech2.data import ensure_synthetic_corpus
 
-    train.show_corpus_synthesis()
-    train.show_corpus_synthesis()  # main() run twice in one process: still one line per message
+    train.show_model_progress()
+    train.show_model_progress()  # main() run twice in one process: still one line per message
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)  # already there: silent
     lines = capsys.readouterr().out.splitlines()
@@ -234,6 +234,7 @@ def test_train_under_mpirun(run, tmp_path):
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
     assert "(greedy), CER" in output and "(beam 16 + LM) on the synthetic eSpeak test split" in output
+    assert "; trained on 2 cpu devices x 2 processes, ring all-reduce " in output  # the last line says what trained it
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 3 and summary["test_cer"] >= 0
     assert summary["test_utterances"] == 3  # the two ranks' shares add up to the whole test split

@@ -3,6 +3,8 @@
 import collections
 import threading
 
+from jaxring.engine import task
+
 # Reasons an utterance is skipped.
 MISSING_FILE = "missing file"
 MISSING_TRANSCRIPT = "missing transcript"
@@ -28,7 +30,7 @@ HINTS = {
 }
 
 
-class DataError(ValueError):
+class DataError(task.DataError):
     """Bad input met with strict=True; the message names the file and the reason."""
 
 

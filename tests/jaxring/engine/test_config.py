@@ -61,7 +61,7 @@ def test_defaults_and_types():
         ({"train": {"bucket_bytes": 0}}, "train.bucket_bytes must be positive"),
         ({"eval": {"batch_size": 0}}, "eval.batch_size must be positive; got 0"),
         ({"eval": {"every_steps": -1}}, "eval.every_steps must be 0 (off) or a positive number of steps; got -1"),
-        ({"eval": {"max_utterances": 0}}, "eval.max_utterances must be positive (or null to score the whole dev"),
+        ({"eval": {"max_examples": 0}}, "eval.max_examples must be positive (or null to score the whole dev"),
         ({"checkpoint": {"every_steps": -5}}, "checkpoint.every_steps must be 0 (off) or a positive number"),
         ({"checkpoint": {"keep": 0}}, "checkpoint.keep must be positive"),
         ({"optim": {"learning_rate": float("nan")}}, "optim.learning_rate must be positive; got nan"),
@@ -261,3 +261,17 @@ def test_every_config_writes_out_its_optimizer_recipe(path):
     assert set(USED_SETTINGS) >= {optim["name"], optim["schedule"]}
     needed = {"name", "schedule", "clip_norm"} | USED_SETTINGS[optim["name"]] | USED_SETTINGS[optim["schedule"]]
     assert needed <= set(optim), f"{path.name} leaves {sorted(needed - set(optim))} to the engine's defaults"
+
+
+def test_a_renamed_key_still_works_with_a_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("eval:\n  max_utterances: 7\n")
+    with pytest.warns(FutureWarning, match=r"eval.max_utterances is deprecated: it is now called eval.max_examples"):
+        assert config_lib.load(path, TASK).eval.max_examples == 7
+    with pytest.warns(FutureWarning):  # --set under the old name, over the file's old name
+        assert config_lib.load(path, TASK, ["eval.max_utterances=9"]).eval.max_examples == 9
+    # the new name given with --set replaces the file's old name
+    assert config_lib.load(path, TASK, ["eval.max_examples=3"]).eval.max_examples == 3
+    path.write_text("eval:\n  max_utterances: 7\n  max_examples: 8\n")
+    with pytest.warns(FutureWarning), pytest.raises(config_lib.ConfigError, match="same setting; give only eval.max_examples"):
+        config_lib.load(path, TASK)
