@@ -25,7 +25,8 @@ def _utterance(path: str, text: str, problems: P.Problems) -> Utterance | None:
     """The utterance of audio `path` saying `text`; None (counted in `problems`) when training
     would refuse it: a transcript with digits or letters outside the alphabet, or unreadable audio."""
     if lost := lost_characters(text):
-        problems.skip(P.UNKNOWN_CHARACTERS, path, f"{''.join(sorted(lost))!r} in transcript {text.strip()!r}")
+        in_order = "".join(c for c in dict.fromkeys(text.lower()) if c in lost)  # "42", not the sorted "24"
+        problems.skip(P.UNKNOWN_CHARACTERS, path, f"{in_order!r} in transcript {text.strip()!r}")
         return None
     try:
         seconds = audio.duration(path)

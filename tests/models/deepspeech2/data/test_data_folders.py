@@ -168,7 +168,7 @@ def test_make_manifest_names_each_skipped_file_and_refuses_digits(tmp_path, caps
     assert counts == {"all": len(CLIPS)}
     out, err = capsys.readouterr()
     assert f"skipped {tmp_path / 'audio' / 'untranscribed.wav'}: missing transcript (no " in err
-    assert f"skipped {tmp_path / 'audio' / 'number.wav'}: unknown characters ('24' in transcript 'take 42 steps')" in err
+    assert f"skipped {tmp_path / 'audio' / 'number.wav'}: unknown characters ('42' in transcript 'take 42 steps')" in err
     assert f"skipped {tmp_path / 'audio' / 'noise.wav'}: unreadable audio" in err
     assert "skipped 3 (missing transcript: 1, unknown characters: 1, unreadable audio: 1)" in out
     assert "'42' -> 'forty two'" in out and "NAME.txt beside it" in out
