@@ -15,7 +15,7 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 	print(*[r for r in p['build-system']['requires'] + p['project']['dependencies'] \
 	if re.match(r'[A-Za-z0-9_.-]+', r).group(0) in sys.argv[1:]], sep='\n')"
 
-.PHONY: test train bench clean
+.PHONY: test train train-voices bench clean
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
@@ -24,6 +24,15 @@ test: $(VENV)/.installed
 TRAIN_FLAGS ?=
 train: $(VENV)/.installed
 	$(PY) scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny $(TRAIN_FLAGS)
+
+# The corpus of several synthesizers (configs/ds2_tiny_voices.yaml) needs Debian's flite and
+# festival with two festvox voices: installed here when absent (root needed), else a clear error.
+VOICES_PACKAGES := flite festival festvox-kallpc16k festvox-kdlpc16k
+train-voices: $(VENV)/.installed
+	@dpkg -s $(VOICES_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(VOICES_PACKAGES); } || \
+		{ echo "error: the voices corpus needs the Debian packages $(VOICES_PACKAGES); install them as root" >&2; exit 1; }
+	$(PY) scripts/train.py --config configs/ds2_tiny_voices.yaml --workdir runs/ds2_tiny_voices $(TRAIN_FLAGS)
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_allreduce.py --json runs/bench_allreduce.json

@@ -1,36 +1,36 @@
-"""All-reduce across processes: jaxring's hierarchical ring vs MPI_Allreduce vs JAX's own psum.
+"""All-reduce across processes: jaxring's in-jit op vs bare MPI_Allreduce vs mpi4jax vs JAX's gloo psum.
 
 Run it without mpirun; it launches the mpirun jobs itself:
 
     python scripts/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
-        [--max-bytes 64M] [--json OUT] [--write-table TABLE]
+        [--max-bytes 64M] [--json OUT]
 
-For each process count, float32 buffers of 1 KiB .. --max-bytes per device, it times
+For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it times
 
-    ring      jaxring.global_allreduce(algorithm="ring"): local ring, ring of processes
-              over mpi4jax sendrecv, local ring
-    mpi       jaxring.global_allreduce(algorithm="mpi"): the same with MPI_Allreduce
-              (mpi4jax.allreduce) as the cross-process step
-    mpi4jax   mpi4jax.allreduce alone in a jit, one device per process: plain
-              MPI_Allreduce, the baseline (with several devices per process the
-              baseline is "mpi")
-    jax_gloo  JAX's multi-process psum (jax.distributed, gloo CPU collectives) over
-              every device of every process, in a job of its own
+    jaxring   K chained jaxring.allreduce(processes=True) in one pmapped jit (local
+              ring, MPI ring of processes, local ring), per op: the program's time
+              less that of the same program without the all-reduces, over K
+    mpi_bare  MPI_Allreduce of a numpy buffer through mpi4py, one device per
+              process: the baseline
+    mpi4jax   K chained mpi4jax.allreduce in one jit, one device per process,
+              per op as for jaxring
+    jax_gloo  K chained jax.lax.psum over the global mesh (jax.distributed, gloo CPU
+              collectives) in one jit, per op as for jaxring, in a job of its own
 
-Each time is the slowest rank's, median over iterations. Records carry impl,
-n_devices, n_procs, bytes (per device), dtype, median_s, algbw_GBps,
-busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and speedup_vs_mpi_allreduce
-(baseline time / this time, same job count and size). --write-table TABLE stores
-which of "ring" and "mpi" was faster per size in TABLE; global_allreduce(
-algorithm="auto") reads it when JAXRING_ALLREDUCE_TABLE=TABLE is set.
+Each time is the slowest rank's, median over interleaved rounds. Records carry
+impl, n_devices, n_procs, bytes (per device), dtype, median_s (per op),
+algbw_GBps, busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and
+speedup_vs_mpi_allreduce (mpi_bare's time / this time, same process count and
+size). `launch(parse_args([...]))` and `run_job` are the entry points;
+--mpirun-args passes options to mpirun (e.g. "--mca btl tcp,self" to cross
+processes over TCP, as on an emulated network).
 """
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -41,14 +41,20 @@ import numpy as np
 
 from byte_sizes import parse_bytes
 
-OUR_IMPLS = ("ring", "mpi", "mpi4jax")
+OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
+ONE_DEVICE_IMPLS = ("mpi_bare", "mpi4jax")  # they move one buffer per process
 
 
 def sizes(max_bytes):
-    size = 1 << 10
+    size = 4 << 10
     while size <= max_bytes:
         yield size
         size *= 4
+
+
+def ops_per_program(nbytes):
+    """K: enough chained ops that the difference to the empty program dominates its noise."""
+    return int(np.clip((4 << 20) // nbytes, 2, 20))
 
 
 # --- inside an mpirun job ----------------------------------------------------
@@ -60,26 +66,23 @@ def run_job(args):
     comm = MPI.COMM_WORLD
     if args.impls == ["jax_gloo"]:
         start_jax_distributed(comm)
-    from jaxring.collectives import mpi, topology
+    from jaxring.collectives import topology
 
     world = topology.init()
-    impls = [i for i in args.impls if not (i == "mpi4jax" and len(world.local_devices) > 1)]
+    impls = [i for i in args.impls if not (i in ONE_DEVICE_IMPLS and len(world.local_devices) > 1)]
     records = []
     for nbytes in sizes(args.max_bytes):
-        steps = {impl: make_step(impl, nbytes // 4, world, mpi) for impl in impls}
-        for impl, seconds in time_steps(steps, comm, args.min_time).items():
-            records.append(
-                dict(
-                    impl=impl,
-                    n_devices=world.n_devices,
-                    n_procs=world.size,
-                    bytes=nbytes,
-                    dtype="float32",
-                    median_s=seconds,
-                )
-            )
+        k = ops_per_program(nbytes)
+        steps = {}
+        for impl in impls:
+            steps.update(make_steps(impl, nbytes // 4, k, world))
+        times = time_steps(steps, comm, args.min_time)
+        for impl in impls:
+            seconds = (times[impl, k] - times[impl, 0]) / k
+            records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
+                                dtype="float32", ops_per_program=k, median_s=seconds))
             if world.rank == 0:
-                print(f"  {impl:9s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms", flush=True)
+                print(f"  {impl:9s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
     if world.rank == 0:
         pathlib.Path(args.job_json).write_text(json.dumps(records))
 
@@ -96,29 +99,59 @@ def start_jax_distributed(comm):
     jax.distributed.initialize(comm.bcast(address), num_processes=comm.Get_size(), process_id=comm.Get_rank())
 
 
-def make_step(impl, elements, world, mpi):
-    """A function of no arguments that runs one all-reduce of a resident buffer and waits for it."""
+def make_steps(impl, elements, k, world):
+    """{(impl, ops): function of no arguments running a program of `ops` all-reduces and waiting}, ops in (0, k).
+
+    The programs chain their ops (each scaled by 1/N, so values stay bounded)
+    so that they run one after another, as a step's buckets at worst do.
+    """
     import jax
+    import jaxring
     import mpi4jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from mpi4py import MPI
 
     rows = np.random.default_rng(world.rank).standard_normal((len(world.local_devices), elements), np.float32)
-    if impl in ("ring", "mpi"):
+    scale = np.float32(1 / world.n_devices)
+
+    def chained(reduce, ops):
+        def program(x):
+            for _ in range(ops):
+                x = reduce(x) * scale
+            return x * scale  # the same elementwise work in both programs but the last
+        return program
+
+    if impl == "mpi_bare":
+        send, receive = rows[0], np.empty_like(rows[0])
+        comm = MPI.COMM_WORLD.Clone()
+
+        def bare(ops):
+            def run():
+                for _ in range(ops):
+                    comm.Allreduce(send, receive, op=MPI.SUM)
+            return run
+        return {(impl, ops): bare(ops) for ops in (0, k)}
+    if impl == "jaxring":
         x = jax.device_put(rows, NamedSharding(Mesh(world.local_devices, ("d",)), P("d")))
-        return lambda: mpi.global_allreduce(x, algorithm=impl).block_until_ready()
-    if impl == "mpi4jax":
+        reduce = lambda a: jaxring.allreduce(a, "d", processes=True)  # noqa: E731
+        programs = {ops: jax.jit(jax.pmap(chained(reduce, ops), "d", devices=world.local_devices)) for ops in (0, k)}
+    elif impl == "mpi4jax":
         x = jax.device_put(rows[0], world.local_devices[0])
         comm = MPI.COMM_WORLD.Clone()
-        allreduce = jax.jit(lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm))
-        return lambda: allreduce(x).block_until_ready()
-    mesh = Mesh(np.array(jax.devices()), ("d",))
-    sharding = NamedSharding(mesh, P("d"))
-    x = jax.make_array_from_single_device_arrays(
-        (len(jax.devices()), elements), sharding, [jax.device_put(r[None], d) for r, d in zip(rows, jax.local_devices())]
-    )
-    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))
-    return lambda: psum(x).block_until_ready()
+        reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
+        programs = {ops: jax.jit(chained(reduce, ops)) for ops in (0, k)}
+    else:  # jax_gloo
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        x = jax.make_array_from_single_device_arrays(
+            (len(jax.devices()), elements), NamedSharding(mesh, P("d")),
+            [jax.device_put(r[None], d) for r, d in zip(rows, jax.local_devices())],
+        )
+        reduce = lambda a: jax.lax.psum(a, "d")  # noqa: E731
+        programs = {
+            ops: jax.jit(jax.shard_map(chained(reduce, ops), mesh=mesh, in_specs=P("d"), out_specs=P("d"), check_vma=False))
+            for ops in (0, k)
+        }
+    return {(impl, ops): (lambda p=program: p(x).block_until_ready()) for ops, program in programs.items()}
 
 
 def time_steps(steps, comm, min_time):
@@ -158,8 +191,6 @@ def launch(args):
     print_table(records)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
-    if args.write_table:
-        write_table(records, args)
 
 
 def run_mpirun(args, n_procs, impls):
@@ -173,7 +204,7 @@ def run_mpirun(args, n_procs, impls):
         # The machine may be shared: MPI processes waiting for a message yield the
         # core rather than spin through the time slice of the one they wait for.
         command = [str(pathlib.Path(sys.executable).parent / "mpirun"), "--allow-run-as-root", "--oversubscribe"]
-        command += ["--mca", "mpi_yield_when_idle", "1"]
+        command += ["--mca", "mpi_yield_when_idle", "1", *shlex.split(args.mpirun_args)]
         command += ["-np", str(n_procs)]
         for name in ("JAX_PLATFORMS", "XLA_FLAGS"):
             command += ["-x", name]
@@ -186,7 +217,7 @@ def run_mpirun(args, n_procs, impls):
 def add_bandwidths(records):
     baseline = {}
     for r in records:
-        if r["impl"] == ("mpi4jax" if r["n_devices"] == r["n_procs"] else "mpi"):
+        if r["impl"] == "mpi_bare":
             baseline[r["n_procs"], r["bytes"]] = r["median_s"]
     for r in records:
         n = r["n_devices"]
@@ -205,24 +236,6 @@ def print_table(records):
               f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7}")
 
 
-def write_table(records, args):
-    times = {(r["n_procs"], r["bytes"], r["impl"]): r["median_s"] for r in records}
-    measured = [
-        dict(n_procs=p, bytes=b, fastest=min(("ring", "mpi"), key=lambda a: times[p, b, a]))
-        for p, b, impl in sorted(times)
-        if impl == "ring" and (p, b, "mpi") in times
-    ]
-    table = dict(
-        machine=f"{os.cpu_count()}-core {platform.machine()} CPU",
-        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-        devices_per_proc=args.devices_per_proc,
-        measured=measured,
-    )
-    args.write_table.parent.mkdir(parents=True, exist_ok=True)
-    args.write_table.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {args.write_table}; use it with JAXRING_ALLREDUCE_TABLE={args.write_table}")
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="process counts, one mpirun job each")
@@ -232,8 +245,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
     parser.add_argument("--json", help="write the records here")
-    parser.add_argument("--write-table", type=pathlib.Path, metavar="TABLE",
-                        help="store ring-vs-mpi winners for algorithm='auto' in this JSON file")
+    parser.add_argument("--mpirun-args", default="", help="more options for mpirun, e.g. '--mca btl tcp,self'")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs
     return parser.parse_args(argv)
 

@@ -81,7 +81,7 @@ def tree(rng, n):
 
 def check_tree_allreduce(devices, rng):
     grads = tree(rng, len(devices))
-    ring = jax.pmap(lambda t: jaxring.tree_allreduce(t, AXIS, bucket_bytes=64 << 10), AXIS, devices=devices)(grads)
+    ring = jax.pmap(lambda t: jaxring.tree_allreduce(t, AXIS, "mean", bucket_bytes=64 << 10), AXIS, devices=devices)(grads)
     pmean = jax.pmap(lambda t: jax.lax.pmean(t, AXIS), AXIS, devices=devices)(grads)
     for name in grads:
         np.testing.assert_allclose(np.asarray(ring[name], np.float64), np.asarray(pmean[name], np.float64),
@@ -105,7 +105,7 @@ def check_sgd_step(devices, rng):
         return jax.tree.map(lambda a: jnp.stack([a] * n), t)
 
     replicated, state = copies(params), copies(optimizer.init(params))
-    ring = jax.pmap(functools.partial(step, lambda g: jaxring.tree_allreduce(g, AXIS)), AXIS, devices=devices)
+    ring = jax.pmap(functools.partial(step, lambda g: jaxring.tree_allreduce(g, AXIS, "mean")), AXIS, devices=devices)
     lax = jax.pmap(functools.partial(step, lambda g: jax.lax.pmean(g, AXIS)), AXIS, devices=devices)
     p_ring, _ = ring(replicated, state, x, y)
     p_lax, _ = lax(replicated, state, x, y)

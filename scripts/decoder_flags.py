@@ -1,6 +1,8 @@
 """The decoding flags of evaluate.py and transcribe.py: greedy, or beam search with an ARPA LM."""
 
 import argparse
+import os
+from pathlib import Path
 
 
 def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +31,20 @@ def decoder_of(args, config):
         try:
             lm = ArpaLM.read(args.lm)
         except FileNotFoundError:
-            raise FileNotFoundError(f"--lm {args.lm} does not exist; build one with scripts/build_lm.py") from None
+            raise FileNotFoundError(f"--lm {args.lm} does not exist{_lm_hint(args)}") from None
     alpha = config.decode.alpha if args.alpha is None else args.alpha
     beta = config.decode.beta if args.beta is None else args.beta
-    described = {"decoder": "beam", "beam_width": args.beam_width, "lm": args.lm,
+    described = {"decoder": "beam", "beam_width": args.beam_width, "lm": os.path.abspath(args.lm) if args.lm else None,
                  "alpha": alpha if lm else None, "beta": beta}
     return decoding.beam_decoder(args.beam_width, lm, alpha, beta), described
+
+
+def _lm_hint(args) -> str:
+    """Where to look instead: a relative --lm is relative to the current directory, and the run may have its own."""
+    from models.deepspeech2.decoding import LM_FILE
+
+    where = "" if os.path.isabs(args.lm) else f" (a relative path is relative to the current directory, {os.getcwd()})"
+    own = Path(args.workdir) / LM_FILE
+    if own.is_file():
+        return f"{where}; the run has its own LM: --lm {own.resolve()}"
+    return f"{where}; build one with scripts/build_lm.py"

@@ -11,6 +11,10 @@
 With --split TRAIN,DEV,TEST (fractions) the utterances are shuffled (--seed) and written to
 OUT/train.jsonl, OUT/dev.jsonl and OUT/test.jsonl, the folder data.manifest_dir expects;
 without it, all of them go to OUT/NAME.jsonl.
+Audio paths in the manifests are relative to OUT (the rule of every manifest here), so
+--folder and --out may be relative to the current directory.
+Each file skipped (no transcript, unreadable audio, a transcript with digits or letters outside
+a-z and ') is named on stderr with the reason, and a summary with what to do ends the output.
 """
 
 import argparse
@@ -51,7 +55,7 @@ def main(argv=None) -> dict[str, int]:
     from models.deepspeech2.data import folders, librispeech, manifest
     from models.deepspeech2.data import problems as P
 
-    problems = P.Problems()
+    problems = P.Problems(on_skip=lambda line: print(f"skipped {line}", file=sys.stderr, flush=True))
     try:
         if args.folder:
             utterances = folders.read_folder(args.folder, problems)
@@ -60,7 +64,7 @@ def main(argv=None) -> dict[str, int]:
         else:
             utterances = librispeech.read_librispeech(args.librispeech, args.subsets, problems)
         if not utterances:
-            raise P.DataError(f"no usable utterance ({P.describe(problems.counts)})")
+            raise P.DataError(f"no usable utterance ({problems.summary()}).{problems.hints()}")
         parts = folders.split(utterances, args.split, args.seed) if args.split else {args.name: utterances}
     except (FileNotFoundError, ValueError) as e:  # DataError is a ValueError
         sys.exit(f"error: {e}")
@@ -70,7 +74,7 @@ def main(argv=None) -> dict[str, int]:
         manifest.write_utterances(str(path), part)
         hours = sum(u.duration for u in part) / 3600
         print(f"{path}: {len(part)} utterances, {hours:.2f} h")
-    print(P.describe(problems.counts))
+    print(P.describe(problems.counts) + problems.hints())
     return {name: len(part) for name, part in parts.items()}
 
 

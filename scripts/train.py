@@ -59,20 +59,20 @@ def expose_host_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-_synthesis_lines = None  # the handler show_corpus_synthesis added, replaced when main() runs again
+_model_lines = None  # the handler show_model_progress added, replaced when main() runs again
 
 
-def show_corpus_synthesis() -> None:
-    """Timestamped lines on stdout while the synthetic corpus is generated: a minute of silence otherwise."""
-    global _synthesis_lines
+def show_model_progress() -> None:
+    """Timestamped lines on stdout for what the models log at INFO (a corpus being synthesised, say):
+    a minute of silence otherwise."""
+    global _model_lines
     from jaxring.engine.progress import TIMESTAMP_FORMAT
-    from models.deepspeech2.data import synth
 
-    logger = logging.getLogger(synth.__name__)
-    logger.removeHandler(_synthesis_lines)
-    _synthesis_lines = logging.StreamHandler(sys.stdout)
-    _synthesis_lines.setFormatter(logging.Formatter("%(asctime)s %(message)s", TIMESTAMP_FORMAT))
-    logger.addHandler(_synthesis_lines)
+    logger = logging.getLogger("models")  # the parent of every models.* module's logger
+    logger.removeHandler(_model_lines)
+    _model_lines = logging.StreamHandler(sys.stdout)
+    _model_lines.setFormatter(logging.Formatter("%(asctime)s %(message)s", TIMESTAMP_FORMAT))
+    logger.addHandler(_model_lines)
     logger.setLevel(logging.INFO)
 
 
@@ -86,43 +86,35 @@ def main(argv=None) -> dict:
     start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
     abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
 
+    import jax
     import jaxring
     import models
     from jaxring.engine import config as config_lib
     from jaxring.engine.checkpoint import CheckpointError
     from jaxring.engine.metrics import write_json
-    from jaxring.engine.progress import timestamp
+    from jaxring.engine.report import final_report
     from jaxring.engine.rundir import RunDirectoryError
+    from jaxring.engine.task import DataError
     from jaxring.engine.trainer import Trainer
-    from models.deepspeech2 import decoding
-    from models.deepspeech2.data import DataError
 
     try:
         config = models.load_config(args.config, args.overrides)
         world = jaxring.init()
         if world.rank == 0:
-            show_corpus_synthesis()
+            show_model_progress()
         task = models.build_task(config)
         summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume, overwrite=args.overwrite)
     except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,
             TimeoutError) as e:
         exit_job(f"error: {e}")
+    except jax.errors.JaxRuntimeError as e:
+        if "jaxring" not in str(e):  # a jaxring handler's timeout names the process; others keep their traceback
+            raise
+        exit_job(f"error: {e}")
     if world.rank == 0:
-        if config.decode.beam_width and "test_cer" in summary:
-            lm = " + LM" if config.decode.lm else ""
-            print(f"{timestamp()} scoring test by beam search ({config.decode.beam_width} beams{lm})", flush=True)
-            summary.update(decoding.lm_test_scores(task, config, args.workdir))
-            write_json(args.workdir / "summary.json", summary)
-        line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
-        if "test_cer" in summary:
-            test = f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% (greedy)"
-            if "test_beam_cer" in summary:
-                how = f"beam {summary['beam_width']}" + (" + LM" if summary["lm"] else "")
-                test += f", CER {100 * summary['test_beam_cer']:.2f}% WER {100 * summary['test_beam_wer']:.2f}% ({how})"
-            line = f"{test} on the {config.data.describe()}, checkpoint of step {summary['best_step']}; " + line
-        took = summary["train_seconds"]  # None: resumed from a checkpoint that did not record the earlier time
-        took = f"{took:.0f} s" if took is not None else f"{summary['train_seconds_since_resume']:.0f} s since the resume"
-        print(f"{line}; {took}; run directory {args.workdir}", flush=True)
+        summary, line = final_report(task, config, args.workdir, summary, world.local_devices[0].platform)
+        write_json(args.workdir / "summary.json", summary)
+        print(line, flush=True)
     return summary
 
 

@@ -27,7 +27,7 @@ def tiny_overrides(cache_dir, batch_size=8, **values):
         "train.log_every": 1,
         "eval.every_steps": 2,
         "eval.batch_size": 8,
-        "eval.max_utterances": None,
+        "eval.max_examples": None,
         "checkpoint.every_steps": 1,
         **values,
     }

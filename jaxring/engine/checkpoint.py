@@ -3,14 +3,25 @@
 A checkpoint holds a pytree of arrays (model, optimizer, RNG) serialised with
 flax's msgpack, and a JSON-serialisable `extra` dict (data position, the
 step's metrics row). The file wraps that payload with the SHA-256 of its
-bytes and the fact that every floating-point array in it is finite: state
-that is not finite is never written, and a file whose bytes no longer match
-(truncated, bit-flipped) is named and skipped for the newest intact one.
+bytes. State that is not finite is never written, and is refused on reading
+(a file written by hand or by another tool is rechecked, not trusted).
 Each file is written under a temporary name, fsynced, renamed into place and
 read back, so a run killed mid-save still has its previous checkpoint and
 pruning never removes the newest verified one. The best step by a dev
 metric (lower is better) is recorded, with those metrics, in best.json and is
 never pruned.
+
+What reading does when a file is damaged (truncated, bit-flipped, not
+finite) depends on what is asked for (docs/ARCHITECTURE.md, "Checkpoint
+contract"):
+
+- a step by number: that step's weights or an error, never a substitute;
+- LATEST: the newest intact checkpoint; each damaged newer one is named on
+  stderr and skipped (a resume from an earlier step repeats steps, exactly);
+- BEST: best.json's step (LATEST when no best is recorded); a damaged best
+  falls back to LATEST, named on stderr. The caller learns which step it got
+  (`Loaded.step`) and must report that step, not best.json's, next to any
+  number computed from those weights.
 """
 
 from __future__ import annotations
@@ -21,15 +32,27 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.serialization
 import jax
 import numpy as np
 
 _NAME = re.compile(r"^step_(\d{9})\.msgpack$")
-# Version 2: {"format", "sha256", "finite", "payload"}; the payload is the msgpack of {"state", "extra"}.
+# Version 2: {"format", "sha256", "payload"}; the payload is the msgpack of {"state", "extra"}.
+# Files written before 2026-11-24 also hold "finite": True, which is ignored: reading rechecks the state.
 _FORMAT = 2
+
+LATEST = "latest"  # the newest intact checkpoint
+BEST = "best"  # the best one by the dev metric (best.json), else LATEST
+
+
+class Loaded(NamedTuple):
+    """A checkpoint read back: its state (nested dicts of numpy arrays), its extra dict, and its step."""
+
+    state: dict
+    extra: dict
+    step: int
 
 
 class CheckpointError(ValueError):
@@ -105,7 +128,7 @@ class Checkpoints:
                 "(the training diverged; the checkpoints already written are intact)"
             )
         payload = flax.serialization.msgpack_serialize({"state": state_dict, "extra": json.dumps(extra)})
-        wrapped = {"format": _FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "finite": True, "payload": payload}
+        wrapped = {"format": _FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
         path = self.path(step)
         self.directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, flax.serialization.msgpack_serialize(wrapped))
@@ -133,37 +156,40 @@ class Checkpoints:
             if step not in protected:
                 self.path(step).unlink()
 
-    def read(self, step: int | None = None) -> tuple[dict, dict]:
-        """(state as nested dicts of numpy arrays, extra) of `step`, verified.
+    def read(self, which: int | str = LATEST) -> Loaded:
+        """The verified checkpoint `which` names: a step number, LATEST or BEST (module docstring).
 
-        Default: the newest intact checkpoint; each damaged newer one is named
-        on stderr and skipped. A damaged `step` asked for by number raises
-        CheckpointError.
+        A step asked for by number that is damaged raises CheckpointError;
+        LATEST and BEST fall back as the module docstring says, naming each
+        damaged file on stderr. FileNotFoundError when there is nothing to read.
         """
-        if step is not None:
+        if which == BEST:
+            best = self.best()
+            if best is None:
+                return self.read(LATEST)
+            try:
+                return self.read(best["step"])
+            except (CheckpointError, FileNotFoundError) as e:
+                print(f"warning: {e}; using the newest intact checkpoint instead of the best one",
+                      file=sys.stderr, flush=True)
+                return self.read(LATEST)
+        if which != LATEST:
+            step = _step_number(which)
             path = self.path(step)
             if not path.exists():
                 raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
-            return self._verify(path)
+            return Loaded(*self._verify(path), step)
         steps = self.steps()
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}; train a model there first")
         damaged = []
         for candidate in reversed(steps):
             try:
-                return self._verify(self.path(candidate))
+                return Loaded(*self._verify(self.path(candidate)), candidate)
             except CheckpointError as e:
                 damaged.append(str(e))
                 print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr, flush=True)
         raise CheckpointError(f"no intact checkpoint in {self.directory}: " + "; ".join(damaged))
-
-    def read_preferred(self, step: int | None) -> tuple[dict, dict]:
-        """read(step), or if that checkpoint is damaged (named on stderr), the newest intact one."""
-        try:
-            return self.read(step)
-        except CheckpointError as e:
-            print(f"warning: {e}; using the newest intact checkpoint instead", file=sys.stderr, flush=True)
-            return self.read()
 
     def _verify(self, path: Path) -> tuple[dict, dict]:
         """(state dict, extra) of the checkpoint file at `path`, or CheckpointError naming it and what is wrong."""
@@ -184,18 +210,21 @@ class Checkpoints:
             state, extra = inner["state"], json.loads(inner["extra"])
         except Exception as e:
             raise CheckpointError(f"checkpoint {path} holds an unreadable payload ({type(e).__name__}: {e})") from None
-        if not wrapped.get("finite") or _non_finite_leaves(state):
-            raise CheckpointError(f"checkpoint {path} holds non-finite values")
+        if bad := _non_finite_leaves(state):
+            raise CheckpointError(f"checkpoint {path} holds non-finite values in {', '.join(bad[:5])}")
         return state, extra
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """(state shaped like `target`, extra) of `step` (default: the newest intact one).
-
-        A damaged `step` falls back to the newest intact checkpoint, named on stderr.
-        """
-        state_dict, extra = self.read_preferred(step)
+    def restore(self, target: Any, which: int | str = LATEST) -> tuple[Any, dict]:
+        """(state shaped like `target`, extra) of read(which); every array must have target's shape and dtype."""
+        state_dict, extra, _ = self.read(which)
         state = flax.serialization.from_state_dict(target, state_dict)
         return _check_shapes(target, state), extra
+
+
+def _step_number(which) -> int:
+    if isinstance(which, bool) or not isinstance(which, (int, np.integer)):
+        raise ValueError(f"a checkpoint is a step number, {LATEST!r} or {BEST!r}; got {which!r}")
+    return int(which)
 
 
 def _check_shapes(target, state):
@@ -213,17 +242,12 @@ def _check_shapes(target, state):
     return jax.tree_util.tree_map_with_path(check, target, state)
 
 
-def load_variables(workdir: str | Path, checkpoint: str = "best") -> tuple[dict, int]:
-    """(flax variables, step) of a run's checkpoint: "best" (by dev metric, else the latest), "latest" or a step.
+def load_variables(workdir: str | Path, checkpoint: int | str = BEST) -> tuple[dict, int]:
+    """(flax variables, step) of a run's checkpoint: BEST, LATEST or a step (as text or a number).
 
-    "best" falls back to the newest intact checkpoint when the best one is damaged.
+    The step returned is the one whose weights these are: with BEST and a
+    damaged best checkpoint, the newest intact one's (Checkpoints.read).
     """
-    checkpoints = Checkpoints(Path(workdir) / "checkpoints")
-    if checkpoint == "best":
-        step = (checkpoints.best() or {}).get("step")
-    elif checkpoint == "latest":
-        step = None
-    else:
-        step = int(checkpoint)
-    state, _ = checkpoints.read_preferred(step) if checkpoint == "best" else checkpoints.read(step)
-    return {"params": state["params"], **state["model_state"]}, int(state["step"])
+    which = checkpoint if checkpoint in (BEST, LATEST) else int(checkpoint)
+    state, _, step = Checkpoints(Path(workdir) / "checkpoints").read(which)
+    return {"params": state["params"], **state["model_state"]}, step

@@ -13,8 +13,10 @@ Fields declared `ConfigPath` name files or folders. A relative one written in
 a config file resolves against the folder the loader names (`load(...,
 paths_relative_to=)`; the scripts name the repository root, see
 models/__init__.py), one given with `--set` against the current directory,
-as any path typed on a command line; the resolved config, and the copy saved
-in a run directory, hold absolute paths.
+as any path typed on a command line; the resolved config holds absolute
+paths. The copy saved in a run directory writes those inside the folder they
+were resolved against relative to it again (save()), so a run keeps finding
+the checkout's data after the checkout moves.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import difflib
 import os
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -37,6 +40,10 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
 
 
+class OverrideError(ConfigError):
+    """A `--set` override that does not fit the schema: the command line is wrong, not the file."""
+
+
 _PATH_MARK = "config path"
 ConfigPath = Annotated[str, _PATH_MARK]  # a file or folder; relative ones are resolved (module docstring)
 
@@ -46,7 +53,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int = 32  # global: split across processes, then local devices
     epochs: int = 20
-    max_steps: int | None = None  # stop before the epochs run out
+    max_steps: int | None = None  # the run's length in steps, in place of epochs (the data repeats as needed)
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
     bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
     log_every: int = 10  # steps between metrics.jsonl rows
@@ -63,35 +70,45 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    name: str = "sgd"  # "sgd" (Nesterov momentum, the paper's recipe) | "adamw"
+    # Model-neutral defaults: plain SGD at a constant rate, no clipping. A task's
+    # recipe (Deep Speech 2's Nesterov momentum 0.99, rate annealed by 1.2 per
+    # epoch, clip_norm 400) is written out in its configs (configs/*.yaml).
+    name: str = "sgd"  # "sgd" | "adamw"
     learning_rate: float = 3e-4
-    momentum: float = 0.99  # sgd
-    nesterov: bool = True  # sgd
+    momentum: float = 0.0  # sgd; 0: plain SGD
+    nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # adamw
-    schedule: str = "anneal"  # "anneal" | "warmup_cosine" | "constant"
-    anneal_factor: float = 1.2  # anneal: learning rate divided by this after each epoch
+    schedule: str = "constant"  # "constant" | "anneal" | "warmup_cosine"
+    anneal_factor: float | None = None  # anneal (required): learning rate divided by this after each epoch
     warmup_steps: int = 0  # warmup_cosine
     final_learning_rate: float = 0.0  # warmup_cosine
-    clip_norm: float | None = 400.0  # global gradient-norm clipping; null disables
+    clip_norm: float | None = None  # global gradient-norm clipping; null: none
 
     def __post_init__(self):
         _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
         _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
         _check_positive("optim.learning_rate", self.learning_rate)
+        if self.schedule == "anneal" and self.anneal_factor is None:
+            raise ConfigError("optim.schedule anneal needs optim.anneal_factor, the learning rate's divisor after "
+                              "each epoch (Deep Speech 2's is 1.2: configs/ds2_paper.yaml)")
+        if self.anneal_factor is not None:
+            _check_positive("optim.anneal_factor", self.anneal_factor)
+        if self.clip_norm is not None:
+            _check_positive("optim.clip_norm", self.clip_norm, "or null for no clipping")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     every_steps: int = 0  # dev metrics every this many steps (0: only at the end)
     batch_size: int = 32
-    max_utterances: int | None = None  # score the first N dev utterances only (test is always whole)
+    max_examples: int | None = None  # score the first N dev examples only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
 
     def __post_init__(self):
         _check_not_negative("eval.every_steps", self.every_steps)
         _check_positive("eval.batch_size", self.batch_size)
-        if self.max_utterances is not None:
-            _check_positive("eval.max_utterances", self.max_utterances, "or null to score the whole dev split")
+        if self.max_examples is not None:
+            _check_positive("eval.max_examples", self.max_examples, "or null to score the whole dev split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +122,27 @@ class CheckpointConfig:
         _check_positive("checkpoint.keep", self.keep)
 
 
+def best_metric(checkpoint: CheckpointConfig, metrics) -> str:
+    """checkpoint.best_metric, else the task's; a name the task's MetricNames (jaxring/engine/task.py) lists.
+
+    Checked before the first step: a misspelled metric would otherwise never be
+    found in the dev results, no checkpoint would be the best, and test would be
+    scored on the final weights.
+    """
+    name = checkpoint.best_metric or metrics.best
+    if name not in metrics.names:
+        close = closest_key(name, metrics.names)
+        raise ConfigError(
+            f"checkpoint.best_metric {name!r} is not a metric of the task"
+            f"{f'; did you mean {close!r}?' if close else ''} (its metrics: {', '.join(metrics.names)})"
+        )
+    return name
+
+
 TASK_KEY = "task"  # the top-level key that names the task
+
+# Keys that were renamed, (section, old key) -> new key: the old one still works, with a warning.
+RENAMED_KEYS = {("eval", "max_utterances"): "max_examples"}
 
 ENGINE_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -148,6 +185,16 @@ def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
     close = closest_key(key, valid)
     hint = f"; did you mean {close!r}?" if close else ""
     return ConfigError(f"unknown key {key!r} in {where}{hint} (valid keys: {', '.join(valid)})")
+
+
+def _current_key(section: str, key: str) -> str:
+    """The name `section.key` has now; a renamed key warns (FutureWarning: shown by default)."""
+    new = RENAMED_KEYS.get((section, key))
+    if new is None:
+        return key
+    warnings.warn(f"{section}.{key} is deprecated: it is now called {section}.{new} (same meaning); "
+                  f"rename it in the config or --set", FutureWarning, stacklevel=2)
+    return new
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -216,6 +263,13 @@ def section_from_dict(cls, values: Mapping[str, Any] | None, where: str):
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of keys to values; got {values!r}")
     fields = _field_types(cls)
+    current = {}
+    for key, value in values.items():
+        new = _current_key(where, key)
+        if new in current:
+            raise ConfigError(f"{where}.{key} and {where}.{new} are the same setting; give only {where}.{new}")
+        current[new] = value
+    values = current
     for key in values:
         if key not in fields:
             raise _unknown_key_error(where, key, fields)
@@ -258,23 +312,25 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
     for item in overrides:
         path, sep, text = item.partition("=")
         if not sep or "." not in path:
-            raise ConfigError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
+            raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
         section, _, key = path.partition(".")
+        key = _current_key(section, key)
         if section not in sections:
-            raise _unknown_key_error("the config", section, sections)
+            raise OverrideError(f"--set {item}: {_unknown_key_error('the config', section, sections)}")
         cls = sections[section]
         fields = _field_types(cls)
         if key not in fields:
-            raise _unknown_key_error(section, key, fields)
+            raise OverrideError(f"--set {item}: {_unknown_key_error(section, key, fields)}")
         try:
             value = parse_override_value(text, fields[key])
         except ConfigError as e:
-            raise ConfigError(f"--set {path}: {e}") from None
+            raise OverrideError(f"--set {path}: {e}") from None
         if key in _path_fields(cls):
             value = _absolute(value, os.getcwd())
         current = raw.get(section) or {}
         if not isinstance(current, Mapping):
             raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
+        current = {k: v for k, v in current.items() if RENAMED_KEYS.get((section, k)) != key}  # the file's old name
         raw[section] = {**current, key: value}
     return raw
 
@@ -285,6 +341,7 @@ class Config:
 
     sections: Mapping[str, Any]
     task: str | None = None
+    paths_relative_to: str | None = None  # the folder relative paths were resolved against, if any
 
     def __getattr__(self, name):
         if name == "sections":  # not yet set (copy, unpickling): no recursion
@@ -328,7 +385,7 @@ def resolve_paths(config: Config, base: str | Path) -> Config:
     for name, section in config.sections.items():
         paths = _path_fields(type(section)) if dataclasses.is_dataclass(section) else []
         sections[name] = dataclasses.replace(section, **{key: _absolute(getattr(section, key), base) for key in paths})
-    return dataclasses.replace(config, sections=sections)
+    return dataclasses.replace(config, sections=sections, paths_relative_to=str(base))
 
 
 def _read(path: str | Path) -> Any:
@@ -378,11 +435,25 @@ def load(path: str | Path, task_sections: Mapping[str, type], overrides=(), path
         raise _not_a_config(path, repr(dict(raw))[:80])
     try:
         config = build(raw, task_sections, overrides)
+    except OverrideError:
+        raise
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return config if paths_relative_to is None else resolve_paths(config, paths_relative_to)
 
 
 def save(config: Config, path: str | Path) -> None:
+    """Writes `config` as YAML that load() reads back. Paths inside the folder the config's
+    relative paths were resolved against (the checkout, for the scripts) are written relative
+    to it again, so a run directory still finds its data after the checkout moves; others stay
+    absolute."""
+    values = config.to_dict()
+    base = config.paths_relative_to
+    if base is not None:
+        for name, section in config.sections.items():
+            for key in _path_fields(type(section)) if dataclasses.is_dataclass(section) else []:
+                value = values[name][key]
+                if value is not None and Path(value).is_relative_to(base):
+                    values[name][key] = os.path.relpath(value, base)
     with open(path, "w") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+        yaml.safe_dump(values, f, sort_keys=False)

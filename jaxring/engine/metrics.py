@@ -1,7 +1,8 @@
 """What a run leaves in its directory: metrics.jsonl, TensorBoard events, summary, plots.
 
 TensorBoard events and plots need tensorboardX and matplotlib (the `speech`
-extra of pyproject.toml installs them); without them a run writes
+extra of pyproject.toml installs them, and tensorboard to read the events:
+`tensorboard --logdir RUN/tensorboard`); without them a run writes
 metrics.jsonl and summary.json only, and says so once.
 """
 
@@ -79,23 +80,33 @@ def write_json(path: str | Path, values: dict) -> None:
     Path(path).write_text(json.dumps(values, indent=2) + "\n")
 
 
-def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> list[Path]:
-    """PNG curves of the logged rows: the loss, and the task's dev metrics; returns the files written."""
-    if _missing("matplotlib", "plots"):
-        return []
+SMOOTHING = 0.9  # weight of the past in the loss's smoothed curve (TensorBoard's slider, same formula)
+
+
+def smoothed(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """Exponential moving average, debiased as TensorBoard's: the first values are not pulled to 0."""
+    average, out = 0.0, []
+    for n, value in enumerate(values, 1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**n))
+    return out
+
+
+def curve_figures(rows: list[dict], metrics: MetricNames, run_name: str) -> dict:
+    """{file name: matplotlib Figure} of the logged rows: the training loss (raw, and smoothed once
+    there are enough points to smooth) and the task's dev metrics, titled with `run_name`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    plots = (  # file name, y label, the row keys drawn as curves
-        ("loss.png", "training loss", ("loss",)),
-        ("dev_metrics.png", metrics.label, tuple(f"dev_{name}" for name in metrics.plotted)),
+    plots = (  # file name, title, y label, the row keys drawn as curves
+        ("loss.png", "training loss", "training loss", ("loss",)),
+        ("dev_metrics.png", "dev metrics", metrics.label, tuple(f"dev_{name}" for name in metrics.plotted)),
     )
-    for name, ylabel, keys in plots:
+    last_step = max((r["step"] for r in rows), default=0)
+    figures = {}
+    for name, title, ylabel, keys in plots:
         curves = {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
         curves = {k: points for k, points in curves.items() if points}
         if not curves:
@@ -103,15 +114,43 @@ def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames) -> 
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, points in curves.items():
             steps, values = zip(*points)
-            scale = 100.0 if key.startswith("dev_") else 1.0
-            ax.plot(steps, [v * scale for v in values], marker="o" if len(points) < 30 else None, label=key)
+            scale = 100.0 if key.removeprefix("dev_") in metrics.percent else 1.0  # rates as percentages
+            values = [v * scale for v in values]
+            if len(points) == 1:  # one evaluation: a point with its value written beside it
+                (line,) = ax.plot(steps, values, "o", label=f"{key} {values[0]:.1f}")
+                ax.annotate(f"{values[0]:.1f}", (steps[0], values[0]), textcoords="offset points", xytext=(6, 6),
+                            color=line.get_color())
+            elif key == "loss" and len(points) >= 10:
+                (line,) = ax.plot(steps, values, alpha=0.3, label=f"{key} (raw)")
+                ax.plot(steps, smoothed(values), color=line.get_color(), label=f"{key} (smoothed {SMOOTHING})")
+            else:
+                ax.plot(steps, values, marker="o" if len(points) < 30 else None, label=key)
+        if all(len(points) == 1 for points in curves.values()):
+            title += f" (one evaluation, step {last_step})" if name == "dev_metrics.png" else " (one logged step)"
+        ax.set_title(f"{run_name}: {title}")
         ax.set_xlabel("step")
+        ax.set_xlim(0, max(last_step, 1) * 1.05)
         ax.set_ylabel(ylabel)
         if name == "loss.png":
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
+        figures[name] = fig
+    return figures
+
+
+def plot_curves(rows: list[dict], out_dir: str | Path, metrics: MetricNames, run_name: str | None = None) -> list[Path]:
+    """PNG curves of the logged rows (curve_figures) in `out_dir`; returns the files written.
+    `run_name`: the titles' run, by default the name of the folder holding `out_dir` (the run directory)."""
+    if _missing("matplotlib", "plots"):
+        return []
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in curve_figures(rows, metrics, run_name or out_dir.resolve().parent.name).items():
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         written.append(out_dir / name)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # name -> (optim config, schedule) -> optimizer
 OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule], optax.GradientTransformation]] = {
-    "sgd": lambda cfg, schedule: optax.sgd(schedule, momentum=cfg.momentum, nesterov=cfg.nesterov),
+    "sgd": lambda cfg, schedule: optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
     "adamw": lambda cfg, schedule: optax.adamw(schedule, weight_decay=cfg.weight_decay),
 }
 

@@ -2,8 +2,10 @@
 
 A progress bar redraws itself with carriage returns, which a log file under a
 batch system (or `| tee`) keeps as one unreadable line. So the bar is drawn
-only when stdout is a terminal; otherwise each logged row (every
-`train.log_every` steps) is one timestamped line. Status lines (compiling,
+only when stdout is a terminal and the process was not started by an MPI
+launcher (Open MPI gives its ranks a pseudo-terminal even when mpirun's
+output goes to a file); otherwise each logged row (every `train.log_every`
+steps) is one timestamped line. Status lines (compiling,
 evaluating, checkpointing) are timestamped lines in both modes. Only the lead
 process prints.
 """
@@ -11,6 +13,7 @@ process prints.
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from typing import TextIO
 
@@ -18,6 +21,14 @@ from tqdm import tqdm
 
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"  # every status line, and the log lines scripts/train.py shows
+
+
+# Set in every process an MPI launcher starts: Open MPI, PMIx (Open MPI 5, srun --mpi=pmix), MPICH/Hydra.
+MPI_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+def launched_by_mpi() -> bool:
+    return any(name in os.environ for name in MPI_LAUNCHER_VARIABLES)
 
 
 def timestamp() -> str:
@@ -30,7 +41,7 @@ class Progress:
     def __init__(self, enabled: bool, stream: TextIO | None = None):
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stdout
-        self.interactive = enabled and self.stream.isatty()
+        self.interactive = enabled and self.stream.isatty() and not launched_by_mpi()
         self.total = 0
         self._bar = None
 

@@ -6,7 +6,8 @@ The command line picks one of three ways in:
   checkpoint, nothing set aside by --overwrite); else an error says which flag
   to give;
 - --resume: continue from the newest intact checkpoint; a directory without
-  one starts fresh, after a one-line notice;
+  one starts fresh, after a one-line notice; a finished run (its summary
+  written at the step the config ends on) is an error saying how to extend it;
 - --overwrite: start over. The previous run's files move to WORKDIR/replaced/
   and are deleted only once the new run has written its first checkpoint, so
   a run stopped before that still has the old one, there.
@@ -14,6 +15,7 @@ The command line picks one of three ways in:
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -55,6 +57,32 @@ def take_over(workdir: Path, checkpoint_steps: list[int], resume: bool, overwrit
             "or choose another --workdir"
         )
     return False
+
+
+class RunFinished(RunDirectoryError):
+    """--resume of a run that has nothing left to do."""
+
+
+def refuse_finished(workdir: Path, resumed_step: int, total_steps: int) -> None:
+    """Raises RunFinished if the checkpoint resumed, of `resumed_step`, is where the run in
+    `workdir` ended (its summary.json says so) and that is at or past `total_steps`: resuming
+    would only repeat the end. A run stopped during its final evaluation has no summary of
+    that step yet, and resumes."""
+    summary = workdir / "summary.json"
+    if resumed_step < total_steps or not summary.is_file():
+        return
+    try:
+        ended_at = json.loads(summary.read_text()).get("steps")
+    except (OSError, ValueError):
+        return
+    if ended_at != resumed_step:
+        return
+    raise RunFinished(
+        f"the run in {workdir} is finished: it trained {resumed_step} steps (train.max_steps, else train.epochs "
+        f"x steps per epoch, gives {total_steps}) and its results are in {summary}. To train it longer, give a "
+        f"larger length: --resume --set train.max_steps={2 * resumed_step} (or train.epochs); to score it again: "
+        "scripts/evaluate.py --workdir " + str(workdir)
+    )
 
 
 def _set_aside(workdir: Path, has_checkpoints: bool) -> None:

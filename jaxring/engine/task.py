@@ -17,6 +17,10 @@ AXIS = "batch"  # the pmapped axis: local devices
 SOURCES = "sources"
 
 
+class DataError(ValueError):
+    """Data a task cannot use; the message names where and why (scripts/train.py prints it as one line)."""
+
+
 class Shard(NamedTuple):
     """This process's share of the data: shard `index` of `count`."""
 
@@ -42,9 +46,15 @@ class MetricNames:
     """How the engine reports a task's evaluation metrics: keys of `Task.summarize`, lower is better."""
 
     best: str  # the dev metric that selects the best checkpoint (unless checkpoint.best_metric says otherwise)
-    plotted: tuple[str, ...]  # drawn together in the run's plots/dev_metrics.png, as percentages
-    shown: tuple[str, ...]  # in the progress bar, as percentages
-    label: str = "dev metric (%)"  # the y axis of plots/dev_metrics.png
+    plotted: tuple[str, ...]  # drawn together in the run's plots/dev_metrics.png
+    shown: tuple[str, ...]  # in the progress bar
+    label: str = "dev metric"  # the y axis of plots/dev_metrics.png
+    percent: tuple[str, ...] = ()  # the metrics that are rates (shares of 1): printed as percentages
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every metric named here: what checkpoint.best_metric may pick."""
+        return tuple(dict.fromkeys((self.best, *self.plotted, *self.shown, *self.percent)))
 
 
 class Task(Protocol):
@@ -77,3 +87,12 @@ class Task(Protocol):
     # what makes a split unusable, and returns a JSON-serialisable report by
     # split of what it skipped, each with a one-line "summary" (the trainer
     # prints those and writes the report to WORKDIR/data_report.json).
+    #
+    # Optional: a task that scores more once training ends (a slower decoder, say)
+    # should also have
+    #   final_report(self, config, workdir, summary) -> tuple[dict, str]
+    # called on the lead process after Trainer.fit with its summary (the best
+    # checkpoint is in WORKDIR): it returns entries to add to summary.json and
+    # the result text that begins the run's last line. Without it the line shows
+    # the metrics `metrics` names (jaxring/engine/report.py, which adds the devices,
+    # processes, all-reduce share and time to either).

@@ -28,7 +28,7 @@ from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
 from jaxring.engine import rundir
-from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.checkpoint import BEST, LATEST, Checkpoints
 from jaxring.engine.optim import learning_rate_schedule, make_optimizer
 from jaxring.engine.progress import Progress
 from jaxring.engine.sync import make_sync
@@ -41,6 +41,10 @@ SYNC_TIMING_REPEATS = 3
 
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
+
+# summary.json keys renamed on 2026-11-24, still written with the same value under the old name for the
+# readers users have; summary.json's "deprecated" says what each became.
+RENAMED_SUMMARY_KEYS = {"last_window_allreduce_share": "last_window_allreduce_share_estimate"}
 
 
 @flax.struct.dataclass
@@ -163,12 +167,11 @@ class Trainer:
         self.shard = Shard(self.rank, self.world_size)
         self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         epoch_steps = self.batches.steps_per_epoch
-        self.total_steps = train.epochs * epoch_steps
-        if train.max_steps is not None:
-            self.total_steps = min(self.total_steps, train.max_steps)
+        # max_steps, when set, is the run's length (the data repeats as often as that takes).
+        self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
         self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
         self.optimizer = make_optimizer(config.optim, self.schedule)
-        best_metric = config.checkpoint.best_metric or task.metrics.best
+        best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
         self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
         self._step = self.sync.pmap_step(self._local, self._finish)
@@ -233,10 +236,10 @@ class Trainer:
     # -- evaluation and checkpoints
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float]:
-        """Task metrics on `split`; dev is cut to eval.max_utterances, test is scored whole."""
+        """Task metrics on `split`; dev is cut to eval.max_examples, test is scored whole."""
         cfg = self.config.eval
-        limit = cfg.max_utterances if split == "dev" else None
-        self.progress.status(f"evaluating {split}" + (f" (at most {limit} utterances)" if limit else ""))
+        limit = cfg.max_examples if split == "dev" else None
+        self.progress.status(f"evaluating {split}" + (f" (at most {limit} examples)" if limit else ""))
         started = time.perf_counter()
         batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
         variables = variables_of(state)
@@ -245,9 +248,9 @@ class Trainer:
         return result
 
     def _format_metrics(self, result: dict) -> str:
-        """The task's metrics as percentages (as MetricNames declares them), counts as they are."""
-        percent = {*self.task.metrics.plotted, *self.task.metrics.shown, self.task.metrics.best}
-        shown = [f"{k} {100 * v:.2f}%" if k in percent else f"{k} {v:g}" for k, v in result.items()]
+        """The task's rates as percentages (MetricNames.percent), other metrics as they are."""
+        percent = self.task.metrics.percent
+        shown = [f"{k} {100 * v:.2f}%" if k in percent else f"{k} {v:.4g}" for k, v in result.items()]
         return ", ".join(shown)
 
     def save(self, state: TrainState, metrics: dict | None = None, row: dict | None = None) -> None:
@@ -269,11 +272,45 @@ class Trainer:
 
     def restore(self, template: TrainState) -> tuple[TrainState, dict]:
         """(the newest intact checkpoint's state, its extra: data position, metrics.jsonl row, throughput)."""
-        state, extra = self.checkpoints.restore(template)
+        state, extra = self.load_checkpoint(template, LATEST)
         self.batches.restore(extra["batches"])
         if self.rank == 0:
             self.checkpoints.update_best(int(state.step), extra.get("metrics"))
         return state, extra
+
+    def load_checkpoint(self, template: TrainState, which: int | str) -> tuple[TrainState, dict]:
+        """(state, extra) of checkpoint `which` (jaxring/engine/checkpoint.py) as process 0 reads it, on every process.
+
+        Process 0 alone writes checkpoints and alone reads them; the others get
+        its state by broadcast. So every process resumes, and scores test, on
+        the same weights whether or not the processes share a filesystem.
+        """
+        loaded = {}
+
+        def read():
+            loaded["state"], extra = self.checkpoints.restore(template, which)
+            return extra
+
+        extra = self._from_lead(f"checkpoint {which}", read)
+        state = loaded.get("state", template)
+        if self.comm is not None:
+            state = broadcast(state, root=0)
+        return state, extra
+
+    def _from_lead(self, what: str, read):
+        """`read()` as process 0 sees the run directory, on every process; an error there is raised on every one."""
+        value = error = None
+        if self.rank == 0:
+            try:
+                value = read()
+            except Exception as e:  # raised below on every process, so that none waits for the others
+                error = e
+        if self.comm is not None:
+            agreement.agree(self.comm, f"reading {what}", what)  # every process arrives, within the timeout
+            value, error = self.comm.bcast((value, error), root=0)
+        if error is not None:
+            raise error
+        return value
 
     def check_before_training(self) -> dict | None:
         """Collective: every process runs the same config; the task's data check (its report, or None)."""
@@ -315,16 +352,14 @@ class Trainer:
             "learning_rate": float(self.schedule(step - 1)),
             "examples_per_s": examples / elapsed,
             "step_s": step_s,
-            # The sync timed alone at start-up (time_sync), as a share of this window's mean step.
-            "allreduce_share": min(1.0, sync_s / step_s),
+            # An estimate, not a measurement: the sync timed alone once at start-up (time_sync)
+            # over this window's measured mean step.
+            "allreduce_share_estimate": min(1.0, sync_s / step_s),
         }
 
     def _best_step(self) -> int | None:
         """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
-        best = self.checkpoints.best() if self.rank == 0 else None
-        if self.comm is not None:
-            agreement.agree(self.comm, "the best step", "best")  # every process arrives, within the timeout
-            best = self.comm.bcast(best, root=0)
+        best = self._from_lead("the best step", self.checkpoints.best)
         return None if best is None else best["step"]
 
     def fit(self, resume: bool = False, overwrite: bool = False) -> dict:
@@ -336,7 +371,8 @@ class Trainer:
         cfg = self.config
         lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
-        resume = rundir.take_over(self.workdir, self.checkpoints.steps(), resume, overwrite, lead)
+        steps = self._from_lead("the checkpoint steps", self.checkpoints.steps)
+        resume = rundir.take_over(self.workdir, steps, resume, overwrite, lead)
         data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
@@ -347,6 +383,8 @@ class Trainer:
             # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
             self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         start = int(state.step)
+        if resume:  # the step of the newest intact checkpoint, which is the one resumed
+            rundir.refuse_finished(self.workdir, start, self.total_steps)
         if lead:
             self.checkpoints.discard_partial()
             config_lib.save(cfg, self.workdir / "config.yaml")
@@ -426,17 +464,22 @@ class Trainer:
             **self.throughput.summary(),
             "loss": last.get("loss"),
             # the last train.log_every window alone: the pace of the steps, without the evaluations and checkpoints
-            **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share")},
+            **{f"last_window_{k}": last.get(k) for k in ("examples_per_s", "step_s", "allreduce_share_estimate")},
             "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
         }
+        summary.update({old: summary[new] for old, new in RENAMED_SUMMARY_KEYS.items()})
+        summary["deprecated"] = {old: f"renamed {new}; same value" for old, new in RENAMED_SUMMARY_KEYS.items()}
         best_step = self._best_step()
         summary["best_step"] = best_step
         if cfg.eval.test_at_end:
             if best_step is not None and best_step != self.total_steps:
-                best, _ = self.checkpoints.restore(unreplicate(state), best_step)
+                # BEST: a damaged best checkpoint falls back to the newest intact one, named on stderr.
+                best, _ = self.load_checkpoint(unreplicate(state), BEST)
                 state = replicate(best, self.devices)
             test = self.evaluate(state, "test")
+            # The step whose weights produced test_*: best_step unless its checkpoint was damaged.
+            summary["test_step"] = int(np.asarray(state.step)[0])
             summary.update({f"test_{k}": v for k, v in test.items()})
         if lead:
             log.write(row)
@@ -450,9 +493,10 @@ class Trainer:
         shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
         for name in self.task.metrics.shown:
             if f"dev_{name}" in row:
-                shown[f"dev_{name}"] = f"{100 * row[f'dev_{name}']:.1f}%"
+                value = row[f"dev_{name}"]
+                shown[f"dev_{name}"] = f"{100 * value:.1f}%" if name in self.task.metrics.percent else f"{value:.4g}"
         if "examples_per_s" in row:
             shown["ex/s"] = f"{row['examples_per_s']:.0f}"
-        if "allreduce_share" in row:
-            shown["allreduce"] = f"{100 * row['allreduce_share']:.0f}%"
+        if "allreduce_share_estimate" in row:
+            shown["allreduce"] = f"{100 * row['allreduce_share_estimate']:.0f}%"
         return shown

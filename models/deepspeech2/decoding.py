@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 from pathlib import Path
 
 import jax
@@ -92,9 +93,9 @@ def lm_test_scores(task, config, workdir) -> dict:
     LM of its `decode:` section, as summary entries."""
     d = config.decode
     lm = load_lm(d.lm, workdir, task.manifests["train"], d.lm_unit, d.lm_order)
-    variables, _ = load_variables(workdir, "best")
+    variables, step = load_variables(workdir, "best")  # step: whose weights these are (a damaged best falls back)
     decoder = beam_decoder(d.beam_width, lm, d.alpha, d.beta)
     result = score_manifest(task, variables, task.manifests["test"], config.eval.batch_size, decoder)
-    return {"test_beam_cer": result["cer"], "test_beam_wer": result["wer"], "beam_width": d.beam_width,
-            "lm": None if lm is None else str(Path(workdir) / LM_FILE) if d.lm == TRAIN_LM else d.lm,
+    return {"test_beam_cer": result["cer"], "test_beam_wer": result["wer"], "test_beam_step": step, "beam_width": d.beam_width,
+            "lm": None if lm is None else os.path.abspath(Path(workdir) / LM_FILE if d.lm == TRAIN_LM else d.lm),
             "alpha": d.alpha if lm is not None else None, "beta": d.beta}

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxring.engine.checkpoint import load_variables
 from jaxring.engine.config import ConfigPath
 from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
 from models.deepspeech2 import alphabet, ctc, decode, metrics
@@ -25,20 +26,25 @@ from models.deepspeech2.augment import AugmentConfig, augment
 from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
 from models.deepspeech2.data import Problems, featurize, read_audio, read_manifest
 from models.deepspeech2.data import problems as P
-from models.deepspeech2.decoding import DecodeConfig
+from models.deepspeech2.data import voices
+from models.deepspeech2.decoding import DecodeConfig, lm_test_scores, score_manifest
 
 SPLITS = ("train", "dev", "test")
+SYNTHESIZED = {"synthetic": ensure_synthetic_corpus, "voices": voices.ensure_voices_corpus}  # data.corpus -> maker
+# Test splits that some corpora add, scored greedily at the end beside test: split -> what the report calls it.
+EXTRA_TESTS = {"test_espeak": "eSpeak held-out voices"}
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The `data:` section: which corpus, and how it is cut into batches."""
 
-    corpus: str | None = None  # "synthetic" (eSpeak NG, generated on first use) | "manifest";
+    corpus: str | None = None  # "synthetic" (eSpeak NG, generated on first use) | "voices" (several
+    # synthesizers, models/deepspeech2/data/voices.py) | "manifest";
     # None: "manifest" when manifest_dir or the split manifests are set, else "synthetic"
     cache_dir: ConfigPath = "data/cache"  # synthetic: where the corpus is generated
-    utterances: int = 2000  # synthetic: train + dev + test
-    corpus_seed: int = 0  # synthetic
+    utterances: int = 2000  # synthetic, voices: all splits together
+    corpus_seed: int = 0  # synthetic, voices
     manifest_dir: ConfigPath | None = None  # manifest: a folder with train.jsonl, dev.jsonl, test.jsonl
     train_manifest: ConfigPath | None = None  # manifest: JSON-lines files (instead of manifest_dir)
     dev_manifest: ConfigPath | None = None
@@ -54,10 +60,11 @@ class DataConfig:
     def __post_init__(self):
         split_keys = [f"data.{s}_manifest" for s in SPLITS]
         given = [key for key in split_keys if getattr(self, key.split(".")[1]) is not None]
-        if self.corpus not in (None, "synthetic", "manifest"):
-            raise ValueError(f"data.corpus must be 'synthetic' or 'manifest'; got {self.corpus!r}")
-        if self.corpus == "synthetic" and (self.manifest_dir or given):
-            raise ValueError(f"data.corpus is 'synthetic' but {', '.join(given or ['data.manifest_dir'])} "
+        if self.corpus not in (None, *SYNTHESIZED, "manifest"):
+            raise ValueError(f"data.corpus must be 'synthetic' or 'manifest', or 'voices' (several synthesizers); "
+                             f"got {self.corpus!r}")
+        if self.corpus in SYNTHESIZED and (self.manifest_dir or given):
+            raise ValueError(f"data.corpus is {self.corpus!r} but {', '.join(given or ['data.manifest_dir'])} "
                              "set; drop data.corpus (or set it to 'manifest') to train on manifests")
         if self.manifest_dir is not None and given:
             raise ValueError(f"data.manifest_dir and {', '.join(given)} are both set; give one or the other")
@@ -71,7 +78,7 @@ class DataConfig:
 
     @property
     def source(self) -> str:
-        """Where the utterances come from: "synthetic" or "manifest"."""
+        """Where the utterances come from: "synthetic", "voices" or "manifest"."""
         if self.corpus is not None:
             return self.corpus
         given = self.manifest_dir is not None or any(getattr(self, f"{s}_manifest") for s in SPLITS)
@@ -81,8 +88,22 @@ class DataConfig:
         """What the test split is, for the final report line."""
         if self.source == "synthetic":
             return "synthetic eSpeak test split, held-out voices"
+        if self.source == "voices":
+            return f"test split of a synthesizer training never hears (flite {', '.join(voices.FLITE_VOICES['test'])})"
         test = self.test_manifest or os.path.join(self.manifest_dir, "test.jsonl")
         return f"test manifest {test}"
+
+
+def result_text(summary: dict, test_split: str) -> str:
+    """Test CER/WER greedy (and by beam search, if scored) on `test_split`, then dev."""
+    line = f"dev CER {100 * summary['dev_cer']:.2f}% WER {100 * summary['dev_wer']:.2f}%"
+    if "test_cer" not in summary:
+        return line
+    test = f"test CER {100 * summary['test_cer']:.2f}% WER {100 * summary['test_wer']:.2f}% (greedy)"
+    if "test_beam_cer" in summary:
+        how = f"beam {summary['beam_width']}" + (" + LM" if summary["lm"] else "")
+        test += f", CER {100 * summary['test_beam_cer']:.2f}% WER {100 * summary['test_beam_wer']:.2f}% ({how})"
+    return f"{test} on the {test_split}, checkpoint of step {summary['best_step']}; " + line
 
 
 class TrainBatches:
@@ -113,7 +134,8 @@ class DeepSpeech2Task:
     """Deep Speech 2 trained by CTC and scored by greedy decoding (or self.decoder)."""
 
     config_sections = {"model": ds2.ModelConfig, "data": DataConfig, "augment": AugmentConfig, "decode": DecodeConfig}
-    metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
+    metrics = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)",
+                          percent=("cer", "wer"))
 
     def __init__(self, model: ds2.ModelConfig, data: DataConfig, augmentation: AugmentConfig = AugmentConfig()):
         self.model_config = model
@@ -141,8 +163,9 @@ class DeepSpeech2Task:
                 return {s: self._split_manifest(s) for s in SPLITS}
             return {s: getattr(self.data, f"{s}_manifest") for s in SPLITS}
         cache_dir = os.path.abspath(self.data.cache_dir)  # manifests then hold paths inside the corpus folder
-        folder = ensure_synthetic_corpus(cache_dir, self.data.utterances, self.data.corpus_seed)
-        return {s: str(Path(folder) / f"{s}.jsonl") for s in SPLITS}
+        folder = SYNTHESIZED[self.data.source](cache_dir, self.data.utterances, self.data.corpus_seed)
+        extra = [s for s in EXTRA_TESTS if (Path(folder) / f"{s}.jsonl").is_file()]
+        return {s: str(Path(folder) / f"{s}.jsonl") for s in (*SPLITS, *extra)}
 
     def _split_manifest(self, split: str) -> str:
         path = os.path.join(self.data.manifest_dir, f"{split}.jsonl")
@@ -246,6 +269,31 @@ class DeepSpeech2Task:
         with self._batches(dataset, per_process, shard, **order) as batches:
             for batch in batches:
                 yield _flatten(batch)
+
+    # -- the run's final report (the engine's optional hook, jaxring/engine/task.py)
+
+    def final_report(self, config, workdir, summary: dict) -> tuple[dict, str]:
+        """Test scored again by the `decode:` section's beam search and LM (when set); the result text."""
+        from jaxring.engine.progress import timestamp
+
+        scores = {}
+        if config.decode.beam_width and "test_cer" in summary:
+            lm = " + LM" if config.decode.lm else ""
+            print(f"{timestamp()} scoring test by beam search ({config.decode.beam_width} beams{lm})", flush=True)
+            scores = lm_test_scores(self, config, workdir)
+        extra = {split: self.manifests[split] for split in EXTRA_TESTS if split in self.manifests}
+        if extra and "test_cer" in summary:
+            print(f"{timestamp()} scoring {', '.join(extra)} (greedy)", flush=True)
+            variables, _ = load_variables(workdir, "best")
+            for split, manifest in extra.items():
+                result = score_manifest(self, variables, manifest, config.eval.batch_size)
+                scores.update({f"{split}_{k}": v for k, v in result.items()})
+        text = result_text({**summary, **scores}, self.data.describe())
+        for split in extra:
+            if f"{split}_cer" in scores:
+                text += (f"; {EXTRA_TESTS[split]}: CER {100 * scores[f'{split}_cer']:.2f}% "
+                         f"WER {100 * scores[f'{split}_wer']:.2f}% (greedy)")
+        return scores, text
 
     # -- inference on audio files
 

@@ -115,7 +115,7 @@ def nan_wav(path, seconds=1.5):
 def all_finite(workdir) -> bool:
     checkpoints = Checkpoints(Path(workdir) / "checkpoints")
     for step in checkpoints.steps():
-        state, _ = checkpoints.read(step)
+        state = checkpoints.read(step).state
         for leaf in _leaves(state):
             leaf = np.asarray(leaf)
             if np.issubdtype(leaf.dtype, np.inexact) and not np.isfinite(leaf).all():

@@ -48,7 +48,7 @@ def assert_every_checkpoint_finite(workdir):
     checkpoints = Checkpoints(workdir / "checkpoints")
     assert checkpoints.steps()
     for step in checkpoints.steps():
-        state, _ = checkpoints.read(step)  # verifies the checksum and the finite flag
+        state = checkpoints.read(step).state  # verifies the checksum and that the state is finite
         for leaf in jax_leaves(state):
             leaf = np.asarray(leaf)
             assert not np.issubdtype(leaf.dtype, np.inexact) or np.isfinite(leaf).all()

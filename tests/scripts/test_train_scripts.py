@@ -13,7 +13,8 @@ import pytest
 import soundfile
 import yaml
 
-from tests.tiny_runs import CONFIG, ROOT, TRAIN, finish, mpirun, tiny_overrides
+from tests.docs.markdown import command
+from tests.tiny_runs import CONFIG, ROOT, finish, mpirun, tiny_overrides
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -49,13 +50,14 @@ def test_train_writes_the_run_directory(run, capsys):
     # ds2_tiny's decode section: the test split also by beam search with a word LM of the training split
     assert summary["lm"] == str(workdir / "lm.arpa") and summary["beam_width"] == 16
     assert 0 <= summary["test_beam_cer"] and 0 <= summary["test_beam_wer"]
+    assert summary["test_beam_step"] == summary["test_step"] == summary["best_step"]  # scored on the best weights
 
 
 def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):
     from models.deepspeech2.data import ensure_synthetic_corpus
 
-    train.show_corpus_synthesis()
-    train.show_corpus_synthesis()  # main() run twice in one process: still one line per message
+    train.show_model_progress()
+    train.show_model_progress()  # main() run twice in one process: still one line per message
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)  # already there: silent
     lines = capsys.readouterr().out.splitlines()
@@ -119,6 +121,33 @@ def test_evaluate_from_another_directory_reads_the_runs_corpus(run, tmp_path):
     assert list(elsewhere.iterdir()) == []  # no corpus synthesised into the cwd
 
 
+def test_evaluate_says_when_it_synthesises_a_missing_corpus_and_scores_the_same(run, tmp_path, capsys):
+    """A run directory from another checkout or machine: its corpus is not where config.yaml says."""
+    workdir, summary, _ = run
+    moved = tmp_path / "moved_run"
+    shutil.copytree(workdir / "checkpoints", moved / "checkpoints")
+    saved = yaml.safe_load((workdir / "config.yaml").read_text())
+    saved["data"]["cache_dir"] = str(tmp_path / "no_corpus_here")
+    (moved / "config.yaml").write_text(yaml.safe_dump(saved))
+    result = evaluate.main(["--workdir", str(moved)])
+    err = capsys.readouterr().err
+    assert f"the run's corpus is not in {tmp_path / 'no_corpus_here'}" in err and "synthesising all 30 utterances" in err
+    assert result["cer"] == pytest.approx(summary["test_cer"])  # the corpus is synthesised the same again
+    evaluate.main(["--workdir", str(moved)])
+    assert "synthesising" not in capsys.readouterr().err  # there now: nothing to say
+
+
+def test_a_relative_lm_that_is_not_there_names_the_runs_own(run, tmp_path, monkeypatch):
+    workdir = run[0]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=f"--lm runs/tiny/lm.arpa does not exist \\(a relative path is relative to "
+                       f"the current directory, {tmp_path}\\); the run has its own LM: --lm {workdir / 'lm.arpa'}"):
+        evaluate.main(["--workdir", str(workdir), "--beam-width", "4", "--lm", "runs/tiny/lm.arpa"])
+    monkeypatch.chdir(workdir.parent)
+    result = evaluate.main(["--workdir", workdir.name, "--beam-width", "4", "--lm", f"{workdir.name}/lm.arpa"])
+    assert result["lm"] == str(workdir / "lm.arpa")  # absolute, as every path the results name
+
+
 def test_evaluate_prints_the_scores_of_the_best_checkpoint(run, capsys):
     workdir, summary, _ = run
     result = evaluate.main(["--workdir", str(workdir)])
@@ -136,10 +165,10 @@ def test_transcribe_prints_one_line_per_file(run, capsys):
     corpus = next(path for path in cache.glob("espeak-*") if path.is_dir())
     audio = sorted((corpus / "audio" / "test").glob("*.flac"))[:2]
     texts = transcribe.main(["--workdir", str(workdir), *map(str, audio)])
-    assert capsys.readouterr().out.splitlines()[-2:] == texts and len(texts) == 2
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"{a}\t{t}" for a, t in zip(audio, texts)]
     beam = transcribe.main(["--workdir", str(workdir), "--beam-width", "8", "--lm", str(workdir / "lm.arpa"),
                             *map(str, audio)])
-    assert capsys.readouterr().out.splitlines()[-2:] == beam and len(beam) == 2
+    assert capsys.readouterr().out.splitlines()[-2:] == [f"{a}\t{t}" for a, t in zip(audio, beam)]
 
 
 def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path, capsys):
@@ -158,7 +187,11 @@ def test_transcribe_names_each_bad_file_and_transcribes_the_others(run, tmp_path
         transcribe.main(["--workdir", str(workdir), *map(str, paths)])
     assert exit_status.value.code == 1
     out, err = capsys.readouterr()
-    assert out.splitlines() == expected
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [path for path, _ in lines] == list(map(str, paths))  # one line per file, in order
+    assert [text for _, text in lines[::4]] == expected
+    assert lines[1][1] == "error: non-finite audio samples" and lines[3][1] == "error: missing file"
+    assert lines[2][1].startswith("error: unreadable audio (")
     assert err.splitlines() == [
         f"error: {nan_wav}: non-finite audio samples",
         *[line for line in err.splitlines() if line.startswith(f"error: {garbage}: unreadable audio (")],
@@ -183,16 +216,25 @@ def test_clear_errors(run, tmp_path, capsys):
 
 
 def test_train_under_mpirun(run, tmp_path):
+    """docs/TRAINING.md's mpirun line as written, with the flags its comment names for root (and
+    --oversubscribe: fewer cores than processes here), on a tiny model."""
     _, _, cache = run  # the corpus is already there
-    args = ["--config", str(CONFIG), "--workdir", str(tmp_path / "mpi")]
+    words = command("docs/TRAINING.md", "mpirun -np 2 python -m mpi4py scripts/train.py ")
+    assert words[:6] == ["mpirun", "-np", "2", "python", "-m", "mpi4py"]  # what mpirun(2, ..., with_mpi4py) runs
+    args = [str(ROOT / w) if w.startswith("configs/") else str(tmp_path / "mpi") if w == "runs/mpi" else w
+            for w in words[7:]]
+    assert args == ["--config", str(CONFIG), "--workdir", str(tmp_path / "mpi")]
     args += tiny_overrides(cache) + ["--set", "eval.every_steps=0", "--set", "checkpoint.every_steps=0"]
     args += ["--set", "train.bucket_bytes=4096"]  # several fused buckets cross the processes
-    code, output = finish(mpirun(2, [TRAIN, *args], with_mpi4py=True), timeout_s=170)  # the docs' form
+    code, output = finish(mpirun(2, [ROOT / words[6], *args], with_mpi4py=True), timeout_s=170)
     assert code is not None, f"mpirun did not finish within 170 s:\n{output}"
     assert code == 0, output
+    # Open MPI gives ranks a terminal even through this pipe: lines, not a bar, all the same.
+    assert re.findall(r"\d\d:\d\d:\d\d step (\d)/3 loss", output) == ["1", "2", "3"] and "\r" not in output
     assert "2 local cpu devices x 2 processes, global batch 8 (2 per device)" in output
     assert output.count("test CER") == 1  # printed by rank 0 only
     assert "(greedy), CER" in output and "(beam 16 + LM) on the synthetic eSpeak test split" in output
+    assert "; trained on 2 cpu devices x 2 processes, ring all-reduce " in output  # the last line says what trained it
     summary = json.loads((tmp_path / "mpi" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 3 and summary["test_cer"] >= 0
     assert summary["test_utterances"] == 3  # the two ranks' shares add up to the whole test split

@@ -1,7 +1,8 @@
 """Utterances from a folder of audio files: transcripts in a .txt beside each file, or in a CSV.
 
 The inputs of scripts/make_manifest.py for data that is not in the LibriSpeech layout.
-Durations come from the audio headers; files that cannot be read are skipped and counted.
+Durations come from the audio headers; files that cannot be read, and transcripts training would
+refuse (digits, letters outside the alphabet), are skipped and counted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from models.deepspeech2.data import audio
 from models.deepspeech2.data import problems as P
+from models.deepspeech2.data.dataset import lost_characters
 from models.deepspeech2.data.manifest import Utterance
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif")
@@ -20,6 +22,12 @@ CSV_COLUMNS = ("path", "text")  # audio path (relative to the CSV's folder) and 
 
 
 def _utterance(path: str, text: str, problems: P.Problems) -> Utterance | None:
+    """The utterance of audio `path` saying `text`; None (counted in `problems`) when training
+    would refuse it: a transcript with digits or letters outside the alphabet, or unreadable audio."""
+    if lost := lost_characters(text):
+        in_order = "".join(c for c in dict.fromkeys(text.lower()) if c in lost)  # "42", not the sorted "24"
+        problems.skip(P.UNKNOWN_CHARACTERS, path, f"{in_order!r} in transcript {text.strip()!r}")
+        return None
     try:
         seconds = audio.duration(path)
     except audio.AudioError as e:
@@ -31,13 +39,13 @@ def _utterance(path: str, text: str, problems: P.Problems) -> Utterance | None:
 def read_folder(folder: str, problems: P.Problems | None = None) -> list[Utterance]:
     """Every audio file under `folder` (recursively) that has a transcript NAME.txt beside it.
 
-    Audio without a transcript is counted as a missing file (the transcript is missing).
+    Audio without a transcript is skipped as a missing transcript.
     """
     problems = problems or P.Problems()
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{folder} is not a folder")
     utterances, seen = [], 0
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files in os.walk(os.path.abspath(folder)):  # absolute: a manifest anywhere can point here
         dirs.sort()
         for name in sorted(files):
             stem, extension = os.path.splitext(name)
@@ -47,7 +55,7 @@ def read_folder(folder: str, problems: P.Problems | None = None) -> list[Utteran
             path = os.path.join(root, name)
             transcript = os.path.join(root, stem + ".txt")
             if not os.path.isfile(transcript):
-                problems.skip(P.MISSING_FILE, transcript, f"the transcript of {path}")
+                problems.skip(P.MISSING_TRANSCRIPT, path, f"no {transcript}")
                 continue
             with open(transcript, encoding="utf-8") as f:
                 if utterance := _utterance(path, f.read(), problems):

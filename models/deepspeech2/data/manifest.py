@@ -1,7 +1,9 @@
 """JSON-lines manifests: one {"audio_filepath", "duration", "text"} object per line.
 
-Relative audio paths are resolved against the manifest's folder, so a corpus folder can be
-moved or copied as a whole.
+The one rule for paths: a relative audio path in a manifest is relative to the manifest's
+folder (never to the directory a script runs from), and write_manifest (so
+scripts/make_manifest.py) writes them that way. A corpus folder, or a checkout holding both
+the manifests and the audio, can then be moved or copied as a whole.
 """
 
 import dataclasses
@@ -84,18 +86,21 @@ def _parse_line(line: bytes, folder: str) -> Utterance:
     if not isinstance(entry["audio_filepath"], str) or not isinstance(entry["text"], str):
         raise TypeError("audio_filepath and text must be strings")
     return Utterance(
-        audio_filepath=os.path.join(folder, entry["audio_filepath"]), duration=float(duration), text=entry["text"]
+        audio_filepath=os.path.normpath(os.path.join(folder, entry["audio_filepath"])), duration=float(duration), text=entry["text"]
     )
 
 
 def write_manifest(path: str, entries: list[dict]) -> None:
-    """Writes entries (dicts with at least audio_filepath, duration, text), paths made relative
-    to the manifest's folder when they lie under it."""
+    """Writes entries (dicts with at least audio_filepath, duration, text; a relative
+    audio_filepath already relative to the manifest's folder), each path made relative to the
+    manifest's folder ("../clips/a.wav" included); only audio that shares no folder with the
+    manifest but the filesystem root keeps its absolute path."""
     folder = os.path.dirname(os.path.abspath(path))
     with open(path, "w", encoding="utf-8") as f:
         for entry in entries:
             audio = os.path.abspath(os.path.join(folder, entry["audio_filepath"]))
-            if audio.startswith(folder + os.sep):
+            common = os.path.commonpath([audio, folder])
+            if common != os.path.dirname(common):  # not the filesystem root
                 audio = os.path.relpath(audio, folder)
             f.write(json.dumps({**entry, "audio_filepath": audio}) + "\n")
 

@@ -3,8 +3,11 @@
 import collections
 import threading
 
+from jaxring.engine import task
+
 # Reasons an utterance is skipped.
 MISSING_FILE = "missing file"
+MISSING_TRANSCRIPT = "missing transcript"
 UNREADABLE_AUDIO = "unreadable audio"
 EMPTY_TRANSCRIPT = "empty transcript"
 UNKNOWN_CHARACTERS = "unknown characters"
@@ -16,9 +19,18 @@ NON_FINITE_AUDIO = "non-finite audio samples"
 RESAMPLED = "resampled"
 # Sources named per reason in reports; the rest are counted.
 NAMED_PER_REASON = 3
+# What to do about a reason, said once when inputs are refused for it.
+HINTS = {
+    MISSING_FILE: "a relative audio path in a manifest (or a CSV of scripts/make_manifest.py) is relative "
+                  "to that file's folder, not to the current directory (make_manifest.py writes manifests so; "
+                  "rerun it for a manifest written otherwise)",
+    MISSING_TRANSCRIPT: "each audio file needs its transcript in a NAME.txt beside it",
+    UNKNOWN_CHARACTERS: "transcripts may hold only a-z, space and apostrophe (other punctuation is dropped): "
+                        "spell numbers and symbols out as words ('42' -> 'forty two', '%' -> 'percent')",
+}
 
 
-class DataError(ValueError):
+class DataError(task.DataError):
     """Bad input met with strict=True; the message names the file and the reason."""
 
 
@@ -76,6 +88,10 @@ class Problems:
         named = "; ".join(f"{reason}: {', '.join(entry['first'])}" for reason, entry in self.report().items())
         return describe(self.snapshot()) + (f"; first: {named}" if named else "")
 
+    def hints(self) -> str:
+        """What to do about each reason met that has a hint, as sentences; '' if none."""
+        return "".join(f" {reason.capitalize()}: {HINTS[reason]}." for reason in self.snapshot() if reason in HINTS)
+
     def check_share(self, total: int, max_share: float, what: str) -> None:
         """Raises DataError if no source of `total` is usable, or more than `max_share` of them are not."""
         with self._lock:
@@ -83,8 +99,8 @@ class Problems:
         if bad < total and bad <= max_share * total:
             return
         raise DataError(
-            f"{what}: {bad} of {total} utterances are unusable ({self.summary()}), "
-            f"more than the {max_share:.0%} allowed (data.max_unusable_share). Fix or remove them"
+            f"{what}: {bad} of {total} utterances are unusable ({self.summary()}).{self.hints()} "
+            f"Fix or remove them: that is more than the {max_share:.0%} allowed (data.max_unusable_share)"
         )
 
 

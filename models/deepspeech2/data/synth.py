@@ -66,10 +66,11 @@ def split_sizes(utterances: int) -> dict[str, int]:
 
 
 def split_of(index: int, sizes: dict[str, int]) -> str:
-    for split in SPLITS:
-        if index < sizes[split]:
+    """The split of utterance `index`: the splits take consecutive indices, in the order of `sizes`."""
+    for split, size in sizes.items():
+        if index < size:
             return split
-        index -= sizes[split]
+        index -= size
     raise IndexError(index)
 
 
@@ -112,30 +113,36 @@ def make_utterance(seed: int, index: int, split: str) -> tuple[np.ndarray, dict]
     return signal.astype(np.float32), fields
 
 
-def _write_block(out_dir: str, seed: int, sizes: dict[str, int], start: int) -> list[dict]:
+def _write_block(seed: int, out_dir: str, sizes: dict[str, int], start: int) -> list[dict]:
     espeak.reset()
     entries = []
     for index in range(start, min(start + BLOCK, sum(sizes.values()))):
         split = split_of(index, sizes)
         samples, fields = make_utterance(seed, index, split)
-        path = os.path.join(out_dir, "audio", split, f"{index:07d}.flac")
-        soundfile.write(path, samples, audio.SAMPLE_RATE, subtype="PCM_16")
-        entries.append({"audio_filepath": path, **fields, "split": split})
+        entries.append(write_utterance(out_dir, split, index, samples, fields))
     return entries
 
 
-def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | None = None) -> None:
-    """Synthesises the corpus into out_dir: audio/<split>/*.flac and {train,dev,test}.jsonl.
+def write_utterance(out_dir: str, split: str, index: int, samples: np.ndarray, fields: dict) -> dict:
+    """Writes OUT_DIR/audio/SPLIT/INDEX.flac; its manifest entry, with its split."""
+    path = os.path.join(out_dir, "audio", split, f"{index:07d}.flac")
+    soundfile.write(path, samples, audio.SAMPLE_RATE, subtype="PCM_16")
+    return {"audio_filepath": path, **fields, "split": split}
 
-    workers: processes to use (default: one per ~500 utterances, at most one per core).
-    The result does not depend on it.
+
+def write_corpus(out_dir: str, sizes: dict[str, int], write_block, workers: int | None = None) -> None:
+    """Writes a corpus of sizes[split] utterances per split into out_dir: audio/<split>/*.flac and <split>.jsonl.
+
+    write_block(out_dir, sizes, start): the entries of utterances start .. start + BLOCK - 1
+    (write_utterance's), a picklable function of its arguments alone, so the corpus does not
+    depend on `workers`: processes to use (default: one per ~500 utterances, at most one per core).
     """
-    sizes = split_sizes(utterances)
-    for split in SPLITS:
+    utterances = sum(sizes.values())
+    for split in sizes:
         os.makedirs(os.path.join(out_dir, "audio", split), exist_ok=True)
     if workers is None:
         workers = min(os.cpu_count() or 1, -(-utterances // 500))
-    write = functools.partial(_write_block, out_dir, seed, sizes)
+    write = functools.partial(write_block, out_dir, sizes)
     starts = range(0, utterances, BLOCK)
     if workers <= 1:
         blocks = [write(start) for start in starts]
@@ -144,21 +151,33 @@ def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | Non
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             blocks = pool.map(write, starts, chunksize=1)
     entries = [entry for block in blocks for entry in block]
-    for split in SPLITS:
+    for split in sizes:
         rows = [{k: v for k, v in e.items() if k != "split"} for e in entries if e["split"] == split]
         write_manifest(os.path.join(out_dir, f"{split}.jsonl"), rows)
 
 
-def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
-                            workers: int | None = None) -> str:
-    """The folder of the synthetic corpus for (utterances, seed), generated on first use.
+def corpus_folder(cache_dir: str, utterances: int, seed: int) -> str:
+    """Where ensure_synthetic_corpus keeps the corpus of (utterances, seed) under `cache_dir`."""
+    return os.path.join(cache_dir, f"espeak-v{VERSION}-n{utterances}-seed{seed}")
+
+
+def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | None = None) -> None:
+    """Synthesises the corpus into out_dir: audio/<split>/*.flac and {train,dev,test}.jsonl.
+
+    workers: processes to use (default: one per ~500 utterances, at most one per core).
+    The result does not depend on it.
+    """
+    write_corpus(out_dir, split_sizes(utterances), functools.partial(_write_block, seed), workers)
+
+
+def cached_corpus(cache_dir: str, name: str, utterances: int, generate) -> str:
+    """CACHE_DIR/NAME, made by generate(folder) on first use.
 
     Generation goes to a temporary folder renamed into place when complete, so an
     interrupted run is never reused; a file lock lets concurrent processes (MPI ranks)
     wait for one generator instead of racing.
     """
     os.makedirs(cache_dir, exist_ok=True)
-    name = f"espeak-v{VERSION}-n{utterances}-seed{seed}"
     final = os.path.join(cache_dir, name)
     with open(os.path.join(cache_dir, name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -167,10 +186,17 @@ def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
             started = time.monotonic()
             partial = tempfile.mkdtemp(prefix=name + ".partial-", dir=cache_dir)
             try:
-                generate_corpus(partial, utterances, seed, workers)
+                generate(partial)
                 os.rename(partial, final)
                 log.info("synthesised %d utterances in %.0f s", utterances, time.monotonic() - started)
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
     return final
+
+
+def ensure_synthetic_corpus(cache_dir: str, utterances: int, seed: int,
+                            workers: int | None = None) -> str:
+    """The folder of the synthetic corpus for (utterances, seed), generated on first use (cached_corpus)."""
+    generate = functools.partial(generate_corpus, utterances=utterances, seed=seed, workers=workers)
+    return cached_corpus(cache_dir, os.path.basename(corpus_folder(cache_dir, utterances, seed)), utterances, generate)

@@ -35,7 +35,7 @@ def test_tree_allreduce_equals_a_mean_per_leaf(bucket_bytes, ranks):
         "count": rng.integers(0, 9, (ranks, 4)).astype(np.int32),
     }
     reduced = jax.pmap(
-        lambda t: jaxring.tree_allreduce({k: v for k, v in t.items() if k != "count"}, "i", bucket_bytes=bucket_bytes)
+        lambda t: jaxring.tree_allreduce({k: v for k, v in t.items() if k != "count"}, "i", "mean", bucket_bytes=bucket_bytes)
         | {"count": jaxring.tree_allreduce(t["count"], "i", op="sum", bucket_bytes=bucket_bytes)},
         axis_name="i",
         devices=jax.devices()[:ranks],
@@ -53,3 +53,15 @@ def _at(tree, path):
     for key in path:
         tree = tree[key.key]
     return tree
+
+
+def test_tree_allreduce_without_op_sums_as_psum_and_warns():
+    rng = np.random.default_rng(5)
+    tree = {"w": rng.standard_normal((3, 4, 3)).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float32)}
+    run = lambda reduce: jax.pmap(reduce, axis_name="i", devices=jax.devices()[:3])(tree)  # noqa: E731
+    with pytest.warns(FutureWarning, match="without op: it now sums .* Pass op='mean' to average"):
+        default = run(lambda t: jaxring.tree_allreduce(t, "i", bucket_bytes=16))
+    psum = run(lambda t: jax.lax.psum(t, "i"))
+    for name in tree:
+        np.testing.assert_allclose(default[name], psum[name], rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(default[name][0], np.float64), tree[name].astype(np.float64).sum(0), rtol=1e-5)

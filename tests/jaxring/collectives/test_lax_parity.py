@@ -10,6 +10,7 @@ within the dtype's rounding for floats).
 import dataclasses
 import functools
 import math
+import re
 from typing import Callable
 
 import jax
@@ -19,6 +20,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
+from tests.jaxring.collectives.random_inputs import random_array
 
 
 class Lax:
@@ -45,6 +47,21 @@ class Case:
     out_specs: object
     shapes: tuple  # global input shapes
     dtype: object = jnp.float32
+    refusal: str | None = None  # where lax refuses: the reason both must give, a key of REFUSALS
+
+
+# Why lax refuses: (the error class, a pattern of lax's message, a pattern of jaxring's message).
+REFUSALS = {
+    # shard_map's own check of the outputs, before any collective: the same message for both
+    "out_specs": (ValueError, "out_specs which require replication", "out_specs which require replication"),
+    "scatter_size": (ValueError, "scatter dimension size 3 must match shard count 4",
+                     r"over 4 devices needs dimension 0 of x to equal 4, got shape \(3, 3\)"),
+    "gather_axis": (ValueError, "axis 3 is out of bounds for array of dimension 3", r"axis=3 is not an axis"),
+    # under check_vma, lax fails an internal assertion (empty message) before naming the axis
+    "unbound_axis": (NameError, "unbound axis name: z|^$", "unbound axis name: z"),
+    "partly_varying": (ValueError, "can only accept axis_name which corresponds to one of varying",
+                       r"of a value varying over some of them only"),
+}
 
 
 def all_three(ops, x, axes, tiled_dim=0):
@@ -94,24 +111,29 @@ CASES = [
         if n == 3 or dtype in (jnp.float32, jnp.int32)
     ],
     # Reducing one axis of two: the sum still varies over the other one.
-    Case("2d-one-axis-replicated-out", {"x": 2, "y": 4}, lambda ops, x: ops.allreduce(x, "x"), (P("x", "y"),), P(), ((4, 8),)),
+    Case("2d-one-axis-replicated-out", {"x": 2, "y": 4}, lambda ops, x: ops.allreduce(x, "x"), (P("x", "y"),), P(), ((4, 8),), refusal="out_specs"),
     Case("2d-one-axis-varying-out", {"x": 2, "y": 4}, lambda ops, x: ops.allreduce(x, "x"), (P("x", "y"),), P(None, "y"), ((4, 8),)),
     Case("2d-both-axes", {"x": 2, "y": 4}, lambda ops, x: ops.allreduce(x, ("x", "y")), (P("x", "y"),), P(), ((4, 8),)),
     Case("2d-size-one-axis", {"x": 1, "y": 8}, lambda ops, x: all_three(ops, x, "x"), (P("x", "y"),), P("x", "y"), ((6, 16),)),
     Case(
-        "3d-two-axes", {"a": 2, "b": 2, "c": 2}, lambda ops, x: all_three(ops, x, ("a", "c"), 1), (P("a", "b", "c"),), P(None, "b"), ((2, 8, 6),)
+        "3d-two-axes", {"a": 2, "b": 2, "c": 2}, lambda ops, x: all_three(ops, x, ("a", "c"), 1), (P("a", "b", "c"),), P(None, "b"), ((2, 8, 6),),
+        refusal="out_specs",
     ),
     Case("3d-all-axes", {"a": 2, "b": 2, "c": 2}, lambda ops, x: ops.allreduce(x, ("a", "b", "c")), (P("a", "b", "c"),), P(), ((2, 2, 6),)),
     # An input not varying over the axis: lax counts it once per device.
     Case("replicated-input", {"x": 4}, lambda ops, x: ops.allreduce(x, "x"), (P(),), P(), ((5, 3),)),
-    Case("replicated-input-gather", {"x": 4}, lambda ops, x: ops.all_gather(x, "x"), (P(),), P(), ((5, 3),)),
+    Case("replicated-input-gather", {"x": 4}, lambda ops, x: ops.all_gather(x, "x"), (P(),), P(), ((5, 3),), refusal="out_specs"),
     # reduce_scatter and all_gather keep the input's varying axes.
-    Case("scatter-replicated-out", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P(), ((16, 3),)),
+    Case("scatter-replicated-out", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P(), ((16, 3),), refusal="out_specs"),
     Case("scatter-varying-out", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((16, 3),)),
-    Case("gather-replicated-out", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", tiled=True), (P("x"),), P(), ((8, 3),)),
-    Case("untiled-scatter-wrong-size", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((12, 3),)),
-    Case("gather-axis-out-of-range", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", axis=3), (P("x"),), P("x"), ((8, 3),)),
-    Case("unbound-axis", {"x": 4}, lambda ops, x: ops.allreduce(x, "z"), (P("x"),), P("x"), ((8, 3),)),
+    Case("gather-replicated-out", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", tiled=True), (P("x"),), P(), ((8, 3),), refusal="out_specs"),
+    # An input invariant over the reduced axis: lax (jax_auto_pcast) marks it varying first.
+    Case("scatter-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.reduce_scatter(x, "y", tiled=True), (P("x", None),), P("x", "y"), ((4, 6),)),
+    Case("gather-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, "y"), (P("x", None),), P(None, ("x", "y")), ((4, 6),)),
+    Case("gather-tiled-over-both-axes", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, ("x", "y"), tiled=True), (P("x", None),), P(("x", "y")), ((4, 6),)),
+    Case("untiled-scatter-wrong-size", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((12, 3),), refusal="scatter_size"),
+    Case("gather-axis-out-of-range", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", axis=3), (P("x"),), P("x"), ((8, 3),), refusal="gather_axis"),
+    Case("unbound-axis", {"x": 4}, lambda ops, x: ops.allreduce(x, "z"), (P("x"),), P("x"), ((8, 3),), refusal="unbound_axis"),
     Case("int-mean-is-float", {"x": 3}, lambda ops, x: ops.allreduce(x, "x", op="mean"), (P("x"),), P(), ((3, 5),), jnp.int32),
     Case("grad-allreduce", {"x": 4}, grad_of_sum, (P("x"), P("x")), P("x"), ((8, 5), (8, 5))),
     Case("grad-scatter-gather", {"x": 4}, grad_through_scatter_and_gather, (P("x"), P("x")), P("x"), ((8, 8), (8, 8))),
@@ -119,14 +141,8 @@ CASES = [
     Case("scan-carry", {"x": 2}, scan_carry, (P(None, "x"),), (P("x"), P(None, "x")), ((3, 4, 5),)),
     Case("vmap-inside", {"x": 4}, lambda ops, x: jax.vmap(lambda r: all_three(ops, r, "x"))(x), (P("x"),), P("x"), ((8, 8, 3),)),
     Case("pytree", {"x": 2, "y": 2}, pytree, (P("x", "y"), P("y", "x")), P(), ((4, 6), (4, 6))),
-    Case("pytree-leaf-varying-over-one-axis", {"x": 2, "y": 2}, pytree, (P("x", "y"), P("x")), P(), ((4, 6), (4, 3))),
+    Case("pytree-leaf-varying-over-one-axis", {"x": 2, "y": 2}, pytree, (P("x", "y"), P("x")), P(), ((4, 6), (4, 3)), refusal="partly_varying"),
 ]
-
-
-def random_input(rng, shape, dtype):
-    if dtype == jnp.int32:
-        return rng.integers(-1000, 1000, size=shape).astype(np.int32)
-    return (rng.standard_normal(shape) + 0.1).astype(np.float32).astype(dtype)
 
 
 def run(ops, case, check_vma, inputs):
@@ -158,10 +174,16 @@ def assert_same(ring, lax, n_devices):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_jaxring_matches_lax(case, check_vma):
     rng = np.random.default_rng(len(case.id))
-    inputs = [random_input(rng, shape, case.dtype) for shape in case.shapes]
+    inputs = [random_array(rng, shape, case.dtype) for shape in case.shapes]
     lax, ring = run(Lax, case, check_vma, inputs), run(Ring, case, check_vma, inputs)
     if isinstance(lax, Exception):
+        assert case.refusal, f"lax refuses a case not marked as refused: {lax!r}"
+        error, lax_reason, ring_reason = REFUSALS[case.refusal]
         assert isinstance(ring, Exception), f"lax refuses ({lax!r}) but jaxring accepted"
+        assert type(ring) is error, f"jaxring refuses with {ring!r}, expected {error.__name__}"
+        assert type(lax) is error or (case.refusal == "unbound_axis" and type(lax) is AssertionError), repr(lax)
+        assert re.search(lax_reason, str(lax)), f"lax refuses for another reason: {lax!r}"
+        assert re.search(ring_reason, str(ring)), f"jaxring refuses for another reason than lax ({lax!r}): {ring!r}"
         return
     assert not isinstance(ring, Exception), f"lax accepts but jaxring refused: {ring!r}"
     assert jax.tree.structure(ring) == jax.tree.structure(lax)
@@ -170,7 +192,7 @@ def test_jaxring_matches_lax(case, check_vma):
 
 
 def test_vmap_of_pmap_matches_lax():
-    x = random_input(np.random.default_rng(7), (4, 3, 6), jnp.float32)  # vmapped, devices, data
+    x = random_array(np.random.default_rng(7), (4, 3, 6), jnp.float32)  # vmapped, devices, data
 
     def body(ops, v):
         return ops.allreduce(v, "i"), ops.reduce_scatter(v, "i", tiled=True), ops.all_gather(v, "i", axis=1)
@@ -190,7 +212,7 @@ def collectives_in(program, *args):
 
 
 def test_a_ring_of_one_compiles_to_no_collective():
-    x = random_input(np.random.default_rng(8), (1, 3, 4), jnp.float32)
+    x = random_array(np.random.default_rng(8), (1, 3, 4), jnp.float32)
 
     def body(v):
         return (

@@ -9,18 +9,12 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
+from tests.jaxring.collectives.random_inputs import random_array
 
 RANKS = (1, 2, 3, 5, 8)
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 # Odd shapes: 0-d, zero-size, below / not divisible by / equal to the ring size.
 SHAPES = ((), (0,), (1,), (2,), (4,), (7,), (1001,), (3, 5, 7), (2, 0, 3), (64, 129))
-
-
-def random_data(rng, shape, dtype):
-    if dtype == jnp.int32:
-        return rng.integers(-1000, 1000, size=shape).astype(np.int32)
-    # Never zeros, both signs, magnitudes the low-precision types can hold.
-    return (rng.standard_normal(shape) + 0.1).astype(np.float32).astype(dtype)
 
 
 def tolerance(dtype, ranks, reference):
@@ -43,7 +37,7 @@ def pmapped(fn, ranks):
 @pytest.mark.parametrize("ranks", RANKS)
 def test_allreduce_equals_float64_sum_and_is_bitwise_identical(ranks, dtype):
     rng = np.random.default_rng(ranks * 17 + len(np.dtype(dtype).name))
-    inputs = [random_data(rng, (ranks, *shape), dtype) for shape in SHAPES]
+    inputs = [random_array(rng, (ranks, *shape), dtype) for shape in SHAPES]
     # Every shape in one program: also several all-reduces in one launch.
     outputs = pmapped(lambda *xs: [jaxring.allreduce(x, "i") for x in xs], ranks)(*inputs)
     for x, y in zip(inputs, outputs):
@@ -58,7 +52,7 @@ def test_allreduce_equals_float64_sum_and_is_bitwise_identical(ranks, dtype):
 
 @pytest.mark.parametrize("ranks", (3, 8))
 def test_allreduce_close_to_psum_and_mean(ranks):
-    x = random_data(np.random.default_rng(0), (ranks, 257, 3), jnp.float32)
+    x = random_array(np.random.default_rng(0), (ranks, 257, 3), jnp.float32)
     ring_sum, psum, ring_mean = pmapped(
         lambda v: (jaxring.allreduce(v, "i"), jax.lax.psum(v, "i"), jaxring.allreduce(v, "i", op="mean")),
         ranks,
@@ -69,7 +63,7 @@ def test_allreduce_close_to_psum_and_mean(ranks):
 
 @pytest.mark.parametrize("ranks", (2, 3, 5, 8))
 def test_reduce_scatter_returns_the_block_of_the_axis_position(ranks):
-    x = random_data(np.random.default_rng(ranks), (ranks, 13, 2 * ranks, 3), jnp.float32)
+    x = random_array(np.random.default_rng(ranks), (ranks, 13, 2 * ranks, 3), jnp.float32)
     untiled, tiled, gathered = pmapped(
         lambda v: (
             jaxring.reduce_scatter(v[:, :ranks], "i", scatter_dimension=1),
@@ -98,7 +92,7 @@ def test_all_gather_stacks_or_concatenates_in_axis_order():
 
 
 def test_grad_of_allreduce_is_allreduce_of_cotangent():
-    x = random_data(np.random.default_rng(1), (5, 31), jnp.float32)
+    x = random_array(np.random.default_rng(1), (5, 31), jnp.float32)
     weights = np.random.default_rng(2).standard_normal((5, 31)).astype(np.float32)
 
     def loss(v, w):
@@ -110,7 +104,7 @@ def test_grad_of_allreduce_is_allreduce_of_cotangent():
 
 
 def test_grad_through_reduce_scatter_and_all_gather():
-    x = random_data(np.random.default_rng(3), (4, 12), jnp.float32)
+    x = random_array(np.random.default_rng(3), (4, 12), jnp.float32)
 
     def via_ring(v):
         return (jaxring.all_gather(jaxring.reduce_scatter(v, "i", tiled=True), "i", tiled=True) ** 2).sum()
@@ -124,7 +118,7 @@ def test_grad_through_reduce_scatter_and_all_gather():
 
 
 def test_vmap_maps_over_the_extra_axis():
-    x = random_data(np.random.default_rng(4), (3, 6, 12), jnp.float32)  # devices, batch, data
+    x = random_array(np.random.default_rng(4), (3, 6, 12), jnp.float32)  # devices, batch, data
     summed, chunks = pmapped(
         lambda v: (
             jax.vmap(lambda r: jaxring.allreduce(r, "i"))(v),
@@ -139,14 +133,14 @@ def test_vmap_maps_over_the_extra_axis():
 
 
 def test_allreduce_inside_a_loop_runs_every_iteration():
-    x = random_data(np.random.default_rng(5), (8, 100), jnp.float32)
+    x = random_array(np.random.default_rng(5), (8, 100), jnp.float32)
     out = pmapped(lambda v: jax.lax.fori_loop(0, 6, lambda _, a: jaxring.allreduce(a, "i", op="mean"), v), 8)(x)
     np.testing.assert_allclose(out[3], np.asarray(x, np.float64).mean(0), rtol=1e-5, atol=1e-6)
 
 
 def test_shard_map_over_one_axis_and_over_both_axes_of_a_mesh():
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
-    x = random_data(np.random.default_rng(6), (2, 4, 37), jnp.float32)
+    x = random_array(np.random.default_rng(6), (2, 4, 37), jnp.float32)
 
     @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("a", "b"), out_specs=(P("a", "b"), P("a", "b")))
     def reduce(block):
@@ -183,7 +177,7 @@ def test_bad_arguments_say_what_to_do():
 @pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16), ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("ranks", (2, 5, 8))
 def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks, dtype):
-    x = random_data(np.random.default_rng(7), (ranks, 3001), dtype)
+    x = random_array(np.random.default_rng(7), (ranks, 3001), dtype)
     whole = np.asarray(pmapped(lambda v: jaxring.allreduce(v, "i"), ranks)(x))
     monkeypatch.setitem(jaxring.collectives.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
     chunk = -(-3001 // ranks)

@@ -3,11 +3,13 @@
 import dataclasses
 import os
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from jaxring.engine import config as config_lib
+from jaxring.engine.task import MetricNames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,7 @@ def test_defaults_and_types():
         ({"train": {"bucket_bytes": 0}}, "train.bucket_bytes must be positive"),
         ({"eval": {"batch_size": 0}}, "eval.batch_size must be positive; got 0"),
         ({"eval": {"every_steps": -1}}, "eval.every_steps must be 0 (off) or a positive number of steps; got -1"),
-        ({"eval": {"max_utterances": 0}}, "eval.max_utterances must be positive (or null to score the whole dev"),
+        ({"eval": {"max_examples": 0}}, "eval.max_examples must be positive (or null to score the whole dev"),
         ({"checkpoint": {"every_steps": -5}}, "checkpoint.every_steps must be 0 (off) or a positive number"),
         ({"checkpoint": {"keep": 0}}, "checkpoint.keep must be positive"),
         ({"optim": {"learning_rate": float("nan")}}, "optim.learning_rate must be positive; got nan"),
@@ -109,6 +111,20 @@ def test_bad_overrides(override, message):
         config_lib.build({}, TASK, [override])
 
 
+def test_a_bad_override_is_blamed_on_the_command_line_not_the_file(tmp_path):
+    source = tmp_path / "exp.yaml"
+    source.write_text(yaml.safe_dump({"task": "toy", "train": {"epochs": 3}}))
+    for override, message in (("optim.lr=1e-3", "--set optim.lr=1e-3: unknown key 'lr' in optim; did you mean"),
+                              ("optimizer.lr=1", "--set optimizer.lr=1: unknown key 'optimizer' in the config"),
+                              ("train.epochs=two", "--set train.epochs: expected int; got 'two'")):
+        with pytest.raises(config_lib.ConfigError) as refused:
+            config_lib.load(source, TASK, [override])
+        assert str(refused.value).startswith(message) and "exp.yaml" not in str(refused.value)
+    source.write_text(yaml.safe_dump({"task": "toy", "optim": {"lr": 1e-3}}))
+    with pytest.raises(config_lib.ConfigError, match=r"exp\.yaml: unknown key 'lr' in optim"):
+        config_lib.load(source, TASK, ["optim.learning_rate=1e-3"])
+
+
 def test_saved_config_loads_back_identical(tmp_path):
     source = tmp_path / "exp.yaml"
     source.write_text(yaml.safe_dump({"task": "toy", "train": {"epochs": 3}, "data": {"utterances": 7}, "model": {"width": 2}}))
@@ -150,9 +166,12 @@ def test_paths_in_a_file_resolve_against_the_named_folder_whatever_the_cwd(tmp_p
     assert cfg.files.note == "x/y"  # a plain str is not a path
     config_lib.save(cfg, tmp_path / "config.yaml")
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["files"]
-    assert saved["cache_dir"] == str(repo / "data" / "cache") and os.path.isabs(saved["manifest"])
-    again = config_lib.load(tmp_path / "config.yaml", {"files": FilesSection}, paths_relative_to=tmp_path / "other")
-    assert again.to_dict() == cfg.to_dict()  # absolute paths stay as they are
+    # Inside the folder paths resolve against: relative to it again; outside: absolute.
+    assert saved["cache_dir"] == os.path.join("data", "cache") and saved["manifest"] == cfg.files.manifest
+    moved = tmp_path / "moved_repo"
+    again = config_lib.load(tmp_path / "config.yaml", {"files": FilesSection}, paths_relative_to=moved)
+    assert again.files.cache_dir == str(moved / "data" / "cache")  # the checkout moved: its data with it
+    assert again.files.manifest == cfg.files.manifest and again.files.note == "x/y"
 
 
 def test_paths_given_with_set_resolve_against_the_cwd(tmp_path, monkeypatch):
@@ -184,3 +203,75 @@ def test_a_file_that_is_not_a_config_is_one_line_naming_it(tmp_path, text, messa
     with pytest.raises(config_lib.ConfigError, match=message) as error:
         config_lib.load(bad, TASK)
     assert "\n" not in str(error.value) and str(bad) in str(error.value)
+
+
+NAMES = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), percent=("cer", "wer", "ser"))
+
+
+@pytest.mark.parametrize(
+    "chosen, result",
+    [(None, "wer"), ("cer", "cer"), ("ser", "ser")],  # null: the task's own; any metric MetricNames lists
+)
+def test_best_metric_is_one_the_task_reports(chosen, result):
+    assert config_lib.best_metric(config_lib.CheckpointConfig(best_metric=chosen), NAMES) == result
+
+
+@pytest.mark.parametrize("chosen, close", [("WER", "wer"), ("cre", "cer"), ("ser_rate", "ser")])
+def test_a_best_metric_the_task_does_not_report_names_the_closest(chosen, close):
+    checkpoint = config_lib.CheckpointConfig(best_metric=chosen)
+    expected = f"checkpoint.best_metric '{chosen}' is not a metric of the task; did you mean '{close}'\\? " \
+               "\\(its metrics: wer, cer, ser\\)"
+    with pytest.raises(config_lib.ConfigError, match=f"^{expected}$"):
+        config_lib.best_metric(checkpoint, MetricNames(best="wer", plotted=("cer", "wer"), shown=("ser",)))
+
+
+@pytest.mark.parametrize(
+    "optim, message",
+    [
+        ({"schedule": "anneal"}, "optim.schedule anneal needs optim.anneal_factor"),
+        ({"schedule": "anneal", "anneal_factor": 0}, "optim.anneal_factor must be positive; got 0"),
+        ({"clip_norm": -1}, "optim.clip_norm must be positive (or null for no clipping); got -1"),
+    ],
+)
+def test_optimizer_settings_that_cannot_work_are_refused(optim, message):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+        config_lib.build({"optim": optim}, TASK)
+
+
+def test_the_engine_optimizer_defaults_are_model_neutral():
+    optim = config_lib.build({}, TASK).optim
+    assert (optim.name, optim.schedule, optim.clip_norm, optim.momentum, optim.nesterov) == ("sgd", "constant", None, 0.0, False)
+    assert optim.anneal_factor is None
+
+
+# The settings each optimizer and schedule reads (jaxring/engine/optim.py).
+USED_SETTINGS = {
+    "sgd": {"learning_rate", "momentum", "nesterov"},
+    "adamw": {"learning_rate", "weight_decay"},
+    "anneal": {"anneal_factor"},
+    "warmup_cosine": {"warmup_steps", "final_learning_rate"},
+    "constant": set(),
+}
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_config_writes_out_its_optimizer_recipe(path):
+    """A recipe written out in full cannot change when the engine's defaults do."""
+    optim = yaml.safe_load(path.read_text())["optim"]
+    assert set(USED_SETTINGS) >= {optim["name"], optim["schedule"]}
+    needed = {"name", "schedule", "clip_norm"} | USED_SETTINGS[optim["name"]] | USED_SETTINGS[optim["schedule"]]
+    assert needed <= set(optim), f"{path.name} leaves {sorted(needed - set(optim))} to the engine's defaults"
+
+
+def test_a_renamed_key_still_works_with_a_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("eval:\n  max_utterances: 7\n")
+    with pytest.warns(FutureWarning, match=r"eval.max_utterances is deprecated: it is now called eval.max_examples"):
+        assert config_lib.load(path, TASK).eval.max_examples == 7
+    with pytest.warns(FutureWarning):  # --set under the old name, over the file's old name
+        assert config_lib.load(path, TASK, ["eval.max_utterances=9"]).eval.max_examples == 9
+    # the new name given with --set replaces the file's old name
+    assert config_lib.load(path, TASK, ["eval.max_examples=3"]).eval.max_examples == 3
+    path.write_text("eval:\n  max_utterances: 7\n  max_examples: 8\n")
+    with pytest.warns(FutureWarning), pytest.raises(config_lib.ConfigError, match="same setting; give only eval.max_examples"):
+        config_lib.load(path, TASK)

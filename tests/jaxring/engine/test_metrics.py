@@ -7,7 +7,8 @@ import pytest
 from jaxring.engine import metrics
 from jaxring.engine.task import MetricNames
 
-NAMES = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)")
+NAMES = MetricNames(best="wer", plotted=("cer", "wer"), shown=("cer",), label="dev error rate (%)",
+                    percent=("cer", "wer"))
 
 
 def test_resume_drops_rows_after_the_checkpoint(tmp_path):

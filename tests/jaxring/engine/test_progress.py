@@ -3,7 +3,9 @@
 import io
 import re
 
-from jaxring.engine.progress import Progress
+import pytest
+
+from jaxring.engine.progress import MPI_LAUNCHER_VARIABLES, Progress
 
 TIMESTAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
@@ -35,7 +37,9 @@ def test_off_a_terminal_each_logged_row_is_one_timestamped_line():
     ]
 
 
-def test_in_a_terminal_a_bar_with_status_lines_above_it():
+def test_in_a_terminal_a_bar_with_status_lines_above_it(monkeypatch):
+    for name in MPI_LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     stream = Terminal()
     drive(Progress(enabled=True, stream=stream))
     text = stream.getvalue()
@@ -48,3 +52,15 @@ def test_a_process_other_than_the_lead_prints_nothing():
     stream = Terminal()
     drive(Progress(enabled=False, stream=stream))
     assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("variable", MPI_LAUNCHER_VARIABLES)
+def test_under_an_mpi_launcher_a_terminal_still_gets_lines(monkeypatch, variable):
+    """Open MPI gives its ranks a pseudo-terminal even when mpirun's output goes to a file."""
+    monkeypatch.setenv(variable, "0")
+    stream = Terminal()
+    drive(Progress(enabled=True, stream=stream))
+    assert "\r" not in stream.getvalue()
+    assert [line[20:] for line in stream.getvalue().splitlines()] == [
+        "compiling", "step 2/4 loss 0.500", "step 4/4 loss 0.250", "evaluating dev"
+    ]

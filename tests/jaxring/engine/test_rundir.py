@@ -58,3 +58,16 @@ def test_only_the_lead_process_moves_files_and_both_flags_are_an_error(tmp_path)
     assert files(tmp_path) == before
     with pytest.raises(rundir.RunDirectoryError, match="--resume or --overwrite, not both"):
         rundir.take_over(tmp_path, [2, 4], resume=True, overwrite=True, lead=True)
+
+
+def test_overwrite_after_a_run_that_checkpointed_but_kept_replaced_sets_aside_that_newer_run(tmp_path):
+    old_run(tmp_path)
+    rundir.take_over(tmp_path, [2, 4], resume=False, overwrite=True, lead=True)
+    # The --overwrite run wrote a checkpoint, then was killed before deleting replaced/.
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step_000000003.msgpack").write_bytes(b"newer run")
+    (tmp_path / "metrics.jsonl").write_text("newer metrics")
+    newer = {name: data for name, data in files(tmp_path).items() if not name.startswith("replaced/")}
+    rundir.take_over(tmp_path, [3], resume=False, overwrite=True, lead=True)
+    # the run being replaced now is the newer one; the older one, already replaced once, is gone
+    assert files(tmp_path) == {f"replaced/{name}": data for name, data in newer.items()}

@@ -21,6 +21,7 @@ from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.task import MetricNames
+from tests.tiny_runs import finish, mpirun
 
 DIM = 5
 HIDDEN = 8
@@ -51,10 +52,20 @@ class ToyBatches:
             self.epoch, self.index = self.epoch + 1, 0
 
 
+SPLITS = {"dev": slice(0, 40), "test": slice(40, 75)}  # odd sizes: padding is exercised
+
+
+def numpy_mse(task, params, split):
+    """The mean squared error of `params` on `split`, in float64 numpy: the reference for the engine's."""
+    p = {k: np.float64(v) for k, v in params.items()}
+    x, y = task.x[SPLITS[split]].astype(np.float64), task.y[SPLITS[split]].astype(np.float64)
+    return np.mean((np.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
+
+
 class ToyTask:
     """y = tanh(x W1) W2 by squared error, with a running input mean as non-param state."""
 
-    metrics = MetricNames(best="mse", plotted=("mse",), shown=("mse",), label="dev mse (%)")
+    metrics = MetricNames(best="mse", plotted=("mse",), shown=("mse",), label="dev mse")  # not a rate: no %
 
     def __init__(self, rows=96, delay=0.0, compute_dtype=jnp.float32):
         rng = np.random.default_rng(0)
@@ -92,15 +103,14 @@ class ToyTask:
         return ToyBatches(self.x, self.y, batch_size, shard, seed, self.delay)
 
     def eval_batches(self, split, batch_size, shard, limit):
-        rows = slice(0, 40) if split == "dev" else slice(40, 75)  # odd sizes: padding is exercised
-        x, y = self.x[rows][:limit], self.y[rows][:limit]
+        x, y = self.x[SPLITS[split]][:limit], self.y[SPLITS[split]][:limit]
         for start in range(0, len(x), batch_size):
             yield {"x": x[start : start + batch_size], "y": y[start : start + batch_size]}
 
 
 def toy_config(**sections):
     raw = {
-        "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "psum"},
+        "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "ring" if ring_available() else "psum"},
         "optim": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 1.0},
         "eval": {"every_steps": 6, "batch_size": 16},
         "checkpoint": {"keep": 2},  # the best checkpoint by the task's metric, mse
@@ -156,23 +166,72 @@ def test_run_directory(tmp_path):
     state, summary = train_params(tmp_path, 4, train={"epochs": 2})
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
-    assert all({"loss", "examples_per_s", "allreduce_share", "learning_rate"} <= r.keys() for r in rows)
+    assert all({"loss", "examples_per_s", "allreduce_share_estimate", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
-    assert all(0 <= r["allreduce_share"] <= 1 for r in rows)
+    assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
-    assert "test_mse" in on_disk and on_disk["best_step"] in (6, 12, 18, 24)
+    # the renamed key is still written, with the same value, and said to be deprecated
+    assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
+    assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
+    assert "renamed last_window_allreduce_share_estimate" in on_disk["deprecated"]["last_window_allreduce_share"]
+    dev_rows = [r for r in rows if "dev_mse" in r]
+    assert [r["step"] for r in dev_rows] == [6, 12, 18, 24]
+    assert on_disk["best_step"] == on_disk["test_step"] == min(dev_rows, key=lambda r: r["dev_mse"])["step"]
+    best_weights = Checkpoints(tmp_path / "checkpoints").read(on_disk["best_step"]).state["params"]
+    np.testing.assert_allclose(on_disk["test_mse"], numpy_mse(ToyTask(), best_weights, "test"), rtol=1e-5)
     assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(train={"epochs": 2}).to_dict()
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0 and (tmp_path / "plots" / "dev_metrics.png").exists()
     best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
     assert best["metric"] == "mse" and best["value"] == min(r["dev_mse"] for r in rows if "dev_mse" in r)
     assert any((tmp_path / "tensorboard").iterdir())
     # dev evaluation in the engine equals a float64 numpy evaluation of the final weights
-    p = {k: np.float64(v) for k, v in state.params.items()}
+    np.testing.assert_allclose(summary["dev_mse"], numpy_mse(ToyTask(), state.params, "dev"), rtol=1e-5)
+
+
+class EarliestBestTask(ToyTask):
+    """ToyTask whose best metric, the negated mse, makes the first dev evaluation the best: never the final step."""
+
+    metrics = MetricNames(best="negated_mse", plotted=("mse",), shown=("mse",), label="dev mse")
+
+    def summarize(self, counts):
+        mse = super().summarize(counts)["mse"]
+        return {"mse": mse, "negated_mse": -mse}
+
+
+def test_test_is_scored_on_the_best_checkpoint_not_the_final_state(tmp_path):
+    final, summary = train_params(tmp_path, 2, task=EarliestBestTask(), train={"epochs": 2})
+    assert summary["best_step"] == summary["test_step"] == 6 and int(final.step) == 24
+    best = Checkpoints(tmp_path / "checkpoints").read(6).state["params"]
     task = ToyTask()
-    x, y = task.x[:40].astype(np.float64), task.y[:40].astype(np.float64)
-    np.testing.assert_allclose(summary["dev_mse"], np.mean((np.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2), rtol=1e-5)
+    np.testing.assert_allclose(summary["test_mse"], numpy_mse(task, best, "test"), rtol=1e-5)
+    assert abs(numpy_mse(task, best, "test") - numpy_mse(task, final.params, "test")) > 1e-3  # the two differ
+
+
+def test_a_damaged_best_checkpoint_is_not_reported_as_the_step_test_was_scored_on(tmp_path, monkeypatch, capsys):
+    save = Checkpoints.save
+
+    def save_then_damage_step_6(self, step, *args, **kwargs):
+        path = save(self, step, *args, **kwargs)
+        if step == 24:  # the final save: the best checkpoint, step 6, is damaged on disk before test is scored
+            self.path(6).write_bytes(self.path(6).read_bytes()[:-50])
+        return path
+
+    monkeypatch.setattr(Checkpoints, "save", save_then_damage_step_6)
+    final, summary = train_params(tmp_path, 2, task=EarliestBestTask(), train={"epochs": 2})
+    assert summary["best_step"] == 6 and summary["test_step"] == 24  # the newest intact one, said so
+    assert json.loads((tmp_path / "summary.json").read_text())["test_step"] == 24
+    np.testing.assert_allclose(summary["test_mse"], numpy_mse(ToyTask(), final.params, "test"), rtol=1e-5)
+    assert f"checkpoint {tmp_path / 'checkpoints' / 'step_000000006.msgpack'} is damaged" in capsys.readouterr().err
+
+
+def test_a_best_metric_the_task_does_not_report_is_refused_before_step_1(tmp_path):
+    config = toy_config(checkpoint={"best_metric": "mes"})
+    with pytest.raises(config_lib.ConfigError, match=r"checkpoint.best_metric 'mes' is not a metric of the task; "
+                       r"did you mean 'mse'\? \(its metrics: mse\)"):
+        trainer_lib.Trainer(ToyTask(), config, tmp_path, world_of(1))
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 def test_master_weights_stay_float32_under_bfloat16_compute(tmp_path):
@@ -182,7 +241,7 @@ def test_master_weights_stay_float32_under_bfloat16_compute(tmp_path):
 
 
 def test_nesterov_sgd_with_clipping_matches_numpy():
-    cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, clip_norm=1.0, schedule="constant")
+    cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, nesterov=True, clip_norm=1.0)
     optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
     rng = np.random.default_rng(1)
     params = rng.normal(size=7)
@@ -200,7 +259,7 @@ def test_nesterov_sgd_with_clipping_matches_numpy():
 
 
 def test_schedules():
-    anneal = config_lib.OptimConfig(learning_rate=6e-4, anneal_factor=1.2)
+    anneal = config_lib.OptimConfig(learning_rate=6e-4, schedule="anneal", anneal_factor=1.2)
     schedule = optim.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
     assert [float(schedule(s)) for s in (0, 4)] == pytest.approx([6e-4, 6e-4])
     assert float(schedule(5)) == pytest.approx(6e-4 / 1.2) and float(schedule(14)) == pytest.approx(6e-4 / 1.44)
@@ -228,6 +287,23 @@ def test_adamw_matches_numpy():
         updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
         current = optax.apply_updates(current, updates)
     np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_the_engine_defaults_are_plain_sgd_at_a_constant_rate_without_clipping():
+    cfg = config_lib.OptimConfig(learning_rate=0.1)
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, steps_per_epoch=2, total_steps=100))
+    rng = np.random.default_rng(4)
+    p = rng.normal(size=6)
+    current = jnp.asarray(p, jnp.float32)
+    state = optimizer.init(current)
+    for _ in range(5):  # past two epochs: an annealed rate would have changed
+        grad = rng.normal(size=6) * 1e3  # far above any clip norm
+        p = p - 0.1 * grad
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+    with pytest.raises(config_lib.ConfigError, match="optim.schedule anneal needs optim.anneal_factor"):
+        config_lib.OptimConfig(schedule="anneal")
 
 
 def test_unknown_optimizer_names_the_valid_ones():
@@ -298,7 +374,9 @@ def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, c
     text = "\n".join(lines)
     assert text.count("compiling the training step") == 1 and "first step compiled and run in" in text
     assert text.count("evaluating dev") == 4 and text.count("evaluating test") == 1  # steps 6, 12, 18, 24
-    assert re.search(r"dev: mse \d+\.\d\d% \(\d+\.\d s\)", text) and re.search(r"test: mse \d+\.\d\d%", text)
+    # mse is not a rate (MetricNames.percent): printed as it is, never as a percentage
+    assert re.search(r"dev: mse \d+\.\d+ \(\d+\.\d s\)", text) and re.search(r"test: mse \d+\.\d+ \(", text)
+    assert not re.search(r"mse \S+%", text), text
     assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [6, 12, 18, 24]
     assert text.index("compiling") < text.index("step 2/24") < text.index("evaluating dev")
 
@@ -321,3 +399,26 @@ def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_
     assert resumed["train_seconds"] == pytest.approx(first["train_seconds"] + resumed["train_seconds_since_resume"])
     assert resumed["examples_per_s"] == pytest.approx(96 / resumed["train_seconds"])
     assert resumed["examples_per_s_since_resume"] == pytest.approx(48 / resumed["train_seconds_since_resume"])
+
+
+SEPARATE_DISKS_CONFIG = {"train": {"epochs": 2}, "checkpoint": {"every_steps": 4}, "eval": {"every_steps": 6}}
+
+
+def test_processes_with_separate_disks_resume_from_process_0s_checkpoint(tmp_path):
+    """Only process 0 reads checkpoints and broadcasts them: a process whose disk has none resumes all the same."""
+    first = toy_config(**{**SEPARATE_DISKS_CONFIG, "train": {"epochs": 2, "max_steps": 12}})
+    trainer_lib.Trainer(ToyTask(), first, tmp_path / "rank0", world_of(4)).fit()  # on process 0's disk only
+    (tmp_path / "rank1").mkdir()  # process 1's disk: no checkpoint
+    worker = Path(__file__).with_name("separate_disks_worker.py")
+    code, output = finish(mpirun(2, [worker, tmp_path], with_mpi4py=True, devices_per_proc=2), 300)
+    assert code == 0, output
+    for rank in (0, 1):  # both resumed at process 0's step and scored test on the same best step
+        assert re.search(rf"rank {rank} resumed_at_step 12 steps 24 test_step (6|12|18|24)\n", output), output
+    assert len(set(re.findall(r"test_step (\d+)", output))) == 1, output
+    assert not (tmp_path / "rank1" / "checkpoints").exists()  # only process 0 writes
+    straight, _ = train_params(tmp_path / "straight", 4, **SEPARATE_DISKS_CONFIG)
+    template = trainer_lib.Trainer(ToyTask(), toy_config(), tmp_path / "t", world_of(4)).init_state()
+    resumed, _ = Checkpoints(tmp_path / "rank0" / "checkpoints").restore(template)
+    assert int(resumed.step) == int(straight.step) == 24
+    for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)

@@ -14,11 +14,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from mpi4py import MPI
 
+import jaxring
 from jaxring.collectives import mpi, replicas, topology
+from jaxring.engine import sync as sync_lib
+from jaxring.engine.task import AXIS as AXIS_SYNC
 
 SEED = 20261121
-SHAPES = [(0,), (1,), (3,), (7,), (129,), (5, 33)]  # empty, tiny, below the device counts, odd
-DTYPES = [jnp.float32, jnp.bfloat16]
+SHAPES = [(1,), (2,), (7,), (129,), (5, 33)]  # tiny, below the device counts, odd
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32]
+AXIS = "i"
 
 world = topology.init()
 comm = MPI.COMM_WORLD
@@ -30,9 +34,17 @@ def passed(check):
 
 
 def data(rank, case, shape, dtype):
-    """Rank `rank`'s input for `case`: any rank can rebuild any other rank's data."""
+    """Rank `rank`'s input for `case` (one row per local device): any rank can rebuild any other's.
+
+    16-bit floats lie in +-[0.5, 4), so that float32 sums of up to 9 of them are
+    exact and the float32-accumulated result is the exact sum rounded once.
+    """
     rng = np.random.default_rng([SEED, rank, case])
-    return rng.standard_normal((L, *shape)).astype(dtype)
+    if dtype == jnp.int32:
+        return rng.integers(-(2**20), 2**20, (L, *shape)).astype(np.int32)
+    if dtype == jnp.float32:
+        return rng.standard_normal((L, *shape)).astype(np.float32)
+    return (rng.choice([-1, 1], (L, *shape)) * rng.uniform(0.5, 4, (L, *shape))).astype(dtype)
 
 
 def reference(case, shape, dtype):
@@ -48,6 +60,23 @@ def same_everywhere(out):
     return all(row.tobytes() == rows[0].tobytes() for row in rows) and len(set(comm.allgather(digest))) == 1
 
 
+def cases():
+    return {f"{np.dtype(d).name}{list(s)}": (i, s, d) for i, (s, d) in enumerate((s, d) for s in SHAPES for d in DTYPES)}
+
+
+def assert_sum(name, out, case, shape, dtype):
+    want, magnitude = reference(case, shape, dtype)
+    got = np.asarray(out)
+    assert got.shape == (L, *shape) and got.dtype == np.dtype(dtype), (name, got.shape, got.dtype)
+    assert same_everywhere(out), name
+    if dtype == jnp.float32:  # at most one rounding per term
+        tolerance = world.n_devices * float(jnp.finfo(dtype).eps) * magnitude
+        assert (np.abs(got.astype(np.float64) - want) <= tolerance).all(), name
+    else:  # int32 exact; 16-bit floats: the exact sum rounded once (float32 accumulation)
+        exact = np.broadcast_to(want.astype(dtype), got.shape)
+        assert got.tobytes() == exact.tobytes(), (name, np.abs(got.astype(np.float64) - want).max())
+
+
 def check_topology():
     assert world.rank == comm.Get_rank() and world.size == comm.Get_size()
     # mpirun started every rank on this one node.
@@ -58,78 +87,77 @@ def check_topology():
 
 
 def check_allreduce():
-    case = 0
-    for shape in SHAPES:
-        for dtype in DTYPES:
-            case += 1
-            x = data(world.rank, case, shape, dtype)
-            results = {alg: mpi.global_allreduce(x, algorithm=alg) for alg in ("ring", "mpi")}
-            for alg, out in results.items():
-                assert out.shape == x.shape and out.dtype == x.dtype, (alg, out.shape, out.dtype)
-            if x.size == 0:
-                continue
-            want, magnitude = reference(case, shape, dtype)
-            # Each rounding is at most eps/2 of a partial sum: float32 adds once per
-            # term, 16-bit types round after the local and the cross-process sums.
-            terms = world.n_devices if dtype == jnp.float32 else 2
-            tolerance = terms * float(jnp.finfo(dtype).eps) * magnitude + 1e-30
-            for alg, out in results.items():
-                got = np.asarray(out).astype(np.float64)
-                assert (np.abs(got - want) <= tolerance).all(), (alg, shape, dtype, np.abs(got - want).max())
-                assert same_everywhere(out), (alg, shape, dtype)
-            ring, mpi_ = (np.asarray(results[a]).astype(np.float64) for a in ("ring", "mpi"))
-            assert (np.abs(ring - mpi_) <= 2 * tolerance).all(), (shape, dtype)
+    """Every dtype and shape as one pytree, one compiled pmap: many legs in flight at once."""
+    tree = {name: data(world.rank, case, shape, dtype) for name, (case, shape, dtype) in cases().items()}
+    step = jax.pmap(lambda t: jaxring.allreduce(t, AXIS, processes=True), AXIS)
+    out = step(tree)
+    for name, (case, shape, dtype) in cases().items():
+        assert_sum(name, out[name], case, shape, dtype)
+    again = step(tree)  # the compiled program runs again: no agreement, the same bits
+    assert all(np.asarray(again[k]).tobytes() == np.asarray(out[k]).tobytes() for k in tree)
     passed("allreduce")
 
 
-def check_mean_and_auto():
-    shape, dtype = (2, 50), jnp.float32
-    x = data(world.rank, 100, shape, dtype)
-    want, magnitude = reference(100, shape, dtype)
-    tolerance = world.n_devices * float(jnp.finfo(dtype).eps) * magnitude
-    for alg in mpi.ALGORITHMS:
-        mean = np.asarray(mpi.global_allreduce(x, op="mean", algorithm=alg)).astype(np.float64)
-        assert (np.abs(mean - want / world.n_devices) <= tolerance / world.n_devices).all(), alg
-    auto = mpi.global_allreduce(x, algorithm="auto")
-    chosen = mpi.choose_algorithm(x[0].nbytes, world.size)
-    assert np.array_equal(np.asarray(auto), np.asarray(mpi.global_allreduce(x, algorithm=chosen)))
-    passed("mean_and_auto")
+def check_mean_and_jit_and_shard_map():
+    shape, dtype, case = (3, 50), jnp.float32, 100
+    x = data(world.rank, case, shape, dtype)
+    want, magnitude = reference(case, shape, dtype)
+    tolerance = world.n_devices * float(jnp.finfo(dtype).eps) * magnitude / world.n_devices
+    mean = jax.jit(jax.pmap(lambda v: jaxring.allreduce(v, AXIS, "mean", processes=True), AXIS))(x)
+    assert (np.abs(np.asarray(mean, np.float64) - want / world.n_devices) <= tolerance).all()
+    mesh = Mesh(np.array(world.local_devices), (AXIS,))
+    mapped = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v[0], AXIS, "mean", processes=True)[None],
+                                   mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS), check_vma=False))
+    assert np.asarray(mapped(x)).tobytes() == np.asarray(mean).tobytes()
+    typed = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v[0], AXIS, "mean", processes=True),
+                                  mesh=mesh, in_specs=P(AXIS), out_specs=P(), check_vma=True))
+    assert np.asarray(typed(x)).tobytes() == np.asarray(mean)[0].tobytes()  # typed invariant, as lax.pmean
+    ints = data(world.rank, 101, (6,), jnp.int32)
+    int_mean = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, "mean", processes=True), AXIS)(ints)
+    assert int_mean.dtype == np.float32  # as lax.pmean
+    np.testing.assert_allclose(np.asarray(int_mean)[0], reference(101, (6,), jnp.int32)[0] / world.n_devices, rtol=1e-6)
+    assert np.asarray(mpi.global_allreduce(x, "mean")).tobytes() == np.asarray(mean).tobytes()
+    passed("mean_and_jit_and_shard_map")
 
 
-def int_data(rank, shape):
-    return np.random.default_rng([SEED, rank, 300]).integers(-1000, 1000, (L, *shape)).astype(np.int32)
-
-
-def check_int32_and_pytrees():
-    shape = (3, 7)
-    want = sum(int_data(r, shape).astype(np.int64).sum(0) for r in range(world.size))
-    tree = {"ints": int_data(world.rank, shape), "floats": [data(world.rank, 400, (9,), jnp.float32)]}
-    float_want, magnitude = reference(400, (9,), jnp.float32)
-    for alg in ("ring", "mpi"):
-        out = mpi.global_allreduce(tree, algorithm=alg)
-        assert out["ints"].dtype == np.int32 and (np.asarray(out["ints"]) == want).all(), alg
-        tolerance = world.n_devices * float(jnp.finfo(jnp.float32).eps) * magnitude
-        assert (np.abs(np.asarray(out["floats"][0], np.float64) - float_want) <= tolerance).all(), alg
-        mean = mpi.global_allreduce(tree["ints"], op="mean", algorithm=alg)
-        # As lax.pmean: the mean of integers is a float.
-        assert mean.dtype == np.float32, mean.dtype
-        np.testing.assert_allclose(np.asarray(mean), np.broadcast_to(want / world.n_devices, mean.shape), rtol=1e-6)
-    passed("int32_and_pytrees")
+def check_sync():
+    """The trainer's sync averages (not sums) over every device of every process, both methods."""
+    rng = np.random.default_rng([SEED, world.rank, 500])
+    tree = {"w": rng.standard_normal((L, 5, 3)).astype(np.float32), "b": rng.standard_normal((L, 7)).astype(np.float32),
+            "h": rng.standard_normal((L, 9)).astype(jnp.bfloat16)}
+    every = [np.random.default_rng([SEED, r, 500]) for r in range(world.size)]
+    every = [{"w": g.standard_normal((L, 5, 3)).astype(np.float32), "b": g.standard_normal((L, 7)).astype(np.float32),
+              "h": g.standard_normal((L, 9)).astype(jnp.bfloat16)} for g in every]
+    for method in ("ring", "psum"):
+        out = jax.pmap(sync_lib.make_sync(world.size, method, bucket_bytes=64).mean, AXIS_SYNC)(tree)
+        for key in tree:
+            want = np.mean([t[key].astype(np.float64) for t in every], axis=(0, 1))
+            tolerance = 2e-2 if key == "h" else 1e-5
+            np.testing.assert_allclose(np.asarray(out[key], np.float64), np.broadcast_to(want, out[key].shape),
+                                       rtol=tolerance, atol=tolerance, err_msg=f"{method} {key}")
+            assert same_everywhere(out[key]), (method, key)
+    passed("sync")
 
 
 def check_mismatch():
     odd_one = world.size - 1
     length = 11 if world.rank == odd_one else 10
     try:
-        mpi.global_allreduce(np.zeros((L, length), np.float32))
+        jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(np.ones((L, length), np.float32))
     except ValueError as error:
         message = str(error)
     else:
         raise AssertionError("mismatched shapes were not detected")
-    assert f"rank {odd_one}: float32[{L}, 11]" in message, message
-    assert f"float32[{L}, 10]" in message, message
-    # The mismatch is found before any data moves, so the processes stay in step.
-    out = mpi.global_allreduce(np.ones((L, 4), np.float32))
+    assert f"rank {odd_one}: leg" in message and "float32[11]" in message and "float32[10]" in message, message
+    op = "mean" if world.rank == odd_one else "sum"
+    try:
+        jax.pmap(lambda v: jaxring.allreduce(v, AXIS, op, processes=True), AXIS)(np.ones((L, 10), np.float32))
+    except ValueError as error:
+        assert f"rank {odd_one}: leg" in str(error) and "mean of float32[10]" in str(error), error
+    else:
+        raise AssertionError("mismatched ops were not detected")
+    # The mismatch is found when compiling, before any data moves, so the processes stay in step.
+    out = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(np.ones((L, 4), np.float32))
     assert (np.asarray(out) == world.n_devices).all()
     passed("mismatch")
 

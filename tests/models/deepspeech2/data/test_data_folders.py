@@ -51,7 +51,7 @@ def test_folder_with_transcripts_beside_the_audio(tmp_path):
     (tmp_path / "audio" / "b" / "notes.txt").write_text("a transcript without audio is ignored")
     problems = P.Problems()
     utterances = folders.read_folder(str(tmp_path / "audio"), problems)
-    assert problems.counts == {P.MISSING_FILE: 5}
+    assert problems.counts == {P.MISSING_TRANSCRIPT: 5}
     by_name = {Path(u.audio_filepath).relative_to(tmp_path / "audio").with_suffix("").as_posix(): u
                for u in utterances}
     assert by_name.keys() == CLIPS.keys()
@@ -80,11 +80,12 @@ def test_make_manifest_splits_a_folder_into_train_dev_test(tmp_path, capsys):
     parts = {s: entries(tmp_path / "m" / f"{s}.jsonl") for s in ("train", "dev", "test")}
     paths = [e["audio_filepath"] for part in parts.values() for e in part]
     assert len(paths) == len(set(paths)) == len(CLIPS)  # a partition: each clip once
-    for part in parts.values():
-        for e in part:
-            seconds, rate, text = CLIPS[Path(e["audio_filepath"]).with_suffix("").relative_to(
+    assert all(path.startswith("../audio/") for path in paths)  # relative to the manifest's folder
+    for split in parts:
+        for u in manifest.read_manifest(str(tmp_path / "m" / f"{split}.jsonl")):
+            seconds, rate, text = CLIPS[Path(u.audio_filepath).with_suffix("").relative_to(
                 tmp_path / "audio").as_posix()]
-            assert e["text"] == text and e["duration"] == pytest.approx(seconds, abs=1e-3)
+            assert u.text == text and u.duration == pytest.approx(seconds, abs=1e-3)
     again = make_manifest.main(["--folder", str(tmp_path / "audio"), "--out", str(tmp_path / "again"),
                                 "--split", "0.6,0.2,0.2", "--seed", "3"])
     assert again == counts and entries(tmp_path / "again" / "dev.jsonl") == parts["dev"]
@@ -123,6 +124,54 @@ def test_the_task_reads_a_manifest_folder(tmp_path):
     assert len(task.dataset(task.manifests["test"])) == 1
     with pytest.raises(P.DataError, match="has no train.jsonl.*make_manifest.py --split"):
         _ = DeepSpeech2Task(task.model_config, DataConfig(manifest_dir=str(tmp_path))).manifests
+
+
+def test_make_manifest_with_relative_folders_from_any_directory(tmp_path, monkeypatch):
+    """The documented own-data commands with relative --folder and --out: the task reads every
+    utterance, from the directory they ran in and from another one, and after the whole tree moves."""
+    make_folder(tmp_path / "work" / "clips")
+    monkeypatch.chdir(tmp_path / "work")
+    make_manifest.main(["--folder", "clips", "--split", "0.6,0.2,0.2", "--out", "data/mine"])
+    assert entries(Path("data/mine/test.jsonl"))[0]["audio_filepath"].startswith("../../clips/")
+    model = ModelConfig(conv_layers=1, conv_channels=(2,), rnn_layers=1, rnn_hidden=8)
+    for workdir, moved in ((tmp_path, tmp_path / "work"), (tmp_path, tmp_path / "moved")):
+        if not moved.exists():
+            (tmp_path / "work").rename(moved)
+        monkeypatch.chdir(workdir)
+        task = DeepSpeech2Task(model, DataConfig(manifest_dir=str(moved / "data" / "mine")))
+        assert sum(len(task.dataset(task.manifests[s])) for s in ("train", "dev", "test")) == len(CLIPS)
+
+
+def test_a_manifest_of_missing_files_is_refused_naming_the_path_rule(tmp_path):
+    (tmp_path / "m").mkdir()
+    for split in ("train", "dev", "test"):  # paths relative to the current directory, not the manifest's
+        (tmp_path / "m" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"audio_filepath": f"clips/{i}.wav", "duration": 1.0, "text": "hi"}) + "\n"
+                    for i in range(3)))
+    task = DeepSpeech2Task(ModelConfig(conv_layers=1, conv_channels=(2,), rnn_layers=1, rnn_hidden=8),
+                           DataConfig(manifest_dir=str(tmp_path / "m")))
+    with pytest.raises(P.DataError, match=r"3 of 3 utterances are unusable .*"
+                       + str(tmp_path / "m" / "clips" / "0.wav").replace(".", r"\.")
+                       + r".*\. Missing file: a relative audio path in a manifest .* is relative to that file's folder, "
+                       r"not to the current directory .*more than the 10% allowed"):
+        task.dataset(task.manifests["train"])
+
+
+def test_make_manifest_names_each_skipped_file_and_refuses_digits(tmp_path, capsys):
+    make_folder(tmp_path / "audio")
+    write_tone(tmp_path / "audio" / "untranscribed.wav", seconds=0.3)
+    write_tone(tmp_path / "audio" / "number.wav", seconds=0.4)
+    (tmp_path / "audio" / "number.txt").write_text("take 42 steps\n")
+    (tmp_path / "audio" / "noise.wav").write_bytes(b"RIFF not really audio")
+    (tmp_path / "audio" / "noise.txt").write_text("static")
+    counts = make_manifest.main(["--folder", str(tmp_path / "audio"), "--out", str(tmp_path / "m")])
+    assert counts == {"all": len(CLIPS)}
+    out, err = capsys.readouterr()
+    assert f"skipped {tmp_path / 'audio' / 'untranscribed.wav'}: missing transcript (no " in err
+    assert f"skipped {tmp_path / 'audio' / 'number.wav'}: unknown characters ('42' in transcript 'take 42 steps')" in err
+    assert f"skipped {tmp_path / 'audio' / 'noise.wav'}: unreadable audio" in err
+    assert "skipped 3 (missing transcript: 1, unknown characters: 1, unreadable audio: 1)" in out
+    assert "'42' -> 'forty two'" in out and "NAME.txt beside it" in out
 
 
 @pytest.mark.parametrize("keys, message", [

@@ -157,8 +157,8 @@ def test_ensure_synthetic_corpus_generates_once(tmp_path, monkeypatch):
 def test_interrupted_generation_is_not_reused(tmp_path, monkeypatch):
     real = synth.generate_corpus
 
-    def interrupted(out_dir, *args):
-        real(out_dir, *args)
+    def interrupted(out_dir, *args, **kwargs):
+        real(out_dir, *args, **kwargs)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(synth, "generate_corpus", interrupted)

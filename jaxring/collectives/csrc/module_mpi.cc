@@ -1,0 +1,15 @@
+// Python module of the cross-process ring handler. Linked against MPI, so
+// Python imports it only in a job of several processes (jaxring/collectives/mpi.py).
+#include <nanobind/nanobind.h>
+
+#include "mpi_ring.h"
+#include "rendezvous.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_jaxring_mpi, m) {
+  m.attr("TARGET_NAME") = jaxring::kMpiRingTargetName;
+  m.def("registration", []() { return nb::capsule(reinterpret_cast<void*>(jaxring::kMpiRingCpu)); });
+  m.def("set_device_comm", &jaxring::SetDeviceComm, nb::arg("device_ordinal"), nb::arg("handle"));
+  m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
+}

@@ -1,0 +1,50 @@
+"""A finished run's last line: the task's final scores, then what trained it and how long it took.
+
+The task may score more at the end (its optional `final_report` hook,
+jaxring/engine/task.py); without the hook the line shows the metrics its
+MetricNames declares. The engine's part is the same for every task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxring.engine.task import MetricNames
+
+
+def metrics_result(metrics: MetricNames, summary: dict) -> str:
+    """The engine's default result text: the task's metrics on test (if scored) and dev, as percentages."""
+    names = dict.fromkeys((*metrics.plotted, metrics.best))
+    parts = []
+    for split in ("test", "dev"):
+        shown = [f"{name} {100 * summary[f'{split}_{name}']:.2f}%" for name in names if f"{split}_{name}" in summary]
+        if shown:
+            parts.append(f"{split} {', '.join(shown)}")
+    return "; ".join(parts) + f" (checkpoint of step {summary['best_step']})"
+
+
+def trained_by(summary: dict, platform: str) -> str:
+    """How many devices and processes trained the run, and the all-reduce's share of its steps."""
+    devices, processes = summary["local_devices"], summary["processes"]
+    line = (f"trained on {devices} {platform} device{'s' if devices != 1 else ''} x {processes} "
+            f"process{'es' if processes != 1 else ''}, {summary['allreduce']} all-reduce")
+    share = summary.get("last_window_allreduce_share")
+    if devices * processes == 1:
+        return line + " over one replica (no exchange)"
+    return line + (f" {100 * share:.0f}% of the step" if share is not None else "")
+
+
+def took(summary: dict) -> str:
+    seconds = summary["train_seconds"]  # None: resumed from a checkpoint that did not record the earlier time
+    return f"{seconds:.0f} s" if seconds is not None else f"{summary['train_seconds_since_resume']:.0f} s since the resume"
+
+
+def final_report(task, config, workdir: str | Path, summary: dict, platform: str) -> tuple[dict, str]:
+    """(the summary with the task's final scores added, the run's last line), on the lead process.
+
+    `platform`: the kind of device that trained ("cpu", "gpu").
+    """
+    hook = getattr(task, "final_report", None)
+    scores, result = hook(config, workdir, summary) if hook is not None else ({}, metrics_result(task.metrics, summary))
+    summary = {**summary, **scores}
+    return summary, f"{result}; {trained_by(summary, platform)}; {took(summary)}; run directory {workdir}"

@@ -1,0 +1,132 @@
+"""A corpus of several synthesizers, with a synthesizer family for dev and test that training never hears.
+
+    train        eSpeak NG (formant synthesis, its training voice variants) and Festival's
+                 diphone voices kal and ked (concatenated recordings of two real speakers)
+    dev          Flite's clustergen voice awb (statistical parametric synthesis from the
+                 recordings of a Scottish male speaker)
+    test         Flite's clustergen voices rms (US male) and slt (US female)
+    test_espeak  eSpeak NG with the voice variants the eSpeak corpus holds out for test
+                 (models/deepspeech2/data/synth.py), to compare with that corpus
+
+No speaker of dev or test is heard in training, nor their way of synthesis. Every
+utterance, in every split, then goes through what a recording does to speech
+(models/deepspeech2/data/acoustics.py): a speed change (tempo, pitch and formants
+together), a simulated room for some, noise of a colour at a signal-to-noise ratio.
+As in synth.py, every utterance is a function of (seed, index) and eSpeak is reloaded
+at the start of every block, so the corpus does not depend on how many processes made it.
+Needs Debian's flite, festival, festvox-kallpc16k and festvox-kdlpc16k (`make train-voices`
+installs them); without them synthesis stops with SynthesizerMissing saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from models.deepspeech2.data import acoustics, audio, espeak, festival, flite, synth, vocabulary
+from models.deepspeech2.data.synthesizers import SynthesizerMissing
+
+VERSION = 1  # bump when the generated audio or text changes, so cached corpora are regenerated
+SPLITS = ("train", "dev", "test", "test_espeak")
+HELD_OUT_FRACTION = 0.1  # of the corpus, for each of dev, test and test_espeak
+FESTIVAL_SHARE = 0.5  # of the training utterances; eSpeak speaks the rest
+FLITE_VOICES = {"dev": ("awb",), "test": ("rms", "slt")}
+ESPEAK_VARIANTS = {"train": synth.VARIANTS["train"], "test_espeak": synth.VARIANTS["test"]}
+DURATION_STRETCH = (0.8, 1.25)  # festival and flite: slower or faster than the voice's own rate
+SPEED = (0.88, 1.12)  # resampling after synthesis (acoustics.change_speed)
+ROOM_SHARE = 0.5  # of utterances heard in a simulated room
+RT60_S = (0.15, 0.7)
+DIRECT_TO_REVERB_DB = (0.0, 12.0)
+SNR_DB = (10.0, 15.0, 20.0, 30.0, 40.0)
+PACKAGES = "flite festival festvox-kallpc16k festvox-kdlpc16k"  # Debian's; the Makefile's train-voices installs them
+INSTALL = f"as root: apt-get install {PACKAGES} (`make train-voices` does it)"
+
+
+def split_sizes(utterances: int) -> dict[str, int]:
+    """How many utterances each split gets (each held-out split at least one)."""
+    if utterances < len(SPLITS):
+        raise ValueError(f"a corpus needs at least {len(SPLITS)} utterances (one per split), got {utterances}")
+    held_out = max(1, round(utterances * HELD_OUT_FRACTION))
+    return {"train": utterances - 3 * held_out, "dev": held_out, "test": held_out, "test_espeak": held_out}
+
+
+def missing() -> list[str]:
+    """What the corpus needs that is not installed here."""
+    return festival.missing() + ([] if flite.available() else ["flite"])
+
+
+def plan(seed: int, index: int, split: str) -> dict:
+    """The manifest fields of one utterance before synthesis: a function of (seed, index) alone."""
+    rng = np.random.default_rng([seed, index])
+    fields = {"text": vocabulary.sample_text(rng)}
+    if split in FLITE_VOICES:
+        fields.update(synthesizer="flite", voice=str(rng.choice(FLITE_VOICES[split])))
+    elif split == "train" and rng.random() < FESTIVAL_SHARE:
+        fields.update(synthesizer="festival", voice=str(rng.choice(festival.VOICES)))
+    else:
+        fields.update(synthesizer="espeak", voice=f"{rng.choice(synth.ACCENTS)}+{rng.choice(ESPEAK_VARIANTS[split])}",
+                      rate_wpm=int(rng.integers(*synth.RATE_WPM, endpoint=True)),
+                      pitch=int(rng.integers(*synth.PITCH, endpoint=True)),
+                      pitch_range=int(rng.integers(*synth.PITCH_RANGE, endpoint=True)))
+    if fields["synthesizer"] != "espeak":
+        fields["duration_stretch"] = round(float(rng.uniform(*DURATION_STRETCH)), 3)
+    fields["speed"] = round(float(rng.uniform(*SPEED)), 3)
+    if rng.random() < ROOM_SHARE:
+        fields["rt60_s"] = round(float(rng.uniform(*RT60_S)), 3)
+        fields["direct_to_reverb_db"] = round(float(rng.uniform(*DIRECT_TO_REVERB_DB)), 1)
+    fields["noise"] = str(rng.choice(list(acoustics.NOISE_COLOURS)))
+    fields["snr_db"] = float(rng.choice(SNR_DB))
+    fields["lead_silence_s"] = round(float(rng.uniform(*synth.LEAD_SILENCE_S)), 3)
+    return fields
+
+
+def record(seed: int, index: int, speech: np.ndarray, fields: dict) -> np.ndarray:
+    """16 kHz `speech` as the plan's recording hears it: speed, silence before, room, noise, level."""
+    rng = np.random.default_rng([seed, index, 1])  # the room's and the noise's samples
+    speech = acoustics.change_speed(speech, fields["speed"])
+    speech = np.concatenate([np.zeros(int(fields["lead_silence_s"] * audio.SAMPLE_RATE), np.float32), speech])
+    if "rt60_s" in fields:
+        response = acoustics.room_impulse_response(rng, fields["rt60_s"], fields["direct_to_reverb_db"])
+        speech = acoustics.reverberate(speech, response)
+    signal = acoustics.add_noise(rng, speech, fields["snr_db"], fields["noise"])
+    return (signal * (rng.uniform(0.3, 0.9) / np.max(np.abs(signal)))).astype(np.float32)
+
+
+def _synthesize(fields: dict, festival_audio) -> tuple[np.ndarray, int]:
+    if fields["synthesizer"] == "espeak":
+        return espeak.synthesize(fields["text"], fields["voice"], fields["rate_wpm"], fields["pitch"], fields["pitch_range"])
+    if fields["synthesizer"] == "flite":
+        return flite.synthesize(fields["text"], fields["voice"], fields["duration_stretch"])
+    return next(festival_audio)
+
+
+def _write_block(seed: int, out_dir: str, sizes: dict[str, int], start: int) -> list[dict]:
+    espeak.reset()
+    indices = range(start, min(start + synth.BLOCK, sum(sizes.values())))
+    plans = [(index, synth.split_of(index, sizes)) for index in indices]
+    plans = [(index, split, plan(seed, index, split)) for index, split in plans]
+    # One festival process for the block's festival utterances, in order.
+    festival_audio = iter(festival.synthesize_many(
+        [(f["text"], f["voice"], f["duration_stretch"]) for _, _, f in plans if f["synthesizer"] == "festival"]))
+    entries = []
+    for index, split, fields in plans:
+        speech, rate = _synthesize(fields, festival_audio)
+        samples = record(seed, index, audio.resample(speech, rate), fields)
+        fields = {"duration": len(samples) / audio.SAMPLE_RATE, **fields}
+        entries.append(synth.write_utterance(out_dir, split, index, samples, fields))
+    return entries
+
+
+def generate_corpus(out_dir: str, utterances: int, seed: int, workers: int | None = None) -> None:
+    """Synthesises the corpus into out_dir: audio/<split>/*.flac and <split>.jsonl for SPLITS."""
+    absent = missing()
+    if absent:
+        raise SynthesizerMissing(f"the voices corpus needs {', '.join(absent)}, not installed here; {INSTALL}")
+    synth.write_corpus(out_dir, split_sizes(utterances), functools.partial(_write_block, seed), workers)
+
+
+def ensure_voices_corpus(cache_dir: str, utterances: int, seed: int, workers: int | None = None) -> str:
+    """The folder of the voices corpus for (utterances, seed), generated on first use (synth.cached_corpus)."""
+    generate = functools.partial(generate_corpus, utterances=utterances, seed=seed, workers=workers)
+    return synth.cached_corpus(cache_dir, f"voices-v{VERSION}-n{utterances}-seed{seed}", utterances, generate)

@@ -1,0 +1,40 @@
+"""The run's last line: the task's hook or the engine's default, then devices, processes, all-reduce share, time."""
+
+from jaxring.engine.report import final_report
+from jaxring.engine.task import MetricNames
+
+SUMMARY = {"dev_err": 0.25, "dev_miss": 0.5, "test_err": 0.125, "test_miss": 0.0625, "best_step": 30,
+           "local_devices": 2, "processes": 3, "allreduce": "ring", "last_window_allreduce_share": 0.054,
+           "train_seconds": 407.4}
+
+
+class Plain:
+    metrics = MetricNames(best="miss", plotted=("err",), shown=("err",))
+
+
+class Hooked(Plain):
+    def final_report(self, config, workdir, summary):
+        assert config == "CONFIG" and workdir == "RUN" and summary["test_err"] == 0.125
+        return {"test_slow_err": 0.1}, "slow decoder: 10%"
+
+
+def test_without_a_hook_the_line_shows_the_tasks_metrics():
+    summary, line = final_report(Plain(), "CONFIG", "RUN", SUMMARY, "cpu")
+    assert summary == SUMMARY
+    assert line == ("test err 12.50%, miss 6.25%; dev err 25.00%, miss 50.00% (checkpoint of step 30); "
+                    "trained on 2 cpu devices x 3 processes, ring all-reduce 5% of the step; 407 s; run directory RUN")
+
+
+def test_the_hooks_scores_join_the_summary_and_its_text_begins_the_line():
+    summary, line = final_report(Hooked(), "CONFIG", "RUN", SUMMARY, "gpu")
+    assert summary == {**SUMMARY, "test_slow_err": 0.1}
+    assert line.startswith("slow decoder: 10%; trained on 2 gpu devices x 3 processes, ring all-reduce 5% ")
+
+
+def test_one_replica_and_a_resumed_run_without_the_earlier_time():
+    one = {**SUMMARY, "local_devices": 1, "processes": 1, "allreduce": "psum", "train_seconds": None,
+           "train_seconds_since_resume": 12.0}
+    del one["test_err"], one["test_miss"]
+    _, line = final_report(Plain(), None, "RUN", one, "cpu")
+    assert line == ("dev err 25.00%, miss 50.00% (checkpoint of step 30); trained on 1 cpu device x 1 process, "
+                    "psum all-reduce over one replica (no exchange); 12 s since the resume; run directory RUN")

@@ -1,0 +1,102 @@
+"""Flite, Festival and the corpus of several synthesizers (models/deepspeech2/data/voices.py).
+
+The synthesizers come from Debian packages (`make train-voices` installs them); without
+them the tests that synthesise are skipped, saying what to install.
+"""
+
+import collections
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile
+
+from models.deepspeech2.data import festival, flite, synth, voices
+from models.deepspeech2.data.synthesizers import SynthesizerMissing
+from models.deepspeech2.task import DataConfig
+
+needs_flite = pytest.mark.skipif(not flite.available(), reason=f"flite is not installed: {flite.INSTALL}")
+needs_festival = pytest.mark.skipif(not festival.available(), reason=f"festival is not installed: {festival.INSTALL}")
+needs_all = pytest.mark.skipif(bool(voices.missing()), reason=f"synthesizers missing: {voices.INSTALL}")
+TEXT = "seven of clubs and five five please"
+
+
+@needs_flite
+@pytest.mark.parametrize("voice", flite.VOICES)
+def test_flite_through_ctypes_equals_the_flite_command(voice, tmp_path):
+    slower, _ = flite.synthesize(TEXT, voice, duration_stretch=1.3)  # settings must not leak into the next call
+    samples, rate = flite.synthesize(TEXT, voice)
+    subprocess.run(["flite", "-voice", voice, "-t", TEXT, "-o", str(tmp_path / "ref.wav")], check=True)
+    reference, reference_rate = soundfile.read(tmp_path / "ref.wav", dtype="int16")
+    assert rate == reference_rate == 16000
+    np.testing.assert_array_equal(np.round(samples * 32768).astype(np.int16), reference)
+    assert len(slower) / len(samples) == pytest.approx(1.3, abs=0.05)
+
+
+@needs_flite
+def test_flite_refuses_a_voice_it_does_not_have():
+    with pytest.raises(ValueError, match="flite has no voice 'kal_diphone'"):
+        flite.synthesize(TEXT, "kal_diphone")
+
+
+@needs_festival
+def test_festival_in_one_batch_equals_text2wave_per_utterance(tmp_path):
+    requests = [(TEXT, "ked_diphone", 1.0), ('a "quoted" word', "kal_diphone", 1.0), (TEXT, "ked_diphone", 1.4)]
+    outputs = festival.synthesize_many(requests)
+    (tmp_path / "t.txt").write_text(TEXT)
+    subprocess.run(["text2wave", "-eval", "(voice_ked_diphone)", str(tmp_path / "t.txt"), "-o", str(tmp_path / "ref.wav")],
+                   check=True, capture_output=True)
+    reference, reference_rate = soundfile.read(tmp_path / "ref.wav", dtype="float32")
+    samples, rate = outputs[0]
+    assert rate == reference_rate == 16000
+    np.testing.assert_allclose(samples, reference, atol=1 / 32768)
+    assert len(outputs[1][0]) > 0.3 * rate
+    assert len(outputs[2][0]) / len(samples) == pytest.approx(1.4, abs=0.1)
+    with pytest.raises(ValueError, match="festival has no voice 'awb'"):
+        festival.synthesize_many([(TEXT, "awb", 1.0)])
+
+
+def test_dev_and_test_never_share_a_synthesizer_or_a_speaker_with_training():
+    sizes = voices.split_sizes(3000)
+    assert sizes == {"train": 2100, "dev": 300, "test": 300, "test_espeak": 300}
+    plans = collections.defaultdict(list)
+    for index in range(0, 3000, 3):
+        split = synth.split_of(index, sizes)
+        plans[split].append(voices.plan(4, index, split))
+    assert voices.plan(4, 33, "train") == voices.plan(4, 33, "train")  # a function of (seed, index)
+    train_synths = collections.Counter(p["synthesizer"] for p in plans["train"])
+    assert set(train_synths) == {"espeak", "festival"}
+    assert train_synths["festival"] / len(plans["train"]) == pytest.approx(voices.FESTIVAL_SHARE, abs=0.06)
+    for split in ("dev", "test"):
+        assert {p["synthesizer"] for p in plans[split]} == {"flite"}
+        assert {p["voice"] for p in plans[split]} == set(voices.FLITE_VOICES[split])
+    assert {p["synthesizer"] for p in plans["test_espeak"]} == {"espeak"}
+    train_variants = {p["voice"].split("+")[1] for p in plans["train"] if p["synthesizer"] == "espeak"}
+    test_variants = {p["voice"].split("+")[1] for p in plans["test_espeak"]}
+    assert train_variants <= set(synth.VARIANTS["train"]) and test_variants <= set(synth.VARIANTS["test"])
+    everything = [p for split in plans.values() for p in split]
+    assert {p["snr_db"] for p in everything} == set(voices.SNR_DB)
+    assert 0.4 < np.mean(["rt60_s" in p for p in everything]) < 0.6
+    with pytest.raises(ValueError, match="at least 4 utterances"):
+        voices.split_sizes(3)
+
+
+@needs_all
+def test_a_tiny_voices_corpus(tmp_path):
+    folder = voices.ensure_voices_corpus(str(tmp_path), 12, seed=3)
+    rows = {s: [json.loads(line) for line in open(f"{folder}/{s}.jsonl")] for s in voices.SPLITS}
+    assert {s: len(r) for s, r in rows.items()} == voices.split_sizes(12)
+    for split, entries in rows.items():
+        for entry in entries:
+            samples, rate = soundfile.read(f"{folder}/{entry['audio_filepath']}", dtype="float32")
+            assert rate == 16000 and len(samples) / rate == pytest.approx(entry["duration"])
+            assert 0.3 <= np.abs(samples).max() <= 0.9 + 1e-4
+            assert entry == {**voices.plan(3, int(entry["audio_filepath"][-12:-5]), split), **entry}
+    assert DataConfig(corpus="voices").describe().endswith("(flite rms, slt)")
+
+
+def test_a_missing_synthesizer_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(festival, "missing", lambda: ["festival", "ked_diphone"])
+    with pytest.raises(SynthesizerMissing, match="needs festival, ked_diphone.*apt-get install flite festival"):
+        voices.generate_corpus(str(tmp_path), 8, seed=0)
