@@ -244,3 +244,19 @@ def test_every_config_writes_out_its_optimizer_recipe(path):
     assert set(USED_SETTINGS) >= {optim["name"], optim["schedule"]}
     needed = {"name", "schedule", "clip_norm"} | USED_SETTINGS[optim["name"]] | USED_SETTINGS[optim["schedule"]]
     assert needed <= set(optim), f"{path.name} leaves {sorted(needed - set(optim))} to the engine's defaults"
+
+
+def test_sections_are_immutable_and_saved_in_schema_order(tmp_path):
+    cfg = config_lib.build({"task": "toy", "optim": {"learning_rate": 0.5}}, TASK)
+    for section in (cfg.train, cfg.optim, cfg.eval, cfg.checkpoint):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            section.seed = 1  # one resolved config, as saved in the run directory
+    config_lib.save(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(saved) == ["task", *TASK, *config_lib.ENGINE_SECTIONS]  # not sorted: the task's name first
+    assert list(saved["optim"])[:2] == ["name", "learning_rate"]
+
+
+def test_an_override_of_a_section_that_is_not_a_mapping_is_an_error():
+    with pytest.raises(config_lib.ConfigError, match=r"^optim must be a mapping of keys to values; got \[1, 2\]$"):
+        config_lib.apply_overrides({"optim": [1, 2]}, ["optim.learning_rate=0.1"], config_lib.ENGINE_SECTIONS)
