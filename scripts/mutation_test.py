@@ -166,8 +166,10 @@ def mutants(source: str) -> Iterator[Mutant]:
             text = lines[node.lineno - 1]
             if text[: node.col_offset].strip():  # not alone on its line (after a colon, a semicolon)
                 continue
+            # `return x` loses its value; a bare `return` (or any other statement) goes, so the code falls through
+            keeps_returning = isinstance(node, ast.Return) and node.value is not None
             what = "return removed" if isinstance(node, ast.Return) else "statement removed"
-            replacement = " " * node.col_offset + ("return None" if isinstance(node, ast.Return) else "pass") + "\n"
+            replacement = " " * node.col_offset + ("return None" if keeps_returning else "pass") + "\n"
             add(node.lineno, what, "".join(lines[: node.lineno - 1] + [replacement] + lines[node.lineno :]))
     found.sort(key=lambda m: m.line)
     return iter(found)

@@ -26,6 +26,8 @@ def g(
     a,
     b,
 ):
+    if a:
+        return
     return (a) == (b) or os.sep
 '''
 
@@ -63,10 +65,11 @@ def test_each_mutant_changes_one_line_compiles_and_the_classes_are_all_there():
     }
     assert by_line[10] == {"not x -> x": "flag = (items)", "statement removed": "pass"}
     assert by_line[11] == {"is -> is not": "return total if flag is not None else -total", "return removed": "return None"}
-    assert by_line[18] == {"== -> !=": "return (a) != (b) or os.sep", "or -> and": "return (a) == (b) and os.sep",
+    assert by_line[19] == {"return removed": "pass"}  # a bare return goes: the code falls through
+    assert by_line[20] == {"== -> !=": "return (a) != (b) or os.sep", "or -> and": "return (a) == (b) and os.sep",
                            "return removed": "return None"}
-    # docstrings, imports, the def lines and a statement spread over lines are left alone
-    assert set(by_line) == {7, 8, 9, 10, 11, 18}
+    # docstrings, imports, the def lines, a bare name as a condition and a statement spread over lines are left alone
+    assert set(by_line) == {7, 8, 9, 10, 11, 19, 20}
     assert sorted(m.line for m in found) == [m.line for m in found]
 
 

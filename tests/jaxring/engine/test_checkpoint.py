@@ -257,3 +257,15 @@ def test_a_save_is_fsynced_before_its_rename_and_the_directory_after(tmp_path, m
     # the file's bytes reach the disk before it takes its name; the directory entry after; the directory is closed
     assert calls[:4] == [("fsync", path.stat().st_size), ("replace", "step_000000001.msgpack"), ("fsync", directory),
                          ("close", directory)], calls
+
+
+def test_another_format_and_an_unreadable_payload_are_damaged(tmp_path):
+    ckpt = Checkpoints(tmp_path)
+    write_raw_checkpoint(ckpt.path(1), {"w": np.ones(3)}, {}, format=1)
+    with pytest.raises(CheckpointError, match=f"checkpoint {ckpt.path(1)} is not a verified checkpoint of format 2"):
+        ckpt.read(1)
+    garbage = b"\xc1 not msgpack"
+    wrapped = {"format": 2, "sha256": hashlib.sha256(garbage).hexdigest(), "payload": garbage}
+    ckpt.path(2).write_bytes(flax.serialization.msgpack_serialize(wrapped))  # its digest matches: the payload is bad
+    with pytest.raises(CheckpointError, match=f"checkpoint {ckpt.path(2)} holds an unreadable payload"):
+        ckpt.read(2)

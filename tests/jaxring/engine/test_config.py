@@ -275,3 +275,19 @@ def test_a_renamed_key_still_works_with_a_warning(tmp_path):
     path.write_text("eval:\n  max_utterances: 7\n  max_examples: 8\n")
     with pytest.warns(FutureWarning), pytest.raises(config_lib.ConfigError, match="same setting; give only eval.max_examples"):
         config_lib.load(path, TASK)
+
+
+def test_sections_are_immutable_and_saved_in_schema_order(tmp_path):
+    cfg = config_lib.build({"task": "toy", "optim": {"learning_rate": 0.5}}, TASK)
+    for section in (cfg.train, cfg.optim, cfg.eval, cfg.checkpoint):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            section.seed = 1  # one resolved config, as saved in the run directory
+    config_lib.save(cfg, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert list(saved) == ["task", *TASK, *config_lib.ENGINE_SECTIONS]  # not sorted: the task's name first
+    assert list(saved["optim"])[:2] == ["name", "learning_rate"]
+
+
+def test_an_override_of_a_section_that_is_not_a_mapping_is_an_error():
+    with pytest.raises(config_lib.ConfigError, match=r"^optim must be a mapping of keys to values; got \[1, 2\]$"):
+        config_lib.apply_overrides({"optim": [1, 2]}, ["optim.learning_rate=0.1"], config_lib.ENGINE_SECTIONS)

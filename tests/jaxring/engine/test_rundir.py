@@ -71,3 +71,19 @@ def test_overwrite_after_a_run_that_checkpointed_but_kept_replaced_sets_aside_th
     rundir.take_over(tmp_path, [3], resume=False, overwrite=True, lead=True)
     # the run being replaced now is the newer one; the older one, already replaced once, is gone
     assert files(tmp_path) == {f"replaced/{name}": data for name, data in newer.items()}
+
+
+def test_a_fresh_directory_starts_fresh_and_overwrite_creates_nothing_there(tmp_path, capsys):
+    assert rundir.take_over(tmp_path, [], resume=False, overwrite=False, lead=True) is False
+    assert rundir.take_over(tmp_path, [], resume=False, overwrite=True, lead=True) is False
+    assert not any(tmp_path.iterdir()) and capsys.readouterr().out == ""
+
+
+def test_overwrite_says_where_the_old_run_is(tmp_path, capsys):
+    old_run(tmp_path)
+    rundir.take_over(tmp_path, [2, 4], resume=False, overwrite=True, lead=True)
+    assert capsys.readouterr().out == (
+        f"--overwrite: the previous run moved to {tmp_path / 'replaced'}; it is deleted once the first new checkpoint exists\n")
+    rundir.take_over(tmp_path, [], resume=False, overwrite=True, lead=True)  # again, before a new checkpoint
+    assert capsys.readouterr().out == (
+        f"--overwrite: the run set aside earlier stays in {tmp_path / 'replaced'} until the first new checkpoint\n")

@@ -269,6 +269,9 @@ def test_schedules():
     assert float(schedule(10)) == pytest.approx(1.0)
     assert float(schedule(60)) == pytest.approx(0.55)  # halfway down the cosine
     assert float(schedule(110)) == pytest.approx(0.1)
+    # a run shorter than its warmup: the rate peaks at the warmup's end and is final one step later
+    short = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=4)
+    assert [float(short(s)) for s in (4, 10, 11)] == pytest.approx([0.4, 1.0, 0.1])
 
 
 def test_adamw_matches_numpy():
