@@ -241,6 +241,7 @@ def main(argv=None):
     parser.add_argument("--network", type=Path, help="scripts/cluster/bench_network.py's JSON")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--markdown", action="store_true", help="also print the tables of docs/SCALING.md")
     args = parser.parse_args(argv)
     calibration = json.loads(CALIBRATION.read_text())
     checks = []
@@ -292,12 +293,30 @@ def main(argv=None):
         print(f"{key[0]:12} {key[1]:>4} {key[2] or '-':>6} {cells}")
     defaults = {p: best_bucket([r for r in rows if r["nics"] == 8], p) for p in ("host-staged", "device")}
     print(f"bucket within 5% of the best at 128 GPUs (8 NICs per node): {defaults}")
+    if args.markdown:
+        print(markdown(checks, rows))
     if args.json:
         args.json.write_text(json.dumps({"fits": fits, "checks": checks, "compute_s": compute_s,
                                          "gradient_bytes": sum(leaves), "projection": rows,
                                          "default_buckets_MiB": defaults}, indent=1) + "\n")
     if args.plot:
         plot(rows, args.plot)
+
+
+def markdown(checks, rows) -> str:
+    lines = ["| measured | bytes | ranks | measured ms | model ms | error |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {c['what']} | {c['bytes']} | {c['ranks']} | {c['measured_s'] * 1e3:.3f} | "
+              f"{c['predicted_s'] * 1e3:.3f} | {100 * c['error']:+.0f}% |" for c in checks]
+    lines += ["", "| platform | bucket | " + " | ".join(f"{g} GPUs" for g in GPUS) + " |",
+              "|---|---:|" + "---:|" * len(GPUS)]
+    for platform in ("host-staged", "device", "NCCL ring", "NCCL tree"):
+        for bucket in sorted({r["bucket_MiB"] or 0 for r in rows if r["platform"] == platform}):
+            line = [r for r in rows if r["platform"] == platform and (r["bucket_MiB"] or 0) == bucket
+                    and r["nics"] == 8]
+            cells = " | ".join(f"{r['step_s'] * 1e3:.0f} ms, {100 * r['efficiency']:.0f}% "
+                               f"({100 * r['allreduce_share']:.0f}%)" for r in line)
+            lines.append(f"| {platform} | {f'{bucket} MiB' if bucket else '-'} | {cells} |")
+    return "\n".join(lines)
 
 
 def plot(rows, path):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import tcp_stream  # noqa: E402
 from byte_sizes import parse_bytes  # noqa: E402
-from cluster import Cluster, parse_rate  # noqa: E402
+from cluster import Cluster, interrupt_on_termination, parse_rate  # noqa: E402
 
 ALLREDUCE_BENCH = ROOT / "scripts" / "bench_allreduce_mpi.py"
 TRAIN_BENCH = ROOT / "scripts" / "bench_train.py"
@@ -72,6 +72,7 @@ def main(argv=None):
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    interrupt_on_termination()
     os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU, shared with other jobs; emulated links",
               "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),

@@ -108,6 +108,12 @@ def remove_stale() -> list[str]:
     return stale
 
 
+def interrupt_on_termination() -> None:
+    """SIGTERM, SIGHUP and SIGINT (even where a background shell ignored it) raise KeyboardInterrupt: teardown runs."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.default_int_handler)
+
+
 class Cluster:
     """N namespaces on a bridge; `with Cluster(2, "1gbit") as c:` makes it and always tears it down."""
 
@@ -234,9 +240,7 @@ def main(argv=None):
         parser.error("give the command to run after --")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices_per_node}"
-    # SIGTERM and SIGHUP end the run through the same teardown as Ctrl-C.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.default_int_handler)
+    interrupt_on_termination()
     with Cluster(args.nodes, args.rate) as cluster:
         job = subprocess.Popen(cluster.mpirun(command, env_names=args.env_names), start_new_session=True)
         try:

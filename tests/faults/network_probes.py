@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
-from cluster import Cluster  # noqa: E402
+from cluster import Cluster, interrupt_on_termination  # noqa: E402
 from tests.tiny_runs import CONFIG, TRAIN, tiny_overrides  # noqa: E402
 
 WORKER = Path(__file__).with_name("network_worker.py")
@@ -107,7 +107,8 @@ def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
     if code is None:
         return "hang", f"still running {seconds:.0f} s after the fault"
     named = f"no answer from rank {rank}" in output or f"rank {rank} with PID" in output
-    by_node = not named and (f"peer: {node} " in output or f"on node {node}\n" in output)
+    by_node = not named and any(f"{before}{node}{after}" in output for before, after in
+                                (("peer: ", " "), ("on node ", "\n"), ("Remote host:   ", "\n")))
     if code == 0:
         if f"rank {rank} done" in output:
             return "correct", f"exit 0 after {seconds:.0f} s"
@@ -201,7 +202,8 @@ def cut_mid_checkpoint(tmp: Path, cache: Path, timeout_s: int, rng: random.Rando
     except CheckpointError as e:
         return "loss", f"{detail}; checkpoint unreadable: {e}"
     with Cluster(2, "1gbit") as cluster:
-        resumed = Job(cluster, train_command(workdir, cache, "--resume", **{**values, "train.epochs": 41}),
+        more = {**values, "train.max_steps": max(written, default=0) + 2}
+        resumed = Job(cluster, train_command(workdir, cache, "--resume", **more),
                       timeout_s, tmp / "resume.log")
         code, _ = resumed.finish(LIMIT_S)
     after = Checkpoints(checkpoints).steps()
@@ -234,6 +236,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if reason := skip_reason():
         sys.exit(f"cannot run: {reason}")
+    interrupt_on_termination()
     from models.deepspeech2.data import ensure_synthetic_corpus
 
     rng = random.Random(args.seed)
