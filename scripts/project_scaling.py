@@ -42,10 +42,11 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Link:
-    """Per ring step: alpha seconds of fixed cost, then bytes at beta bytes/s."""
+    """Per ring step: alpha seconds of fixed cost, then bytes at beta bytes/s; per call: `call` seconds."""
 
     alpha: float
     beta: float
+    call: float = 0.0  # launching the collective, whatever its steps (dispatch, the first wait)
 
     def step(self, nbytes: float) -> float:
         return self.alpha + nbytes / self.beta
@@ -66,12 +67,12 @@ def ring_step_bytes(nbytes: int, p: int, itemsize: int = 4) -> list[int]:
 
 
 def ring_time(nbytes: float, p: int, link: Link) -> float:
-    return sum(link.step(b) for b in ring_step_bytes(int(nbytes), p))
+    return (link.call if p > 1 else 0.0) + sum(link.step(b) for b in ring_step_bytes(int(nbytes), p))
 
 
 def half_ring_time(nbytes: float, p: int, link: Link) -> float:
-    """A reduce-scatter or an all-gather alone: p-1 of the ring's steps."""
-    return ring_time(nbytes, p, link) / 2
+    """A reduce-scatter or an all-gather alone: p-1 of the ring's steps, and a call."""
+    return (ring_time(nbytes, p, link) + (link.call if p > 1 else 0.0)) / 2
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Platform:
             return ring_time(nbytes, g, self.local)
         shard = math.ceil(nbytes / g)
         rings_per_nic = max(1, g / self.nics)
-        cross = Link(self.network.alpha, self.network.beta / rings_per_nic)
+        cross = Link(self.network.alpha, self.network.beta / rings_per_nic, self.network.call)
         time = ring_time(shard, n, cross)
         if self.staging is not None:  # each step's chunk down to the host and back up
             time += sum(2 * self.staging.step(b) for b in ring_step_bytes(shard, n))
@@ -137,13 +138,20 @@ class NcclLike:
 # --- fitting ------------------------------------------------------------------------
 
 
-def fit_ring(points: list[tuple[int, int, float]]) -> Link:
-    """alpha, beta minimising the relative error of ring_time over (bytes, ranks, seconds) points."""
-    rows = np.array([[2 * (p - 1), sum(ring_step_bytes(b, p))] for b, p, _ in points], float)
+def fit_ring(points: list[tuple[int, int, float]], with_call: bool = True) -> Link:
+    """call, alpha, beta >= 0 minimising the relative error of ring_time over (bytes, ranks, seconds) points.
+
+    Without several rank counts a call and a step cannot be told apart: then alpha alone.
+    """
+    from scipy.optimize import nnls
+
+    with_call = with_call and len({p for _, p, _ in points}) > 1
+    rows = np.array([[1.0] * with_call + [2 * (p - 1), sum(ring_step_bytes(b, p))] for b, p, _ in points], float)
     times = np.array([t for *_, t in points])
-    coef, *_ = np.linalg.lstsq(rows / times[:, None], np.ones(len(times)), rcond=None)
-    alpha, inv_beta = np.maximum(coef, [0.0, 1e-15])
-    return Link(float(alpha), float(1 / inv_beta))
+    coef, _ = nnls(rows / times[:, None], np.ones(len(times)))
+    call = coef[0] if with_call else 0.0
+    alpha, inv_beta = coef[-2], max(coef[-1], 1e-15)
+    return Link(float(alpha), float(1 / inv_beta), float(call))
 
 
 def comparison(name, points, predict) -> list[dict]:

@@ -63,7 +63,7 @@ def test_the_hierarchical_schedule_is_local_halves_around_the_cross_node_ring():
 
 def test_buckets_follow_fusion_plan_and_the_fit_recovers_known_constants():
     assert model.bucket_sizes([400, 400, 4000, 400], 1000) == [800, 4000, 400]
-    truth = model.Link(7e-5, 3e9)
+    truth = model.Link(7e-5, 3e9, call=2e-4)
     points = [(b, p, model.ring_time(b, p, truth)) for b in (4096, 1 << 20, 16 << 20) for p in (2, 4)]
     fitted = model.fit_ring(points)
-    assert fitted.alpha == pytest.approx(truth.alpha, rel=1e-6) and fitted.beta == pytest.approx(truth.beta, rel=1e-6)
+    assert (fitted.alpha, fitted.beta, fitted.call) == pytest.approx((truth.alpha, truth.beta, truth.call), rel=1e-6)
