@@ -250,6 +250,8 @@ def main(argv=None):
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--markdown", action="store_true", help="also print the tables of docs/SCALING.md")
+    parser.add_argument("--cross-alpha-us", type=float, default=CROSS_ALPHA_IB * 1e6,
+                        help="fixed cost of one cross-node ring step over InfiniBand, in us (staging apart)")
     args = parser.parse_args(argv)
     calibration = json.loads(CALIBRATION.read_text())
     checks = []
@@ -290,7 +292,7 @@ def main(argv=None):
              and r["batch"] == 64 and r["allreduce"] == "ring"][0]
     compute_s = (paper["step_ms"] - paper["ring_of_one_ms"]) * 1e-3
     leaves = gradient_leaf_bytes("ds2_paper")
-    rows = [row for nics in (8, 1) for row in project(calibration, leaves, compute_s, staged, CROSS_ALPHA_IB, nics)]
+    rows = [row for nics in (8, 1) for row in project(calibration, leaves, compute_s, staged, args.cross_alpha_us * 1e-6, nics)]
     print(f"\nds2_paper, bfloat16 batch 64 per GPU, compute {compute_s * 1e3:.1f} ms per step (H100, 2026-11-22), "
           f"gradients {sum(leaves) / 1e6:.0f} MB")
     print(f"{'platform':12} {'NICs':>4} {'bucket':>6} " + " ".join(f"{g:>12}" for g in GPUS))
