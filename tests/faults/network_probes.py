@@ -212,6 +212,35 @@ def cut_mid_checkpoint(tmp: Path, cache: Path, timeout_s: int, rng: random.Rando
     return outcome, f"{detail}; cut after checkpoint file {which}, --resume went on from step {max(written)}"
 
 
+def resume_is_bitwise(tmp: Path, cache: Path, timeout_s: int, nodes: int = 4, rate: str = "10gbit") -> tuple[str, str]:
+    """train.py on `nodes` nodes stopped at step 2 and resumed to step 4 ends bitwise equal to one run to step 4."""
+    import numpy as np
+
+    from jaxring.engine.checkpoint import Checkpoints
+
+    values = {"train.epochs": 40, "eval.every_steps": 0, "checkpoint.every_steps": 2}
+    codes = []
+    for workdir, steps in ((tmp / "straight", [4]), (tmp / "restarted", [2, 4])):
+        for i, last in enumerate(steps):
+            with Cluster(nodes, rate) as cluster:
+                extra = ["--resume"] if i else []
+                job = Job(cluster, train_command(workdir, cache, *extra, **{**values, "train.max_steps": last}),
+                          timeout_s, tmp / f"{workdir.name}{i}.log")
+                codes.append(job.finish(LIMIT_S)[0])
+    if codes != [0, 0, 0]:
+        return "cryptic", f"exit codes {codes}: {(tmp / 'restarted1.log').read_text(errors='replace')[-300:]}"
+    (a, _), (b, _) = (Checkpoints(tmp / name / "checkpoints").read(4) for name in ("straight", "restarted"))
+    leaves = [(np.asarray(x), np.asarray(y)) for x, y in zip(_leaves(a), _leaves(b))]
+    same = len(leaves) > 0 and all(x.tobytes() == y.tobytes() for x, y in leaves)
+    return ("correct" if same else "wrong"), f"{nodes} nodes at {rate}: step 4 {'bitwise equal' if same else 'DIFFERS'}"
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [leaf for key in sorted(tree) for leaf in _leaves(tree[key])]
+    return [tree]
+
+
 PROBES = {
     "link cut mid-all-reduce": lambda tmp, cache, t, rng: worker_fault(tmp, t, "cut", rng),
     "node killed (daemon and rank, SIGKILL)": lambda tmp, cache, t, rng: worker_fault(tmp, t, "node", rng),
@@ -221,6 +250,7 @@ PROBES = {
         tmp, "slow", None, 1 << 20, rate="10mbit"),
     "node with a different train.seed": lambda tmp, cache, t, rng: different_config(tmp, cache, t),
     "link cut mid-checkpoint, then --resume": cut_mid_checkpoint,
+    "4 nodes at 10 Gbit/s, stopped and resumed": lambda tmp, cache, t, rng: resume_is_bitwise(tmp, cache, t),
 }
 REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)")
 
