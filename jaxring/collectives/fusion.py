@@ -22,6 +22,8 @@ from jaxring.collectives import ring
 # and buys nothing. On GPUs, where copies are cheap and each ring op has a
 # fixed cost, larger buckets (32-64 MiB) may pay: scripts/bench_cuda_ring.py
 # measures ds2_paper's all-reduce per bucket size (not yet run on a GPU).
+# The cost model (docs/SCALING.md) puts H100 nodes at 64 MiB for both CUDA
+# engines: set train.bucket_bytes=67108864 there; this default stays the CPU's.
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 

@@ -1,0 +1,39 @@
+"""Network faults on an emulated 2-node cluster: two representative probes of tests/faults/network_probes.py.
+
+A link cut in the middle of the all-reduces must end every process within
+the timeout plus a bounded margin, naming the unreachable rank; a node that
+starts late (within the timeout) must not break the job. The other probes
+and the 10-trial campaigns: `python tests/faults/network_probes.py --trials 10`.
+"""
+
+import random
+import subprocess
+
+import pytest
+
+from tests.faults import network_probes
+
+REASON = network_probes.skip_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_namespace_or_link():
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout, _links()
+    yield
+    assert (subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout, _links()) == before
+
+
+def _links():
+    return sorted(line.split(":")[1].strip() for line in subprocess.run(["ip", "-o", "link"], capture_output=True,
+                                                                         text=True).stdout.splitlines())
+
+
+def test_a_cut_link_ends_every_process_naming_the_unreachable_rank(tmp_path):
+    outcome, detail = network_probes.worker_fault(tmp_path, 3, "cut", random.Random(1))
+    assert outcome == "ended" and "Open MPI" not in detail, detail
+
+
+def test_a_node_starting_late_within_the_timeout_is_waited_for(tmp_path):
+    outcome, detail = network_probes.worker_runs_through(tmp_path, "late", 20, 4099, late_s=3)
+    assert outcome == "correct", detail
