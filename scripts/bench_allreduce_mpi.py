@@ -10,8 +10,9 @@ For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it t
     jaxring   K chained jaxring.allreduce(processes=True) in one pmapped jit (local
               ring, MPI ring of processes, local ring), per op: the program's time
               less that of the same program without the all-reduces, over K
-    mpi_bare  MPI_Allreduce of a numpy buffer through mpi4py, one device per
-              process: the baseline
+    mpi_bare  MPI_Allreduce of a numpy buffer of `bytes` through mpi4py, one per
+              process: the baseline (with several devices per process, the
+              cross-process part alone)
     mpi4jax   K chained mpi4jax.allreduce in one jit, one device per process,
               per op as for jaxring
     jax_gloo  K chained jax.lax.psum over the global mesh (jax.distributed, gloo CPU
@@ -42,7 +43,7 @@ import numpy as np
 from byte_sizes import parse_bytes
 
 OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
-ONE_DEVICE_IMPLS = ("mpi_bare", "mpi4jax")  # they move one buffer per process
+ONE_DEVICE_IMPLS = ("mpi4jax",)  # it moves one device's buffer per process
 
 
 def sizes(max_bytes):

@@ -301,27 +301,26 @@ def _ring_devices(ctx, axis_name, platform):
     for name in axis_name:
         if name not in names:
             raise ValueError(f"axis {name!r} is not an axis of the mesh {tuple(names)}")
-    _refuse_devices_of_other_processes(mesh, axis_name)
     others = [n for n in names if n not in axis_name]
     order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
     devices = np.transpose(mesh.devices, order)
     ring = int(np.prod([mesh.shape[n] for n in axis_name]))
+    _refuse_rings_across_processes(devices.reshape(-1, ring), mesh, axis_name)
     ordinals = np.vectorize(lambda d: _device_ordinal(d, platform), otypes=[np.int64])(devices)
     return ordinals.reshape(-1, ring).reshape(-1), ring
 
 
-def _refuse_devices_of_other_processes(mesh, axis_name):
-    """A ring meets in one process' memory: a mesh spanning jax.distributed processes fails here, at once."""
-    here = jax.process_index()
-    elsewhere = sorted({d.process_index for d in mesh.devices.flat} - {here})
-    if elsewhere:
+def _refuse_rings_across_processes(rings, mesh, axis_name):
+    """A ring meets in one process' memory: an axis spanning jax.distributed processes fails here, at once."""
+    spanning = [sorted({d.process_index for d in ring}) for ring in rings if len({d.process_index for d in ring}) > 1]
+    if spanning:
         raise ValueError(
-            f"jaxring collectives over {axis_name}: the mesh {dict(mesh.shape)} holds devices of other "
-            f"processes ({elsewhere}; this is process {here} of jax.distributed), and jaxring's rings "
-            "run among the devices of one process. Map the axis over this process' devices "
-            "(jax.local_devices(): a Mesh per process, or pmap) and reduce across processes with "
-            "jaxring.allreduce(x, axis, processes=True) under mpirun or srun; or use jax.lax.psum "
-            "over the global mesh."
+            f"jaxring collectives over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans the "
+            f"processes {spanning[0]} (jax.distributed; this is process {jax.process_index()}), and "
+            "jaxring's rings run among the devices of one process. Map the axis over this process' "
+            "devices (jax.local_devices(): a Mesh per process, or pmap) and reduce across processes "
+            "with jaxring.allreduce(x, axis, processes=True) under mpirun or srun; or use "
+            "jax.lax.psum over the global mesh."
         )
 
 

@@ -88,5 +88,5 @@ def test_bad_timeout_variable_is_explained(monkeypatch):
 
 
 def test_jax_distributed_spanning_axis_is_refused_and_processes_true_works():
-    output = run_workers("distributed.py", [], 2, 1)
+    output = run_workers("distributed.py", [], 2, 2)
     assert_passed(output, ["distributed"], range(2))

@@ -1,9 +1,9 @@
 """Run by test_mpi.py under mpirun: jaxring under jax.distributed (JAX's own multi-process runtime).
 
 A jaxring op over a mesh axis that spans processes is refused when it is
-compiled, at once, saying what to do (never a wait for the timeout); the
-same op over each process' own devices with processes=True works, as under
-mpirun alone. JAX's process index must be the MPI rank.
+compiled, at once, saying what to do (never a wait for the timeout); over an
+axis within each process of the global mesh it works, and so does
+processes=True over each process' own devices, as under mpirun alone. JAX's process index must be the MPI rank.
 """
 
 import socket
@@ -40,10 +40,19 @@ except ValueError as error:
     message, seconds = str(error), time.monotonic() - start
 else:
     raise AssertionError("jaxring.allreduce over a mesh spanning processes was not refused")
-assert "other processes" in message and "processes=True" in message and "jax.lax.psum" in message, message
+assert f"spans the processes {list(range(size))}" in message and "processes=True" in message, message
+assert "jax.lax.psum" in message, message
 # Refused while compiling, not after a wait: far below any timeout (timings are not tested here).
 assert seconds < 60, seconds
 print(f"rank {rank}: refused in {seconds:.3f} s", flush=True)
+
+# An axis within each process of a global mesh is a ring of one process: it works.
+grid = Mesh(np.array(jax.devices()).reshape(size, L), ("p", "l"))
+mine = np.random.default_rng([8, rank]).standard_normal((1, L, 4)).astype(np.float32)
+blocks = jax.make_array_from_process_local_data(NamedSharding(grid, P("p", "l")), mine)
+local_sum = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "l"), mesh=grid, in_specs=P("p", "l"), out_specs=P("p")))
+got = np.asarray(local_sum(blocks).addressable_shards[0].data)
+np.testing.assert_allclose(got[0, 0], mine[0].astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
 
 rows = np.random.default_rng([7, rank]).standard_normal((L, 5)).astype(np.float32)
 every = [np.random.default_rng([7, r]).standard_normal((L, 5)).astype(np.float64) for r in range(size)]
