@@ -1,12 +1,7 @@
 // CPU handler of the ring collectives: a real ring across the host-device
 // threads that XLA runs one per device. Each rank reads only its left
 // neighbour's buffers, as a GPU rank reads its neighbour over peer access.
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -16,6 +11,7 @@
 #include "ring_handler_common.h"
 #include "ring_protocol.h"
 #include "ring_schedule.h"
+#include "task_threads.h"
 
 namespace jaxring {
 namespace {
@@ -62,47 +58,10 @@ std::string RunRingOf(ffi::DataType type, const RingCall& call, RankBuffers& me)
   }
 }
 
-// Threads that run the ranks. A rank waits for its peers, possibly until the
-// timeout, so it must not hold one of XLA's worker threads: XLA may run
-// several independent collectives of one program at once and in different
-// orders on different devices, and ranks blocking XLA's few threads (2 cores
-// here) would wait on each other. Every queued task gets a thread at once (an
-// idle one, else a new one), so no rank ever waits for a thread.
-class RankThreads {
- public:
-  void Run(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-    if (static_cast<int64_t>(tasks_.size()) > idle_) {
-      std::thread([this] { Serve(); }).detach();
-    } else {
-      wake_.notify_one();
-    }
-  }
-
- private:
-  void Serve() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      wake_.wait(lock, [&] { return !tasks_.empty(); });
-      --idle_;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  int64_t idle_ = 0;
-};
-
-RankThreads& Threads() {
-  static auto* threads = new RankThreads();  // never destroyed: its threads outlive main
+// Ranks wait for their peers, possibly until the timeout, so they run on
+// threads of their own, not XLA's (task_threads.h says why).
+TaskThreads& Threads() {
+  static auto* threads = new TaskThreads();  // never destroyed: its threads outlive main
   return *threads;
 }
 
