@@ -203,8 +203,10 @@ class Cluster:
         return ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
                 namespace, *command]
 
-    def mpirun(self, command: list[str], nodes=None, env_names=(), mpirun=None, extra=()) -> list[str]:
-        """mpirun (run in the switch's namespace) starting `command` once on each of `nodes` (all by default)."""
+    def mpirun(self, command: list[str], nodes=None, env_names=(), mpirun=None, extra=(), env=None) -> list[str]:
+        """mpirun (run in the switch's namespace) starting `command` once on each of `nodes` (all by default).
+
+        `env`: the environment mpirun will run in (default this process's), whose variables it passes on."""
         nodes = list(range(self.n)) if nodes is None else nodes
         mpirun = mpirun or str(Path(sys.executable).parent / "mpirun")
         settings = {"plm_ssh_agent": str(AGENT), "plm_ssh_no_tree_spawn": "1", "oob_tcp_if_include": SUBNET,
@@ -216,7 +218,7 @@ class Cluster:
         launch += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", SUBNET,
                    "--mca", "mpi_yield_when_idle", "1", *extra]
         for name in ["PATH", "JAX_PLATFORMS", "XLA_FLAGS", *env_names]:
-            if name in os.environ:
+            if name in (os.environ if env is None else env):
                 launch += ["-x", name]
         return self.in_namespace(self.switch, launch + list(command))
 

@@ -67,13 +67,14 @@ class Job:
     def __init__(self, cluster, command, timeout_s: int | None, log: Path):
         """timeout_s: JAXRING_TIMEOUT_S of the processes; None: jaxring's default."""
         self.log, self.timeout_s = log, timeout_s
-        os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-        os.environ.pop("JAXRING_TIMEOUT_S", None)
+        # mpirun's own environment, not this process's: pytest runs the other tests on 8 host devices
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+        env.pop("JAXRING_TIMEOUT_S", None)
         if timeout_s is not None:
-            os.environ["JAXRING_TIMEOUT_S"] = str(timeout_s)
+            env["JAXRING_TIMEOUT_S"] = str(timeout_s)
         with open(log, "w") as out:
-            self.process = subprocess.Popen(cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"]), stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"], env=env), stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
