@@ -37,9 +37,9 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 import jax  # noqa: E402  (the device count must be set before jax starts)
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import jaxring  # noqa: E402
+from jaxring.engine.timing import median_seconds  # noqa: E402
 
 IMPLS = {
     "ring": lambda x: jaxring.allreduce(x, "i"),
@@ -54,14 +54,7 @@ def bus_bandwidth(nbytes, seconds, n):
 
 
 def time_calls(fn, x, repeats):
-    fn(x).block_until_ready()  # compile and warm up
-    fn(x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(lambda: fn(x), repeats, warmup=2)  # compile, then warm up
 
 
 def main():

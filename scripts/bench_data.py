@@ -17,25 +17,19 @@ import os
 import platform
 import sys
 import tempfile
-import time
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from models.deepspeech2.data import audio, features, manifest, synth  # noqa: E402
 from models.deepspeech2.data.batching import BatchIterator, epoch_batches, round_up  # noqa: E402
 from models.deepspeech2.data.dataset import SpeechDataset  # noqa: E402
+from jaxring.engine.timing import median_seconds  # noqa: E402
 
 
 def timed(fn, repeats):
-    """Median wall time of fn() over `repeats` runs."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    """Median wall time of fn() over `repeats` runs (no warm-up: the first run counts)."""
+    return median_seconds(fn, repeats, warmup=0)
 
 
 def main() -> None:

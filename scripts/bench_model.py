@@ -7,7 +7,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -21,6 +20,7 @@ from models.deepspeech2 import alphabet  # noqa: E402
 from models.deepspeech2.ctc import ctc_loss  # noqa: E402
 from models.deepspeech2.model import FRAMES_PER_SECOND, DeepSpeech2, ModelConfig, init_variables, output_lengths  # noqa: E402
 from models.deepspeech2.summary import count_params, flops_per_audio_second  # noqa: E402
+from jaxring.engine.timing import median_seconds  # noqa: E402
 
 
 def make_step(config: ModelConfig):
@@ -47,13 +47,7 @@ def bench(config: ModelConfig, batch: int, seconds: float, repeats: int) -> dict
     variables = init_variables(config, jax.random.key(0))
     step = make_step(config)
     args = (variables["params"], variables["batch_stats"], features, lengths, labels, label_lengths)
-    jax.block_until_ready(step(*args))  # compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step(*args))
-        times.append(time.perf_counter() - start)
-    median = float(np.median(times))
+    median = median_seconds(lambda: step(*args), repeats)  # after one call that compiles
     audio_seconds = batch * seconds
     return {
         "params": count_params(config),

@@ -60,9 +60,9 @@ def random_batch(batch_size: int, seconds: float, labels_per_second: int = 12, s
 
 def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
-    import numpy as np
 
     import models
+    from jaxring.engine.timing import median_seconds
     from jaxring.engine.trainer import Trainer, replicate
     from models.deepspeech2 import summary as model_summary
 
@@ -75,13 +75,13 @@ def bench(name: str, allreduce: str, args, world) -> dict:
     state, out = trainer.train_step(state, batch)
     jax.block_until_ready(out)
     compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
+
+    def step():
+        nonlocal state
         state, out = trainer.train_step(state, batch)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - start)
-    step_s = float(np.median(times))
+        return out
+
+    step_s = median_seconds(step, args.steps, warmup=0)  # compiled above
     allreduce_s = trainer.time_sync(state)
     audio_seconds = args.batch_size * args.seconds
     flops = model_summary.flops_per_audio_second(config.model, training=True) * audio_seconds

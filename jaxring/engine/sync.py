@@ -12,14 +12,13 @@ needs jaxring's MPI leg. See docs/ARCHITECTURE.md, "Data flow of one step".
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
 from jaxring.collectives import fusion, ring
 from jaxring.engine.task import AXIS
+from jaxring.engine.timing import median_seconds
 
 # local(state, batch) -> the tree to average; finish(state, averaged tree) -> the step's result.
 Local = Callable[[Any, Any], Any]
@@ -54,17 +53,8 @@ class Sync:
 
     def time_mean(self, tree, repeats: int) -> float:
         """Median seconds of the mean of `tree` (replicated over the local devices)."""
-        return median_seconds(jax.pmap(self.mean, axis_name=AXIS), tree, repeats)
-
-
-def median_seconds(fn, tree, repeats: int) -> float:
-    """Median seconds of `fn(tree)` run to completion, over `repeats` calls after one that compiles."""
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(tree))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times[1:]))
+        mean = jax.pmap(self.mean, axis_name=AXIS)
+        return median_seconds(lambda: mean(tree), repeats)
 
 
 def make_sync(world_size: int, method: str, bucket_bytes: int) -> Sync:
