@@ -20,7 +20,6 @@ Needs root and network namespaces (see `skip_reason`).
 """
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 from cluster import Cluster, interrupt_on_termination  # noqa: E402
+from tests.faults.probes import report  # noqa: E402
 from tests.tiny_runs import CONFIG, TRAIN, tiny_overrides  # noqa: E402
 
 WORKER = Path(__file__).with_name("network_worker.py")
@@ -284,14 +284,7 @@ def main(argv=None):
                 rows.append({"probe": name, "trial": trial, "outcome": outcome, "detail": detail,
                              "seconds": round(time.monotonic() - started, 1)})
                 print(f"{outcome:8} {name:45} {detail}", flush=True)
-    counts = {}
-    for row in rows:
-        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-    print(f"\n{len(rows)} probes: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"timeout_s": args.timeout, "margin_s": MARGIN_S, "probes": rows,
-                                         "counts": counts}, indent=2) + "\n")
+    report(rows, args.json, timeout_s=args.timeout, margin_s=MARGIN_S)
     return 0
 
 

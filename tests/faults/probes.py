@@ -326,6 +326,17 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
     yield probe.expect_error("train.seed=0", "train.seed=1")
 
 
+def report(rows: list[dict], json_path: Path | None, **settings) -> None:
+    """Prints how many probes ended each way; writes `settings`, the rows and the counts to `json_path`."""
+    counts = {}
+    for row in rows:
+        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
+    print(f"\n{len(rows)} probes: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({**settings, "probes": rows, "counts": counts}, indent=2) + "\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
@@ -339,13 +350,7 @@ def main(argv=None):
         for probe in probes(tmp, cache):
             rows.append({"probe": probe.name, "outcome": probe.outcome, "exit": probe.code, "detail": probe.detail})
             print(f"{probe.outcome:12} {probe.name:55} {probe.detail}", flush=True)
-    counts = {}
-    for row in rows:
-        counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-    print(f"\n{len(rows)} probes: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"probes": rows, "counts": counts}, indent=2) + "\n")
+    report(rows, args.json)
     return 0
 
 

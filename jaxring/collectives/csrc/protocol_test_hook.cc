@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "host_barrier.h"
 #include "host_elementwise.h"
 #include "ring_protocol.h"
 
@@ -63,31 +64,6 @@ struct HostSync {
 };
 
 using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
-
-// The lanes of one rank meet here between calls, as a rank's kernel ends
-// before its stream (and XLA, reusing the buffers) moves on.
-class LaneBarrier {
- public:
-  explicit LaneBarrier(int64_t lanes) : lanes_(lanes) {}
-  void Arrive() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = generation_;
-    if (++arrived_ == lanes_) {
-      arrived_ = 0;
-      ++generation_;
-      changed_.notify_all();
-      return;
-    }
-    changed_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  const int64_t lanes_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  int64_t arrived_ = 0;
-  int64_t generation_ = 0;
-};
 
 // Where each rank's operands live: one set per call, or (reuse) one set per
 // rank that every call refills, as XLA reuses buffers from call to call.
@@ -135,8 +111,10 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, bool reuse_buff
           reuse_buffers ? own.inputs[r].data() : all_inputs + i * in_elements, out, acc};
     }
   }
-  std::vector<std::unique_ptr<LaneBarrier>> barriers;
-  for (int64_t r = 0; r < ranks; ++r) barriers.emplace_back(new LaneBarrier(lanes));
+  // The lanes of one rank meet between calls, as a rank's kernel ends before
+  // its stream (and XLA, reusing the buffers) moves on.
+  std::vector<std::unique_ptr<HostBarrier>> barriers;
+  for (int64_t r = 0; r < ranks; ++r) barriers.emplace_back(new HostBarrier(lanes));
   std::vector<std::unique_ptr<Word[]>> blocks;
   std::vector<Word*> block_pointers;
   for (int64_t r = 0; r < ranks; ++r) {

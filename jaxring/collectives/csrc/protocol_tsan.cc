@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_barrier.h"
 #include "ring_protocol.h"
 #include "ring_schedule.h"
 
@@ -43,35 +44,11 @@ constexpr int64_t kSliceElements = 64;  // several slices per stage
 
 using Word = std::atomic<uint64_t>;
 
-// __syncthreads(): a reusable barrier of one block's threads.
-class Barrier {
- public:
-  explicit Barrier(int64_t threads) : threads_(threads) {}
-  void Arrive() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = generation_;
-    if (++arrived_ == threads_) {
-      arrived_ = 0;
-      ++generation_;
-      changed_.notify_all();
-      return;
-    }
-    changed_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  const int64_t threads_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  int64_t arrived_ = 0;
-  int64_t generation_ = 0;
-};
-
 // DeviceSync on host threads: `tid` is threadIdx.x, `block` the lane's barrier.
 struct BlockSync {
   using Word = jaxring::Word;
   int tid;
-  Barrier* block;
+  HostBarrier* block;  // __syncthreads() of the lane's block
 
   void Publish(Word* const* words, int count, uint64_t value) {
 #if JAXRING_TSAN_MUTATION != 1
@@ -160,9 +137,9 @@ int64_t RunAllReduces(bool one_shot) {
     block_pointers.push_back(blocks.back().get());
   }
   // A rank's kernel ends (every lane done) before its stream moves on.
-  std::vector<std::unique_ptr<Barrier>> kernels, lane_blocks;
-  for (int64_t r = 0; r < kRanks; ++r) kernels.emplace_back(new Barrier(kLanes * kBlockThreads));
-  for (int64_t i = 0; i < kRanks * kLanes; ++i) lane_blocks.emplace_back(new Barrier(kBlockThreads));
+  std::vector<std::unique_ptr<HostBarrier>> kernels, lane_blocks;
+  for (int64_t r = 0; r < kRanks; ++r) kernels.emplace_back(new HostBarrier(kLanes * kBlockThreads));
+  for (int64_t i = 0; i < kRanks * kLanes; ++i) lane_blocks.emplace_back(new HostBarrier(kBlockThreads));
   std::atomic<int64_t> wrong{0};
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < kRanks; ++r) {
