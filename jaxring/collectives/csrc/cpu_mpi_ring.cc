@@ -45,13 +45,6 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCpu, MpiRingCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("tag")
-                                  .Attr<int64_t>("timeout_ms")
-                                  .Attr<std::string_view>("what"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCpu, MpiRingCpu, JAXRING_MPI_LEG_BINDING(ffi::Ffi::Bind()));
 
 }  // namespace jaxring

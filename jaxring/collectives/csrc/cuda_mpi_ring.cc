@@ -87,7 +87,7 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
   }
   cudaError_t err = cudaSetDevice(device_ordinal);
   if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
-  const size_t bytes = x.size_bytes();
+  const size_t bytes = x.element_count() * sizeof(float);  // float32 or int32: OpenLeg checked
   Staging& staging = StagingFor(device_ordinal);
   std::lock_guard<std::mutex> lock(staging.mu);
   if (ffi::Error error = Reserve(staging, 2 * bytes); error.failure()) return error;
@@ -111,13 +111,7 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCuda, MpiRingCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("tag")
-                                  .Attr<int64_t>("timeout_ms")
-                                  .Attr<std::string_view>("what"));
+                              JAXRING_MPI_LEG_BINDING(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 }  // namespace jaxring

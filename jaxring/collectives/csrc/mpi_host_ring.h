@@ -39,3 +39,14 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
                         const Leg& leg);
 
 }  // namespace jaxring
+
+// The leg's attributes, as mpi.py's lowering passes them, after the context
+// that `bind` (the handler's own) asks for: one binding for both handlers.
+#define JAXRING_MPI_LEG_BINDING(bind)     \
+  (bind)                                  \
+      .Ctx<xla::ffi::DeviceOrdinal>()     \
+      .Arg<xla::ffi::AnyBuffer>()         \
+      .Ret<xla::ffi::AnyBuffer>()         \
+      .Attr<int64_t>("tag")               \
+      .Attr<int64_t>("timeout_ms")        \
+      .Attr<std::string_view>("what")
