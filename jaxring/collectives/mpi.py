@@ -7,10 +7,11 @@ and over every process of the MPI job, in one compiled program:
 1. local ring reduce-scatter (ring.py): local device i holds chunk i of this
    process' sum, in the accumulation type (float32 for 16-bit floats);
 2. the cross-process leg, `mpi_ring_p`: an XLA custom call
-   (csrc/cpu_mpi_ring.cc) that runs ring_schedule.h's ring over the processes
-   of local device i's own communicator (`World.device_comms[i]`), so the
-   legs of the L local devices run concurrently and never take each other's
-   messages;
+   (csrc/cpu_mpi_ring.cc; on GPUs csrc/cuda_mpi_ring.cc, which stages the
+   chunk through pinned host memory) that runs ring_schedule.h's ring over the
+   processes of local device i's own communicator (`World.device_comms[i]`),
+   so the legs of the L local devices run concurrently and never take each
+   other's messages;
 3. local ring all-gather of the reduced chunks, in the input's dtype.
 
 Every chunk is summed once, in one order, and rounded once: every device of
@@ -59,10 +60,16 @@ def _leg_module():
         ) from e
     world = topology.init()
     for device, comm in zip(world.local_devices, world.device_comms):
-        _jaxring_mpi.set_device_comm(device.id, MPI._handleof(comm))
-    jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, _jaxring_mpi.registration(), platform="cpu")
+        _jaxring_mpi.set_device_comm(_ordinal(device), MPI._handleof(comm))
+    for platform, capsule in _jaxring_mpi.registrations().items():
+        jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, capsule, platform=platform)
     timeout_lib.add_handler_module(_jaxring_mpi)
     return _jaxring_mpi
+
+
+def _ordinal(device) -> int:
+    """The number the leg's handler gets for `device` (XLA's DeviceOrdinal): a GPU's CUDA ordinal, else its id."""
+    return device.local_hardware_id if device.platform == "gpu" else device.id
 
 
 def processes() -> int:
@@ -157,10 +164,12 @@ def _lowering(ctx, x, *, timeout_ms, what):
 
 
 def _cuda_lowering(ctx, x, **params):
-    raise NotImplementedError(
-        "jaxring.allreduce(processes=True) has a CPU handler only: on GPUs reduce over the local "
-        "devices with jaxring.allreduce(processes=False) and across processes with mpi4jax"
-    )
+    if "CUDA" not in _leg_module().registrations():
+        raise NotImplementedError(
+            "jaxring's MPI leg was built without its CUDA handler (no CUDA toolkit was found when "
+            "jaxring was built): rebuild jaxring where nvcc is installed (`make .venv/.installed`)"
+        )
+    return _lowering(ctx, x, **params)
 
 
 def _transpose(cotangent, x, *, timeout_ms, what):

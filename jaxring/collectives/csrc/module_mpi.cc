@@ -1,4 +1,4 @@
-// Python module of the cross-process ring handler. Linked against MPI, so
+// Python module of the cross-process ring handlers. Linked against MPI, so
 // Python imports it only in a job of several processes (jaxring/collectives/mpi.py).
 #include <nanobind/nanobind.h>
 
@@ -9,7 +9,15 @@ namespace nb = nanobind;
 
 NB_MODULE(_jaxring_mpi, m) {
   m.attr("TARGET_NAME") = jaxring::kMpiRingTargetName;
-  m.def("registration", []() { return nb::capsule(reinterpret_cast<void*>(jaxring::kMpiRingCpu)); });
+  // XLA platform -> the handler's capsule: "CUDA" only where a CUDA toolkit built it.
+  m.def("registrations", []() {
+    nb::dict handlers;
+    handlers["cpu"] = nb::capsule(reinterpret_cast<void*>(jaxring::kMpiRingCpu));
+#ifdef JAXRING_MPI_CUDA
+    handlers["CUDA"] = nb::capsule(reinterpret_cast<void*>(jaxring::kMpiRingCuda));
+#endif
+    return handlers;
+  });
   m.def("set_device_comm", &jaxring::SetDeviceComm, nb::arg("device_ordinal"), nb::arg("handle"));
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
 }

@@ -1,4 +1,4 @@
-// The cross-process ring handler (cpu_mpi_ring.cc) as its Python module sees it.
+// The cross-process ring handlers (cpu_mpi_ring.cc, cuda_mpi_ring.cc) as their Python module sees them.
 #pragma once
 
 #include <cstdint>
@@ -14,5 +14,7 @@ inline constexpr char kMpiRingTargetName[] = "jaxring_mpi_ring";
 void SetDeviceComm(int64_t device_ordinal, uintptr_t handle);
 
 extern "C" XLA_FFI_Error* kMpiRingCpu(XLA_FFI_CallFrame*);
+// Built only with a CUDA toolkit (JAXRING_MPI_CUDA).
+extern "C" XLA_FFI_Error* kMpiRingCuda(XLA_FFI_CallFrame*);
 
 }  // namespace jaxring

@@ -1,0 +1,52 @@
+// The cross-process ring over host buffers (mpi_host_ring.cc): the one
+// implementation that the CPU handler (cpu_mpi_ring.cc) runs on XLA's buffers
+// and the CUDA handler (cuda_mpi_ring.cc) runs on pinned host copies of them.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "rendezvous.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxring {
+
+// One call of the leg: the communicator of its device and the limits it waits under.
+struct Leg {
+  MPI_Comm comm;
+  int rank;
+  int size;
+  int tag;
+  int64_t device;
+  Clock::time_point deadline;
+  double timeout_s;
+  std::string what;
+};
+
+// The leg of local device `device_ordinal` with the lowering's attributes, or
+// an InvalidArgument error when that device has no communicator or `type` is
+// not one the ring sums (float32, int32).
+xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t tag,
+                        int64_t timeout_ms, std::string_view what, Leg* leg);
+
+// Sums the `elements` values of `type` at `in` over the leg's processes into
+// `out` (host memory, not overlapping `in`); blocks until done or the leg's
+// deadline. "" or the message naming the process that did not answer.
+std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
+                        const Leg& leg);
+
+}  // namespace jaxring
+
+// The leg's attributes, as mpi.py's lowering passes them, after the context
+// that `bind` (the handler's own) asks for: one binding for both handlers.
+#define JAXRING_MPI_LEG_BINDING(bind)     \
+  (bind)                                  \
+      .Ctx<xla::ffi::DeviceOrdinal>()     \
+      .Arg<xla::ffi::AnyBuffer>()         \
+      .Ret<xla::ffi::AnyBuffer>()         \
+      .Attr<int64_t>("tag")               \
+      .Attr<int64_t>("timeout_ms")        \
+      .Attr<std::string_view>("what")

@@ -1,0 +1,48 @@
+"""The cross-process leg lowers for CUDA (csrc/cuda_mpi_ring.cc) as for CPU; no GPU needed to lower.
+
+The handler itself has not run on a GPU: these check what can be checked here,
+that the leg's CUDA lowering emits the same custom call as the CPU one and that
+a build without the CUDA handler refuses clearly.
+"""
+
+import re
+import types
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxring.collectives import mpi, topology
+
+
+def _leg_calls(platform, shape):
+    """The MPI leg's custom-call lines of sum_over_processes lowered for `platform`."""
+    devices = topology.init().local_devices
+    mesh = Mesh(np.array(devices), ("i",))
+    leg = jax.jit(
+        jax.shard_map(lambda v: mpi.sum_over_processes(v, ("i",), 0, "test leg"), mesh=mesh, in_specs=P("i"), out_specs=P())
+    )
+    x = np.random.default_rng(1).standard_normal((len(devices), *shape)).astype(np.float32)
+    text = leg.trace(x).lower(lowering_platforms=(platform,)).as_text()
+    return [line.strip() for line in text.splitlines() if "custom_call @jaxring_mpi_ring" in line]
+
+
+def test_the_cuda_lowering_emits_the_cpu_leg():
+    if "CUDA" not in mpi._leg_module().registrations():
+        pytest.skip("jaxring was built without a CUDA toolkit: the leg has no CUDA handler to lower to")
+    (cpu,) = _leg_calls("cpu", (3, 7))
+    (cuda,) = _leg_calls("cuda", (3, 7))
+    assert "has_side_effect = true" in cuda and 'what = "test leg"' in cuda
+    # The same call but for the tag, which each lowering takes in turn.
+    untagged = [re.sub(r"tag = \d+", "tag = ?", line) for line in (cpu, cuda)]
+    assert untagged[0] == untagged[1] and cpu != cuda
+
+
+def test_a_build_without_the_cuda_handler_refuses_to_lower_for_cuda(monkeypatch):
+    cpu_only = types.SimpleNamespace(
+        TARGET_NAME=mpi._leg_module().TARGET_NAME, registrations=lambda: {"cpu": object()}
+    )
+    monkeypatch.setattr(mpi, "_leg_module", lambda: cpu_only)
+    with pytest.raises(NotImplementedError, match="built without its CUDA handler"):
+        _leg_calls("cuda", (5,))
