@@ -42,7 +42,7 @@ def test_a_bad_environment_value_is_an_error_naming_the_variable(fresh_default, 
         jax.pmap(lambda v: jaxring.allreduce(v, "i"), "i", devices=jax.devices()[:2])(np.ones((2, 3), np.float32))
 
 
-@pytest.mark.parametrize("value, seconds", [("", timeout.FALLBACK_S), ("12.5", 12.5), ("inf", math.inf)])
+@pytest.mark.parametrize("value, seconds", [("", 300.0), ("12.5", 12.5), ("0.5", 0.5), ("inf", math.inf)])
 def test_the_environment_value_reaches_the_handlers(fresh_default, monkeypatch, value, seconds):
     monkeypatch.setenv(timeout.ENV, value)
     assert jaxring.default_timeout() == seconds
