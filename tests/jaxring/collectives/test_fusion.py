@@ -23,6 +23,13 @@ def test_buckets_keep_dtypes_apart_respect_the_size_and_skip_empty_leaves():
         plan_buckets(leaves, bucket_bytes=0)
 
 
+def test_a_bucket_fills_to_exactly_its_size_and_one_byte_is_a_valid_size():
+    leaves = [np.ones(4, np.float32), np.ones(2, np.float32), np.ones(2, np.float32)]  # 16, 8, 8 B
+    assert plan_buckets(leaves, bucket_bytes=16) == [[0], [1, 2]]  # 8 + 8 fills the second to 16 B
+    assert plan_buckets(leaves[1:], bucket_bytes=16) == [[0, 1]]  # and the first one
+    assert plan_buckets(leaves, bucket_bytes=1) == [[0], [1], [2]]
+
+
 @pytest.mark.parametrize("ranks", (1, 3))  # one: no ring, no packing
 @pytest.mark.parametrize("bucket_bytes", (16, 1000, 1 << 25))
 def test_tree_allreduce_equals_a_mean_per_leaf(bucket_bytes, ranks):
@@ -59,8 +66,9 @@ def test_tree_allreduce_without_op_sums_as_psum_and_warns():
     rng = np.random.default_rng(5)
     tree = {"w": rng.standard_normal((3, 4, 3)).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float32)}
     run = lambda reduce: jax.pmap(reduce, axis_name="i", devices=jax.devices()[:3])(tree)  # noqa: E731
-    with pytest.warns(FutureWarning, match="without op: it now sums .* Pass op='mean' to average"):
+    with pytest.warns(FutureWarning, match="without op: it now sums .* Pass op='mean' to average") as caught:
         default = run(lambda t: jaxring.tree_allreduce(t, "i", bucket_bytes=16))
+    assert caught[0].filename == __file__  # the warning points at the caller's line, not into jaxring
     psum = run(lambda t: jax.lax.psum(t, "i"))
     for name in tree:
         np.testing.assert_allclose(default[name], psum[name], rtol=1e-6)

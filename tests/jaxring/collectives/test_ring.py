@@ -191,3 +191,12 @@ def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks,
         np.testing.assert_allclose(
             np.asarray(chunks[position], np.float64), total[position * chunk : (position + 1) * chunk], rtol=1e-2, atol=1e-2
         )
+
+
+def test_empty_arrays_come_back_shaped_as_lax_shapes_them():
+    x = np.ones((3, 6, 0), np.float32)  # 3 devices, each an empty (6, 0) block
+    mine = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(v, "i", tiled=True),
+                              jaxring.all_gather(v, "i", axis=1)), 3)(x)
+    lax = pmapped(lambda v: (jax.lax.psum(v, "i"), jax.lax.psum_scatter(v, "i", tiled=True),
+                             jax.lax.all_gather(v, "i", axis=1)), 3)(x)
+    assert [(a.shape, a.dtype) for a in mine] == [(b.shape, b.dtype) for b in lax]

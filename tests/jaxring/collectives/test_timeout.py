@@ -42,7 +42,7 @@ def test_a_bad_environment_value_is_an_error_naming_the_variable(fresh_default, 
         jax.pmap(lambda v: jaxring.allreduce(v, "i"), "i", devices=jax.devices()[:2])(np.ones((2, 3), np.float32))
 
 
-@pytest.mark.parametrize("value, seconds", [("", timeout.FALLBACK_S), ("12.5", 12.5), ("inf", math.inf)])
+@pytest.mark.parametrize("value, seconds", [("", 300.0), ("12.5", 12.5), ("0.5", 0.5), ("inf", math.inf)])
 def test_the_environment_value_reaches_the_handlers(fresh_default, monkeypatch, value, seconds):
     monkeypatch.setenv(timeout.ENV, value)
     assert jaxring.default_timeout() == seconds
@@ -71,3 +71,20 @@ def test_an_infinite_timeout_waits_without_limit():
     np.testing.assert_allclose(out[2], x.astype(np.float64).sum(0), rtol=1e-5)
     with pytest.raises(TypeError, match="positive number of seconds"):
         jax.pmap(lambda v: jaxring.allreduce(v, "i", timeout="5"), "i", devices=jax.devices()[:3])(x)
+
+
+def test_a_handler_module_added_later_gets_the_default_now_and_at_every_change(monkeypatch):
+    class Handlers:  # what the MPI leg's compiled module offers (jaxring/collectives/mpi.py)
+        def set_default_timeout_s(self, seconds):
+            self.seen.append(seconds)
+
+    handlers = Handlers()
+    handlers.seen = []
+    monkeypatch.setattr(timeout, "_other_modules", [])  # the fake leaves with this test
+    previous = jaxring.default_timeout()
+    try:
+        timeout.add_handler_module(handlers)
+        jaxring.set_default_timeout(7.5)
+        assert handlers.seen == [previous, 7.5]
+    finally:
+        jaxring.set_default_timeout(previous)

@@ -38,3 +38,10 @@ def test_one_replica_and_a_resumed_run_without_the_earlier_time():
     _, line = final_report(Plain(), None, "RUN", one, "cpu")
     assert line == ("dev err 25.00%, miss 50.00% (checkpoint of step 30); trained on 1 cpu device x 1 process, "
                     "psum all-reduce over one replica (no exchange); 12 s since the resume; run directory RUN")
+
+
+def test_nine_replicas_are_an_exchange_and_the_share_is_rounded_to_a_whole_percent():
+    # 3 devices x 3 processes: a ratio of 1, but nine replicas; a 75% share must not read as 76%.
+    nine = {**SUMMARY, "local_devices": 3, "processes": 3, "last_window_allreduce_share": 0.75}
+    _, line = final_report(Plain(), None, "RUN", nine, "gpu")
+    assert "; trained on 3 gpu devices x 3 processes, ring all-reduce 75% of the step; 407 s;" in line
