@@ -16,11 +16,6 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-TaskThreads& Threads() {
-  static auto* threads = new TaskThreads();  // never destroyed: its threads outlive main
-  return *threads;
-}
-
 ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                        int64_t tag, int64_t timeout_ms, std::string_view what) {
   ffi::Promise promise;
@@ -31,14 +26,9 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
     promise.SetError(std::move(error));
     return future;
   }
-  Threads().Run([type = x.element_type(), in = x.untyped_data(), result = out->untyped_data(),
-                 elements = static_cast<int64_t>(x.element_count()), leg, promise]() mutable {
-    const std::string error = RunHostRing(type, in, result, elements, leg);
-    if (error.empty()) {
-      promise.SetAvailable();
-    } else {
-      promise.SetError(ffi::Error::Internal(error));
-    }
+  CompleteOnTaskThread(promise, [type = x.element_type(), in = x.untyped_data(), result = out->untyped_data(),
+                                 elements = static_cast<int64_t>(x.element_count()), leg] {
+    return RunHostRing(type, in, result, elements, leg);
   });
   return future;
 }

@@ -58,15 +58,9 @@ std::string RunRingOf(ffi::DataType type, const RingCall& call, RankBuffers& me)
   }
 }
 
-// Ranks wait for their peers, possibly until the timeout, so they run on
-// threads of their own, not XLA's (task_threads.h says why).
-TaskThreads& Threads() {
-  static auto* threads = new TaskThreads();  // never destroyed: its threads outlive main
-  return *threads;
-}
-
 // Asynchronous: returns at once and completes the future when the rank is
-// done, so XLA's thread is free to run this device's other work meanwhile.
+// done, on a task thread (ranks wait for their peers, possibly until the
+// timeout, so they must not hold XLA's threads: task_threads.h).
 ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
                     ffi::Result<ffi::AnyBuffer> out,
                     ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id,
@@ -90,14 +84,7 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
   }
   RankBuffers me{x.untyped_data(), out->untyped_data(),
                  layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
-  Threads().Run([type = x.element_type(), call, me, promise]() mutable {
-    const std::string error = RunRingOf(type, call, me);
-    if (error.empty()) {
-      promise.SetAvailable();
-    } else {
-      promise.SetError(ffi::Error::Internal(error));
-    }
-  });
+  CompleteOnTaskThread(promise, [type = x.element_type(), call, me]() mutable { return RunRingOf(type, call, me); });
   return future;
 }
 

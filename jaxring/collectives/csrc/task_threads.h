@@ -11,7 +11,10 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include "xla/ffi/api/ffi.h"
 
 namespace jaxring {
 
@@ -47,5 +50,22 @@ class TaskThreads {
   std::deque<std::function<void()>> tasks_;
   int64_t idle_ = 0;
 };
+
+// Runs `work` on a task thread and completes `promise` with its outcome: ""
+// makes the future available, anything else fails it with that message. The
+// asynchronous handlers return the promise's future at once, so XLA's thread
+// is free meanwhile. One pool per handler module, never destroyed: its
+// threads outlive main.
+inline void CompleteOnTaskThread(xla::ffi::Promise promise, std::function<std::string()> work) {
+  static auto* threads = new TaskThreads();
+  threads->Run([promise, work = std::move(work)]() mutable {
+    const std::string error = work();
+    if (error.empty()) {
+      promise.SetAvailable();
+    } else {
+      promise.SetError(xla::ffi::Error::Internal(error));
+    }
+  });
+}
 
 }  // namespace jaxring
