@@ -24,13 +24,20 @@ struct Leg {
   Clock::time_point deadline;
   double timeout_s;
   std::string what;
+  // The algorithm, chosen by mpi.py's lowering (the same in every process):
+  // one-shot (every process sends its whole buffer to every other and sums
+  // all of them in rank order) or the ring, moving each step's chunk in
+  // pieces of at most `piece_elements`, several in flight.
+  bool one_shot;
+  int64_t piece_elements;
 };
 
 // The leg of local device `device_ordinal` with the lowering's attributes, or
 // an InvalidArgument error when that device has no communicator or `type` is
 // not one the ring sums (float32, int32).
 xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t tag,
-                        int64_t timeout_ms, std::string_view what, Leg* leg);
+                        int64_t timeout_ms, std::string_view what, int64_t one_shot,
+                        int64_t piece_elements, Leg* leg);
 
 // Sums the `elements` values of `type` at `in` over the leg's processes into
 // `out` (host memory, not overlapping `in`); blocks until done or the leg's
@@ -49,4 +56,6 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Ret<xla::ffi::AnyBuffer>()         \
       .Attr<int64_t>("tag")               \
       .Attr<int64_t>("timeout_ms")        \
-      .Attr<std::string_view>("what")
+      .Attr<std::string_view>("what")     \
+      .Attr<int64_t>("one_shot")          \
+      .Attr<int64_t>("piece_elements")
