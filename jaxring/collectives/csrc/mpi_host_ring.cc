@@ -69,14 +69,14 @@ std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
          "python -m mpi4py does).";
 }
 
-// Polls until `done(requests)` or the deadline; false at the deadline.
+// Polls until `done()` or `until`; false at `until`.
 template <typename Done>
-bool PollUntil(const Leg& leg, Done done) {
+bool PollUntil(Clock::time_point until, Done done) {
   const auto start = Clock::now();
   for (;;) {
     if (done()) return true;
     const auto now = Clock::now();
-    if (now > leg.deadline) return false;
+    if (now > until) return false;
     if (now - start < kSpin) {
       sched_yield();
     } else {
@@ -119,45 +119,14 @@ inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
 }
 
 template <typename T>
-std::string RunOneShot(const T* in, T* out, int64_t elements, const Leg& leg) {
-  const int n = leg.size;
-  const int bytes = static_cast<int>(elements * sizeof(T));
-  // Every other process' buffer, by rank (this rank's slot unused); reused by
-  // the calls of this task thread.
-  thread_local std::vector<T> others;
-  others.resize(static_cast<size_t>(elements) * n);
-  std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL), sends(n, MPI_REQUEST_NULL);
-  std::vector<int> peers(n);
-  for (int p = 0; p < n; ++p) {
-    peers[p] = p;
-    if (p == leg.rank) continue;
-    MPI_Irecv(others.data() + p * elements, bytes, MPI_BYTE, p, leg.tag, leg.comm, &receives[p]);
-  }
-  for (int i = 1; i < n; ++i) {  // to the right first: no process is everyone's first
-    const int p = (leg.rank + i) % n;
-    MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends[p]);
-  }
-  if (!PollUntil(leg, [&] {
-        int done = 0;
-        MPI_Testall(n, receives.data(), &done, MPI_STATUSES_IGNORE);
-        return done != 0;
-      })) {
-    return TimedOut(receives, peers, sends, peers, leg);
-  }
-  const T* first = leg.rank == 0 ? in : others.data();
-  std::memcpy(out, first, elements * sizeof(T));
-  for (int p = 1; p < n; ++p) {
-    const T* term = p == leg.rank ? in : others.data() + p * elements;
+void SumInRankOrder(const T* in, const std::vector<char>& others, T* out, int64_t elements,
+                    const Leg& leg) {
+  const T* theirs = reinterpret_cast<const T*>(others.data());
+  std::memcpy(out, leg.rank == 0 ? in : theirs, elements * sizeof(T));
+  for (int p = 1; p < leg.size; ++p) {
+    const T* term = p == leg.rank ? in : theirs + p * elements;
     for (int64_t j = 0; j < elements; ++j) out[j] = Add(out[j], term[j]);
   }
-  if (!PollUntil(leg, [&] {
-        int done = 0;
-        MPI_Testall(n, sends.data(), &done, MPI_STATUSES_IGNORE);
-        return done != 0;
-      })) {
-    return TimedOut(receives, peers, sends, peers, leg);
-  }
-  return "";
 }
 
 template <typename T>
@@ -193,7 +162,7 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
       MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
                 leg.comm, &receives[received]);
     }
-    if (receives[done] != MPI_REQUEST_NULL && !PollUntil(leg, [&] { return Completed(&receives[done]); })) {
+    if (receives[done] != MPI_REQUEST_NULL && !PollUntil(leg.deadline, [&] { return Completed(&receives[done]); })) {
       return TimedOut(receives, lefts, sends, rights, leg);
     }
     const Stage st = mine.StageAt(done);
@@ -202,7 +171,7 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
     }
     ++done;
   }
-  if (!PollUntil(leg, [&] {
+  if (!PollUntil(leg.deadline, [&] {
         int all = 0;
         MPI_Testall(static_cast<int>(stages), sends.data(), &all, MPI_STATUSES_IGNORE);
         return all != 0;
@@ -218,7 +187,7 @@ std::string Run(const T* in, T* out, int64_t elements, const Leg& leg) {
     std::memcpy(out, in, elements * sizeof(T));
     return "";
   }
-  return leg.one_shot ? RunOneShot(in, out, elements, leg) : RunRing(in, out, elements, leg);
+  return RunRing(in, out, elements, leg);
 }
 
 }  // namespace
@@ -252,8 +221,63 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int6
   return ffi::Error::Success();
 }
 
+OneShot::OneShot(ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg)
+    : type_(type), in_(in), out_(out), elements_(elements), leg_(leg),
+      others_(static_cast<size_t>(elements) * leg.size * ffi::ByteWidth(type)),
+      receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
+  const int bytes = static_cast<int>(elements * ffi::ByteWidth(type));
+  for (int p = 0; p < leg.size; ++p) {
+    peers_[p] = p;
+    if (p == leg.rank) continue;
+    MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag, leg.comm,
+              &receives_[p]);
+  }
+  for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
+    const int p = (leg.rank + i) % leg.size;
+    MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
+  }
+}
+
+bool OneShot::Finish(Clock::time_point until, std::string* error) {
+  const int n = leg_.size;
+  auto all = [n](std::vector<MPI_Request>& requests) {
+    return [n, &requests] {
+      int done = 0;
+      MPI_Testall(n, requests.data(), &done, MPI_STATUSES_IGNORE);
+      return done != 0;
+    };
+  };
+  if (!summed_) {
+    if (!PollUntil(until, all(receives_))) {
+      if (until < leg_.deadline) return false;
+      *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+      return true;
+    }
+    if (type_ == ffi::DataType::F32) {
+      SumInRankOrder(static_cast<const float*>(in_), others_, static_cast<float*>(out_), elements_,
+                     leg_);
+    } else {
+      SumInRankOrder(static_cast<const int32_t*>(in_), others_, static_cast<int32_t*>(out_),
+                     elements_, leg_);
+    }
+    summed_ = true;
+  }
+  if (!PollUntil(until, all(sends_))) {
+    if (until < leg_.deadline) return false;
+    *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+    return true;
+  }
+  error->clear();
+  return true;
+}
+
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg) {
+  if (leg.one_shot && leg.size > 1) {
+    std::string error;
+    OneShot(type, in, out, elements, leg).Finish(leg.deadline, &error);
+    return error;
+  }
   return type == ffi::DataType::F32
              ? Run(static_cast<const float*>(in), static_cast<float*>(out), elements, leg)
              : Run(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "rendezvous.h"
 #include "xla/ffi/api/ffi.h"
@@ -44,6 +45,30 @@ xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t
 // deadline. "" or the message naming the process that did not answer.
 std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg);
+
+// A one-shot leg (Leg::one_shot, more than one process) in flight: the
+// constructor posts every message; the object owns the other processes'
+// buffers until it is finished, and `in` and `out` must outlive it.
+class OneShot {
+ public:
+  OneShot(xla::ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg);
+  // Waits for the messages until `until` and sums them into `out`: false if
+  // `until` (before the leg's deadline) came first, and Finish may be called
+  // again; true when done, with *error "" or the message naming the process
+  // that did not answer by the deadline.
+  bool Finish(Clock::time_point until, std::string* error);
+
+ private:
+  xla::ffi::DataType type_;
+  const void* in_;
+  void* out_;
+  int64_t elements_;
+  Leg leg_;
+  std::vector<char> others_;  // every other process' buffer, by rank
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> peers_;
+  bool summed_ = false;
+};
 
 }  // namespace jaxring
 
