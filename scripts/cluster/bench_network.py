@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ def allreduce(cluster, args) -> list[dict]:
         out = Path(tmp) / "records.json"
         command = [sys.executable, "-m", "mpi4py", str(ALLREDUCE_BENCH), "--job-json", str(out),
                    "--impls", "jaxring", "mpi_bare", "mpi4jax", "--max-bytes", str(args.max_bytes),
-                   "--min-time", str(args.min_time)]
+                   "--min-time", str(args.min_time), *shlex.split(args.allreduce_args)]
         subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
         records = json.loads(out.read_text())
     for r in records:
@@ -70,6 +71,8 @@ def main(argv=None):
     parser.add_argument("--train-nodes", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--batch-per-node", type=int, default=8)
     parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--allreduce-args", default="",
+                        help="more options for bench_allreduce_mpi.py, e.g. '--piece-bytes 1M'")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     interrupt_on_termination()
