@@ -43,6 +43,13 @@ mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 # Types a value that is bitwise equal on every device of `names` (the all-gathered
 # sum) as invariant over them, as lax.psum types its result; it moves nothing.
 invariant_p = core.Primitive("jaxring_invariant")
+# The leg's algorithm, fixed at lowering and part of the agreement, so every
+# process runs the same one (csrc/mpi_host_ring.cc): buffers of at most
+# ONE_SHOT_MAX_BYTES go one-shot (each process sends its buffer to every
+# other, one round of latency), larger ones around the ring in pieces of
+# PIECE_BYTES. Chosen from scripts/bench_allreduce_mpi.py's sweeps (docs/PERFORMANCE.md).
+ONE_SHOT_MAX_BYTES = 64 << 10
+PIECE_BYTES = 256 << 10
 # Tags of the legs, in lowering order: every process lowers the same programs in
 # the same order (the agreement at lowering checks it), so tags match.
 _tags = itertools.count()
@@ -152,15 +159,20 @@ def _lowering(ctx, x, *, timeout_ms, what):
     (aval,) = ctx.avals_in
     world = topology.init()
     tag = next(_tags) % world.comm.Get_attr(MPI.TAG_UB)
+    itemsize = np.dtype(aval.dtype).itemsize
+    one_shot = aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
+    piece_elements = max(PIECE_BYTES // itemsize, 1)
+    algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
         world.comm,
         "jaxring.allreduce across processes",
-        f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}]",
+        f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
     lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True)
-    return lower(ctx, x, tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what)
+    return lower(ctx, x, tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
+                 one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements))
 
 
 def _cuda_lowering(ctx, x, **params):

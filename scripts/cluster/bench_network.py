@@ -7,8 +7,8 @@ For each rate and node count, on a fresh emulated cluster (cluster.py, one
 process and one host device per node): one TCP stream node 0 -> node 1
 (tcp_stream.py, the practical limit of a link), then the cross-process
 all-reduces of scripts/bench_allreduce_mpi.py (its --job-json mode, run under
-this cluster's mpirun: jaxring's ring, MPI_Allreduce through jaxring and
-plain mpi4jax; JAX's gloo psum is left out, as that script starts gloo's
+this cluster's mpirun: jaxring.allreduce(processes=True) in a jit, a bare
+MPI_Allreduce through mpi4py and mpi4jax in a jit; JAX's gloo psum is left out, as that script starts gloo's
 coordinator on 127.0.0.1, which other namespaces cannot reach). Then, at the
 first rate, ds2_tiny weak scaling (scripts/bench_train.py, the same batch per
 node) over --train-nodes. busbw = bytes * 2(N-1)/N / time, against the link.
@@ -41,7 +41,7 @@ def allreduce(cluster, args) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "records.json"
         command = [sys.executable, "-m", "mpi4py", str(ALLREDUCE_BENCH), "--job-json", str(out),
-                   "--impls", "ring", "mpi", "mpi4jax", "--max-bytes", str(args.max_bytes),
+                   "--impls", "jaxring", "mpi_bare", "mpi4jax", "--max-bytes", str(args.max_bytes),
                    "--min-time", str(args.min_time)]
         subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
         records = json.loads(out.read_text())

@@ -79,9 +79,10 @@ ffi::Error Reserve(Staging& staging, size_t bytes) {
 
 ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
                        ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
-                       std::string_view what) {
+                       std::string_view what, int64_t one_shot, int64_t piece_elements) {
   Leg leg{};
-  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), tag, timeout_ms, what, &leg);
+  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), tag, timeout_ms, what, one_shot,
+                                     piece_elements, &leg);
       error.failure()) {
     return error;
   }

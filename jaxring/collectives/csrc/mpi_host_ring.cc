@@ -1,20 +1,32 @@
 // The cross-process leg of jaxring.allreduce(..., processes=True) over host
-// buffers, shared by the CPU and CUDA handlers (mpi_host_ring.h): a ring
+// buffers, shared by the CPU and CUDA handlers (mpi_host_ring.h): an
 // all-reduce of this device's chunk over the MPI processes of the
 // communicator that jaxring/collectives/mpi.py registered for this device.
+// Two algorithms, chosen by the lowering (the same in every process):
 //
-// The ring is ring_schedule.h's all-reduce with one process per rank: each
-// stage receives from the left neighbour what this rank's stage reads and
-// sends to the right neighbour what the right's stage reads (the same
-// schedule evaluated for the right's rank), so each chunk is summed once, by
-// one process, in one order, and every process ends with the same bits.
+// - one-shot (small buffers, where the price is latency): every process
+//   sends its whole buffer to every other at once and sums all of them in
+//   rank order (rank 0's + rank 1's + ...), so every process rounds the same
+//   terms in the same order and ends with the same bits;
+// - the ring: ring_schedule.h's all-reduce with one process per rank, each
+//   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
+//   (step t, slice k) receives from the left neighbour what this rank's stage
+//   reads and sends to the right what the right's stage reads (the same
+//   schedule evaluated for the right's rank). Sends and receives are posted
+//   ahead: slice k of step t + 1 leaves for the right as soon as slice k of
+//   step t is summed, while the later slices of step t are still arriving,
+//   so the link stays busy while this process adds. Each chunk is summed
+//   once, by one process, in one order: every process ends with the same bits.
+//
 // Buffers have the accumulation type (float32 or int32; Python casts 16-bit
 // floats before and after), so partial sums live in the output.
 //
 // Every wait polls MPI_Test against the deadline.
 // Messages carry the op's tag, fixed when it is lowered, so collectives that
 // XLA runs concurrently, or in different orders in different processes,
-// never take each other's messages.
+// never take each other's messages; within one op, messages between two
+// processes are posted in stage order on both sides, and MPI matches them in
+// that order.
 #include <mpi.h>
 #include <sched.h>
 
@@ -24,6 +36,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "mpi_host_ring.h"
 #include "mpi_ring.h"
@@ -37,6 +50,8 @@ namespace ffi = xla::ffi;
 // Spin (yielding the core) this long, then poll every millisecond: a long
 // wait means a late process, and must not eat a core another process needs.
 constexpr auto kSpin = std::chrono::milliseconds(100);
+// Receives of the ring posted ahead of the one being waited for, in slices.
+constexpr int64_t kReceivesAhead = 8;
 
 std::mutex comms_mu;
 std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
@@ -54,24 +69,14 @@ std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
          "python -m mpi4py does).";
 }
 
-// Waits for the receive from `left` and the send to `right`; "" or an error
-// naming the process that did not answer.
-std::string Wait(MPI_Request (&requests)[2], int left, int right, const Leg& leg) {
+// Polls until `done()` or `until`; false at `until`.
+template <typename Done>
+bool PollUntil(Clock::time_point until, Done done) {
   const auto start = Clock::now();
   for (;;) {
-    int done = 0;
-    MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
-    if (done) return "";
+    if (done()) return true;
     const auto now = Clock::now();
-    if (now > leg.deadline) {
-      int received = 0;
-      MPI_Test(&requests[0], &received, MPI_STATUS_IGNORE);
-      if (!received) {
-        MPI_Cancel(&requests[0]);  // no message will come: MPI_Finalize must not wait for it
-        return NoAnswer(leg, left, "for its left neighbour's chunk");
-      }
-      return NoAnswer(leg, right, "for its right neighbour to take a chunk");
-    }
+    if (now > until) return false;
     if (now - start < kSpin) {
       sched_yield();
     } else {
@@ -80,54 +85,115 @@ std::string Wait(MPI_Request (&requests)[2], int left, int right, const Leg& leg
   }
 }
 
+bool Completed(MPI_Request* request) {
+  int done = 0;
+  MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+
+// Past the deadline: cancels the receives still pending (no message will
+// come: MPI_Finalize must not wait for them) and returns the message naming
+// `peers[i]` for the first pending receive, else for the first pending send.
+std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>& receive_peers,
+                     std::vector<MPI_Request>& sends, const std::vector<int>& send_peers,
+                     const Leg& leg) {
+  int silent = -1;
+  for (size_t i = 0; i < receives.size(); ++i) {
+    if (receives[i] != MPI_REQUEST_NULL && !Completed(&receives[i])) {
+      if (silent < 0) silent = receive_peers[i];
+      MPI_Cancel(&receives[i]);
+    }
+  }
+  if (silent >= 0) return NoAnswer(leg, silent, "for a chunk");
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i] != MPI_REQUEST_NULL && !Completed(&sends[i])) {
+      return NoAnswer(leg, send_peers[i], "for a chunk to be taken");
+    }
+  }
+  return NoAnswer(leg, receive_peers.empty() ? -1 : receive_peers[0], "for a chunk");
+}
+
 inline float Add(float a, float b) { return a + b; }
 inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
 template <typename T>
+void SumInRankOrder(const T* in, const std::vector<char>& others, T* out, int64_t elements,
+                    const Leg& leg) {
+  const T* theirs = reinterpret_cast<const T*>(others.data());
+  std::memcpy(out, leg.rank == 0 ? in : theirs, elements * sizeof(T));
+  for (int p = 1; p < leg.size; ++p) {
+    const T* term = p == leg.rank ? in : theirs + p * elements;
+    for (int64_t j = 0; j < elements; ++j) out[j] = Add(out[j], term[j]);
+  }
+}
+
+template <typename T>
 std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
+  const int left = static_cast<int>(Mod(leg.rank - 1, leg.size));
+  const int right = static_cast<int>(Mod(leg.rank + 1, leg.size));
+  const int64_t piece = Max(leg.piece_elements, 1);
+  const auto mine = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank, piece, 1);
+  const auto theirs = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right, piece, 1);
+  const int64_t stages = mine.StageCount();
+  const int64_t slices = mine.slices;
+  std::vector<MPI_Request> receives(stages, MPI_REQUEST_NULL), sends(stages, MPI_REQUEST_NULL);
+  const std::vector<int> lefts(stages, left), rights(stages, right);
+  int64_t received = 0, sent = 0, done = 0;  // stages posted, posted, summed
+  while (done < stages) {
+    // Stage i of the right reads this rank's input in step 0, else what this
+    // rank's stage i - slices (the same slice, one step earlier) wrote.
+    for (; sent < stages && (sent < slices || sent - slices < done); ++sent) {
+      const Stage rt = theirs.StageAt(sent);
+      if (rt.count == 0) continue;
+      const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
+      const T* source = (from_input ? in : out) + rt.src;
+      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right, leg.tag,
+                leg.comm, &sends[sent]);
+    }
+    // Received straight into the output: a stage's destination is never what
+    // a pending send reads (the ring_schedule.h schedule: the left sends a
+    // slice of the all-gather only after the right took this rank's partial
+    // sum of it).
+    for (; received < stages && received < done + kReceivesAhead; ++received) {
+      const Stage st = mine.StageAt(received);
+      if (st.count == 0) continue;
+      MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
+                leg.comm, &receives[received]);
+    }
+    if (receives[done] != MPI_REQUEST_NULL && !PollUntil(leg.deadline, [&] { return Completed(&receives[done]); })) {
+      return TimedOut(receives, lefts, sends, rights, leg);
+    }
+    const Stage st = mine.StageAt(done);
+    if (st.kind != StageKind::kCopy) {
+      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], out[st.dst + j]);
+    }
+    ++done;
+  }
+  if (!PollUntil(leg.deadline, [&] {
+        int all = 0;
+        MPI_Testall(static_cast<int>(stages), sends.data(), &all, MPI_STATUSES_IGNORE);
+        return all != 0;
+      })) {
+    return TimedOut(receives, lefts, sends, rights, leg);
+  }
+  return "";
+}
+
+template <typename T>
+std::string Run(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
     std::memcpy(out, in, elements * sizeof(T));
     return "";
   }
-  const int left = static_cast<int>(Mod(leg.rank - 1, leg.size));
-  const int right = static_cast<int>(Mod(leg.rank + 1, leg.size));
-  // One slice per step: MPI moves a whole chunk per message.
-  const auto mine = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank,
-                                       Max(elements, 1), 1);
-  const auto theirs = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right,
-                                         Max(elements, 1), 1);
-  for (int64_t i = 0; i < mine.StageCount(); ++i) {
-    const Stage st = mine.StageAt(i);
-    const Stage rt = theirs.StageAt(i);
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    // Received straight into the output: a stage's destination chunk is never
-    // the chunk the right neighbour reads from this rank in the same stage.
-    if (st.count > 0) {
-      MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
-                leg.comm, &requests[0]);
-    }
-    if (rt.count > 0) {
-      // The right reads this rank's input at its first reduce step, its partial
-      // sums (in the output) after, and its output in the all-gather.
-      const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
-      const T* source = (from_input ? in : out) + rt.src;
-      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right, leg.tag,
-                leg.comm, &requests[1]);
-    }
-    if (auto error = Wait(requests, left, right, leg); !error.empty()) return error;
-    if (st.kind != StageKind::kCopy) {
-      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], out[st.dst + j]);
-    }
-  }
-  return "";
+  return RunRing(in, out, elements, leg);
 }
 
 }  // namespace
 
 ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int64_t timeout_ms,
-                   std::string_view what, Leg* leg) {
+                   std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
   {
     std::lock_guard<std::mutex> lock(comms_mu);
     auto found = comms.find(device_ordinal);
@@ -150,14 +216,71 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int6
                    : timeout_ms < 0 ? kForeverSeconds
                                     : DefaultTimeoutSeconds();
   leg->what = std::string(what);
+  leg->one_shot = one_shot != 0;
+  leg->piece_elements = piece_elements;
   return ffi::Error::Success();
+}
+
+OneShot::OneShot(ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg)
+    : type_(type), in_(in), out_(out), elements_(elements), leg_(leg),
+      others_(static_cast<size_t>(elements) * leg.size * ffi::ByteWidth(type)),
+      receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
+  const int bytes = static_cast<int>(elements * ffi::ByteWidth(type));
+  for (int p = 0; p < leg.size; ++p) {
+    peers_[p] = p;
+    if (p == leg.rank) continue;
+    MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag, leg.comm,
+              &receives_[p]);
+  }
+  for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
+    const int p = (leg.rank + i) % leg.size;
+    MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
+  }
+}
+
+bool OneShot::Finish(Clock::time_point until, std::string* error) {
+  const int n = leg_.size;
+  auto all = [n](std::vector<MPI_Request>& requests) {
+    return [n, &requests] {
+      int done = 0;
+      MPI_Testall(n, requests.data(), &done, MPI_STATUSES_IGNORE);
+      return done != 0;
+    };
+  };
+  if (!summed_) {
+    if (!PollUntil(until, all(receives_))) {
+      if (until < leg_.deadline) return false;
+      *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+      return true;
+    }
+    if (type_ == ffi::DataType::F32) {
+      SumInRankOrder(static_cast<const float*>(in_), others_, static_cast<float*>(out_), elements_,
+                     leg_);
+    } else {
+      SumInRankOrder(static_cast<const int32_t*>(in_), others_, static_cast<int32_t*>(out_),
+                     elements_, leg_);
+    }
+    summed_ = true;
+  }
+  if (!PollUntil(until, all(sends_))) {
+    if (until < leg_.deadline) return false;
+    *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+    return true;
+  }
+  error->clear();
+  return true;
 }
 
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg) {
+  if (leg.one_shot && leg.size > 1) {
+    std::string error;
+    OneShot(type, in, out, elements, leg).Finish(leg.deadline, &error);
+    return error;
+  }
   return type == ffi::DataType::F32
-             ? RunRing(static_cast<const float*>(in), static_cast<float*>(out), elements, leg)
-             : RunRing(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
+             ? Run(static_cast<const float*>(in), static_cast<float*>(out), elements, leg)
+             : Run(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
 }
 
 void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "rendezvous.h"
 #include "xla/ffi/api/ffi.h"
@@ -24,19 +25,50 @@ struct Leg {
   Clock::time_point deadline;
   double timeout_s;
   std::string what;
+  // The algorithm, chosen by mpi.py's lowering (the same in every process):
+  // one-shot (every process sends its whole buffer to every other and sums
+  // all of them in rank order) or the ring, moving each step's chunk in
+  // pieces of at most `piece_elements`, several in flight.
+  bool one_shot;
+  int64_t piece_elements;
 };
 
 // The leg of local device `device_ordinal` with the lowering's attributes, or
 // an InvalidArgument error when that device has no communicator or `type` is
 // not one the ring sums (float32, int32).
 xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t tag,
-                        int64_t timeout_ms, std::string_view what, Leg* leg);
+                        int64_t timeout_ms, std::string_view what, int64_t one_shot,
+                        int64_t piece_elements, Leg* leg);
 
 // Sums the `elements` values of `type` at `in` over the leg's processes into
 // `out` (host memory, not overlapping `in`); blocks until done or the leg's
 // deadline. "" or the message naming the process that did not answer.
 std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg);
+
+// A one-shot leg (Leg::one_shot, more than one process) in flight: the
+// constructor posts every message; the object owns the other processes'
+// buffers until it is finished, and `in` and `out` must outlive it.
+class OneShot {
+ public:
+  OneShot(xla::ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg);
+  // Waits for the messages until `until` and sums them into `out`: false if
+  // `until` (before the leg's deadline) came first, and Finish may be called
+  // again; true when done, with *error "" or the message naming the process
+  // that did not answer by the deadline.
+  bool Finish(Clock::time_point until, std::string* error);
+
+ private:
+  xla::ffi::DataType type_;
+  const void* in_;
+  void* out_;
+  int64_t elements_;
+  Leg leg_;
+  std::vector<char> others_;  // every other process' buffer, by rank
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> peers_;
+  bool summed_ = false;
+};
 
 }  // namespace jaxring
 
@@ -49,4 +81,6 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Ret<xla::ffi::AnyBuffer>()         \
       .Attr<int64_t>("tag")               \
       .Attr<int64_t>("timeout_ms")        \
-      .Attr<std::string_view>("what")
+      .Attr<std::string_view>("what")     \
+      .Attr<int64_t>("one_shot")          \
+      .Attr<int64_t>("piece_elements")

@@ -15,7 +15,7 @@ from jaxring.collectives import mpi, timeout, topology
 from tests.tiny_runs import finish, mpirun
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
-CHECKS = ["topology", "allreduce", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
+CHECKS = ["topology", "allreduce", "algorithms", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
           "host_leaf_divergence"]
 
 

@@ -98,6 +98,33 @@ def check_allreduce():
     passed("allreduce")
 
 
+def check_algorithms():
+    """Both algorithms of the leg (csrc/mpi_host_ring.cc), either side of the threshold, against float64 numpy.
+
+    One-shot, the ring in one piece per step, the ring in 3-element pieces
+    (empty ones too), and the defaults just below and just above
+    mpi.ONE_SHOT_MAX_BYTES (a device's chunk of the float32 buffer).
+    """
+    defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
+    edge = mpi.ONE_SHOT_MAX_BYTES // 4 * L
+    settings = {"one-shot": (1 << 40, defaults[1]), "ring whole": (0, 1 << 40), "ring pieces": (0, 12)}
+    try:
+        for algorithm, (mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES) in settings.items():
+            tree = {name: data(world.rank, case, shape, dtype) for name, (case, shape, dtype) in cases().items()}
+            tree = {**tree, "odd": data(world.rank, 900, (3, 331), jnp.float32)}
+            out = jax.pmap(lambda t: jaxring.allreduce(t, AXIS, processes=True), AXIS)(tree)
+            for name, (case, shape, dtype) in {**cases(), "odd": (900, (3, 331), jnp.float32)}.items():
+                assert_sum(f"{algorithm} {name}", out[name], case, shape, dtype)
+        mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+        for case, (size, dtype) in enumerate([(edge, jnp.float32), (edge + 1, jnp.bfloat16), (edge + L + 5, jnp.int32)]):
+            x = data(world.rank, 950 + case, (size,), dtype)
+            out = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(x)
+            assert_sum(f"default {size}", out, 950 + case, (size,), dtype)
+    finally:
+        mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+    passed("algorithms")
+
+
 def check_mean_and_jit_and_shard_map():
     shape, dtype, case = (3, 50), jnp.float32, 100
     x = data(world.rank, case, shape, dtype)
@@ -156,6 +183,16 @@ def check_mismatch():
         assert f"rank {odd_one}: leg" in str(error) and "mean of float32[10]" in str(error), error
     else:
         raise AssertionError("mismatched ops were not detected")
+    defaults = mpi.ONE_SHOT_MAX_BYTES
+    mpi.ONE_SHOT_MAX_BYTES = 0 if world.rank == odd_one else defaults
+    try:
+        jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(np.ones((L, 10), np.float32))
+    except ValueError as error:
+        assert f"rank {odd_one}: leg" in str(error) and "ring of" in str(error) and "one-shot" in str(error), error
+    else:
+        raise AssertionError("mismatched algorithms were not detected")
+    finally:
+        mpi.ONE_SHOT_MAX_BYTES = defaults
     # The mismatch is found when compiling, before any data moves, so the processes stay in step.
     out = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, processes=True), AXIS)(np.ones((L, 4), np.float32))
     assert (np.asarray(out) == world.n_devices).all()
