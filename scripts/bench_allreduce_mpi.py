@@ -24,7 +24,9 @@ algbw_GBps, busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and
 speedup_vs_mpi_allreduce (mpi_bare's time / this time, same process count and
 size). `launch(parse_args([...]))` and `run_job` are the entry points;
 --mpirun-args passes options to mpirun (e.g. "--mca btl tcp,self" to cross
-processes over TCP, as on an emulated network).
+processes over TCP, as on an emulated network); --one-shot-max-bytes and
+--piece-bytes set the MPI leg's algorithm limits (jaxring/collectives/mpi.py)
+for the run, and jaxring's records carry the values used.
 """
 
 import argparse

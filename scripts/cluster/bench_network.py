@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -45,7 +46,7 @@ def allreduce(cluster, args) -> list[dict]:
             out = Path(tmp) / "records.json"
             command = [sys.executable, "-m", "mpi4py", str(ALLREDUCE_BENCH), "--job-json", str(out),
                        "--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
-                       "--coordinator-host", cluster.addresses[0]]
+                       "--coordinator-host", cluster.addresses[0], *shlex.split(args.allreduce_args)]
             subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
             records += json.loads(out.read_text())
     for r in records:
@@ -73,6 +74,8 @@ def main(argv=None):
     parser.add_argument("--train-nodes", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--batch-per-node", type=int, default=8)
     parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--allreduce-args", default="",
+                        help="more options for bench_allreduce_mpi.py, e.g. '--piece-bytes 1M'")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     interrupt_on_termination()
