@@ -68,7 +68,7 @@ def run_job(args):
 
     comm = MPI.COMM_WORLD
     if args.impls == ["jax_gloo"]:
-        start_jax_distributed(comm)
+        start_jax_distributed(comm, args.coordinator_host)
     from jaxring.collectives import mpi, topology
 
     world = topology.init()
@@ -96,14 +96,15 @@ def run_job(args):
         pathlib.Path(args.job_json).write_text(json.dumps(records))
 
 
-def start_jax_distributed(comm):
+def start_jax_distributed(comm, host):
+    """jax.distributed with its coordinator on rank 0 at `host` (an address every rank can reach)."""
     import jax
 
     address = None
     if comm.Get_rank() == 0:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            address = f"127.0.0.1:{s.getsockname()[1]}"
+            s.bind((host, 0))
+            address = f"{host}:{s.getsockname()[1]}"
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(comm.bcast(address), num_processes=comm.Get_size(), process_id=comm.Get_rank())
 
@@ -219,7 +220,8 @@ def run_mpirun(args, n_procs, impls):
         for name in ("JAX_PLATFORMS", "XLA_FLAGS"):
             command += ["-x", name]
         command += [sys.executable, "-m", "mpi4py", __file__, "--job-json", str(job_json)]
-        command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time)]
+        command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
+                    "--coordinator-host", args.coordinator_host]
         command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes")
                     if getattr(args, name.replace("-", "_")) is not None]
         subprocess.run(command, env=env, check=True)
@@ -261,6 +263,8 @@ def parse_args(argv=None):
     parser.add_argument("--one-shot-max-bytes", type=parse_bytes,
                         help="jaxring's leg: largest buffer sent one-shot (default: mpi.ONE_SHOT_MAX_BYTES)")
     parser.add_argument("--piece-bytes", type=parse_bytes, help="jaxring's leg: ring piece size (default: mpi.PIECE_BYTES)")
+    parser.add_argument("--coordinator-host", default="127.0.0.1",
+                        help="jax_gloo: rank 0's address that every rank reaches (on an emulated network, node 0's)")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs
     return parser.parse_args(argv)
 

@@ -16,15 +16,29 @@ import numpy as np
 from jaxring.collectives import ring
 
 # Small leaves (biases, norms) are fused; leaves of a bucket's size or more
-# travel alone, uncopied. On 2 host devices, a 71 MB tree of 3 MB weights
-# took 62 ms with 1 MiB buckets against 212 ms with 4 MiB and 122 ms with
-# 32 MiB (psum: 52 ms): packing large leaves costs a copy in and a copy out
-# and buys nothing. On GPUs, where copies are cheap and each ring op has a
-# fixed cost, larger buckets (32-64 MiB) may pay: scripts/bench_cuda_ring.py
-# measures ds2_paper's all-reduce per bucket size (not yet run on a GPU).
-# The cost model (docs/SCALING.md) puts H100 nodes at 64 MiB for both CUDA
-# engines: set train.bucket_bytes=67108864 there; this default stays the CPU's.
-DEFAULT_BUCKET_BYTES = 1 << 20
+# travel alone, uncopied. The best size depends on the platform, so the
+# default is one per platform (jax's Device.platform names):
+# - "cpu": on 2 host devices, a 71 MB tree of 3 MB weights took 62 ms with
+#   1 MiB buckets against 212 ms with 4 MiB and 122 ms with 32 MiB (psum:
+#   52 ms): packing large leaves costs a copy in and a copy out, and calls
+#   are cheap.
+# - "gpu": copies are cheap and each ring op has a fixed cost; the cost model
+#   fitted to H100 figures (docs/SCALING.md, scripts/project_scaling.py) puts
+#   the smallest bucket within 5% of the best ds2_paper step at 128 GPUs at
+#   64 MiB for both CUDA engines. Not yet measured on a GPU:
+#   scripts/bench_cuda_ring.py measures it per bucket size (gpu_check.sh).
+DEFAULT_BUCKET_BYTES = {"cpu": 1 << 20, "gpu": 64 << 20}
+
+
+def default_bucket_bytes(platform: str | None = None) -> int:
+    """The default bucket size for devices of `platform` (jax.default_backend() when None)."""
+    platform = platform or jax.default_backend()
+    if platform not in DEFAULT_BUCKET_BYTES:
+        raise ValueError(
+            f"jaxring has no default bucket size for platform {platform!r} (it knows {sorted(DEFAULT_BUCKET_BYTES)}); "
+            "pass bucket_bytes (train.bucket_bytes in a config)"
+        )
+    return DEFAULT_BUCKET_BYTES[platform]
 
 
 def plan_buckets(leaves, bucket_bytes):
@@ -83,9 +97,10 @@ def fused(fn, tree, bucket_bytes):
     return unpack([fn(flat) for flat in flats], layout)
 
 
-def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=DEFAULT_BUCKET_BYTES, processes=False, timeout=None):
+def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=None, processes=False, timeout=None):
     """Sum (op="sum", as jax.lax.psum) or mean (op="mean") of every leaf of `tree` over `axis_name`
-    (and every process with processes=True, as ring.allreduce), one collective per fused bucket.
+    (and every process with processes=True, as ring.allreduce), one collective per fused bucket
+    of at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
 
     Without `op` it sums, as ring.allreduce and lax.psum do, and warns: until
     2026-11-24 it averaged, and a caller relying on that must now say op="mean".
@@ -100,4 +115,5 @@ def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=DEFAULT_BUCKET_BYTE
         op = "sum"
     if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
         return ring.allreduce(tree, axis_name, op, timeout=timeout)
+    bucket_bytes = bucket_bytes or default_bucket_bytes()
     return fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout), tree, bucket_bytes)

@@ -32,7 +32,6 @@ from typing import Annotated, Any, Mapping
 
 import yaml
 
-from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES
 from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
 
 
@@ -55,14 +54,15 @@ class TrainConfig:
     epochs: int = 20
     max_steps: int | None = None  # the run's length in steps, in place of epochs (the data repeats as needed)
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # tensor-fusion bucket size for the ring
+    bucket_bytes: int | None = None  # tensor-fusion bucket size; null: the devices' platform default (collectives/fusion.py)
     log_every: int = 10  # steps between metrics.jsonl rows
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.log_every", self.log_every)
-        _check_positive("train.bucket_bytes", self.bucket_bytes)
+        if self.bucket_bytes is not None:
+            _check_positive("train.bucket_bytes", self.bucket_bytes, "or null for the platform's default")
         _check_positive("train.epochs", self.epochs, "leave at least one step")
         if self.max_steps is not None:
             _check_positive("train.max_steps", self.max_steps, "leave at least one step, or null for no limit")

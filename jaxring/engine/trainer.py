@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from jaxring.collectives import agreement
+from jaxring.collectives.fusion import default_bucket_bytes
 from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
@@ -173,7 +174,8 @@ class Trainer:
         self.optimizer = make_optimizer(config.optim, self.schedule)
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
-        self.sync = make_sync(self.world_size, train.allreduce, train.bucket_bytes)
+        self.bucket_bytes = train.bucket_bytes or default_bucket_bytes(self.devices[0].platform)
+        self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes)
         self._step = self.sync.pmap_step(self._local, self._finish)
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)
@@ -397,7 +399,7 @@ class Trainer:
             self.progress.status(
                 f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
                 f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
-                f"all-reduce {cfg.train.allreduce}, {self.total_steps} steps "
+                f"all-reduce {cfg.train.allreduce} in buckets of {self.bucket_bytes:,} B, {self.total_steps} steps "
                 f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else "")
             )
         state = replicate(state, self.devices)
@@ -461,6 +463,7 @@ class Trainer:
             "local_devices": self.n_local,
             "global_batch": cfg.train.batch_size,
             "allreduce": cfg.train.allreduce,
+            "bucket_bytes": self.bucket_bytes,
             **self.throughput.summary(),
             "loss": last.get("loss"),
             # the last train.log_every window alone: the pace of the steps, without the evaluations and checkpoints

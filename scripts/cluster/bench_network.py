@@ -8,8 +8,8 @@ process and one host device per node): one TCP stream node 0 -> node 1
 (tcp_stream.py, the practical limit of a link), then the cross-process
 all-reduces of scripts/bench_allreduce_mpi.py (its --job-json mode, run under
 this cluster's mpirun: jaxring.allreduce(processes=True) in a jit, a bare
-MPI_Allreduce through mpi4py and mpi4jax in a jit; JAX's gloo psum is left out, as that script starts gloo's
-coordinator on 127.0.0.1, which other namespaces cannot reach). Then, at the
+MPI_Allreduce through mpi4py and mpi4jax in a jit; then JAX's gloo psum in a
+job of its own, its coordinator on node 0's address). Then, at the
 first rate, ds2_tiny weak scaling (scripts/bench_train.py, the same batch per
 node) over --train-nodes. busbw = bytes * 2(N-1)/N / time, against the link.
 """
@@ -39,13 +39,16 @@ TRAIN_BENCH = ROOT / "scripts" / "bench_train.py"
 
 
 def allreduce(cluster, args) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "records.json"
-        command = [sys.executable, "-m", "mpi4py", str(ALLREDUCE_BENCH), "--job-json", str(out),
-                   "--impls", "jaxring", "mpi_bare", "mpi4jax", "--max-bytes", str(args.max_bytes),
-                   "--min-time", str(args.min_time), *shlex.split(args.allreduce_args)]
-        subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
-        records = json.loads(out.read_text())
+    """Each implementation's records; JAX's gloo psum in a job of its own (it needs jax.distributed)."""
+    records = []
+    for impls in (["jaxring", "mpi_bare", "mpi4jax"], ["jax_gloo"]):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "records.json"
+            command = [sys.executable, "-m", "mpi4py", str(ALLREDUCE_BENCH), "--job-json", str(out),
+                       "--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
+                       "--coordinator-host", cluster.addresses[0], *shlex.split(args.allreduce_args)]
+            subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
+            records += json.loads(out.read_text())
     for r in records:
         n = r["n_devices"]
         r["busbw_GBps"] = r["bytes"] * 2 * (n - 1) / n / r["median_s"] / 1e9

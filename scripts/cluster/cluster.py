@@ -33,6 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "rsh_agent.sh"
 PREFIX = "jrc"
+# `ip netns exec NAME` shows /etc/netns/NAME/hosts as /etc/hosts: each node
+# resolves every node's hostname (gloo and other tools look their own up).
+NETNS_ETC = Path("/etc/netns")
 SUBNET = "198.18.0.0/24"
 SWITCH_ADDRESS = "198.18.0.254"
 
@@ -99,6 +102,7 @@ def remove_namespaces(names) -> None:
                 break
             time.sleep(0.1)
         _ip("netns", "del", name, check=False)
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def remove_stale() -> list[str]:
@@ -146,8 +150,11 @@ class Cluster:
         return self
 
     def _create(self):
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.nodes))
         for name in self.names():
             _ip("netns", "add", name)
+            (NETNS_ETC / name).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / name / "hosts").write_text(hosts)
         self.run_in(self.switch, f"sysctl -qw net.ipv4.tcp_retries2={LAUNCH_NODE_TCP_RETRIES2}")
         self.run_in(self.switch, "ip link set lo up && ip link add br0 type bridge && ip link set br0 up"
                     f" && ip addr add {SWITCH_ADDRESS}/24 dev br0")

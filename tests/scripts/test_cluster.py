@@ -22,7 +22,8 @@ needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"no emulated c
 def state():
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return sorted(netns.splitlines()), sorted(line.split(":")[1].strip() for line in links.splitlines())
+    etc = sorted(p.name for p in cluster.NETNS_ETC.glob("*")) if cluster.NETNS_ETC.exists() else []
+    return sorted(netns.splitlines()), sorted(line.split(":")[1].strip() for line in links.splitlines()), etc
 
 
 def test_rates_parse_like_tc_and_bad_ones_are_refused():
@@ -51,6 +52,10 @@ def test_nodes_reach_each_other_by_their_own_hostnames_and_teardown_leaves_nothi
         names = [subprocess.run(c.in_namespace(n, command), capture_output=True, text=True, check=True).stdout.strip()
                  for n in c.nodes]
         assert names == c.nodes
+        # and resolves every node's hostname to its address (gloo looks its own up)
+        lookup = [sys.executable, "-c", f"import socket; print(*map(socket.gethostbyname, {c.nodes!r}))"]
+        assert subprocess.run(c.in_namespace(c.nodes[1], lookup), capture_output=True, text=True,
+                              check=True).stdout.split() == c.addresses
         probe = (f"{sys.executable} -c \"import socket; s = socket.create_connection(('{c.addresses[2]}', 9), 2)\"")
         refused = c.run_in(c.nodes[0], probe, check=False)
         assert "ConnectionRefusedError" in refused.stderr  # reached node 2, nothing listens: refused, not timed out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxring
-from jaxring.collectives.fusion import plan_buckets
+from jaxring.collectives.fusion import default_bucket_bytes, plan_buckets
 
 
 def test_buckets_keep_dtypes_apart_respect_the_size_and_skip_empty_leaves():
@@ -73,3 +73,20 @@ def test_tree_allreduce_without_op_sums_as_psum_and_warns():
     for name in tree:
         np.testing.assert_allclose(default[name], psum[name], rtol=1e-6)
         np.testing.assert_allclose(np.asarray(default[name][0], np.float64), tree[name].astype(np.float64).sum(0), rtol=1e-5)
+
+
+def test_the_default_bucket_size_is_the_platforms():
+    assert default_bucket_bytes("cpu") == 1 << 20
+    assert default_bucket_bytes("gpu") == 64 << 20
+    assert default_bucket_bytes() == default_bucket_bytes(jax.default_backend())
+    with pytest.raises(ValueError, match="no default bucket size for platform 'tpu'.*pass bucket_bytes"):
+        default_bucket_bytes("tpu")
+
+
+def test_tree_allreduce_fuses_into_buckets_of_the_platform_default():
+    # 6 float32 leaves of 300 KiB: 1 MiB buckets (the CPU's) hold 3 each; the GPU's 64 MiB would hold all 6.
+    leaves = [np.random.default_rng(i).standard_normal((2, 75 * 1024)).astype(np.float32) for i in range(6)]
+    jaxpr = jax.make_jaxpr(jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", "sum"), axis_name="i", devices=jax.devices()[:2]))(leaves)
+    expected = len(plan_buckets([leaf[0] for leaf in leaves], default_bucket_bytes("cpu")))
+    assert expected == 2
+    assert str(jaxpr).count(" jaxring_ring[") == expected, str(jaxpr)

@@ -172,6 +172,7 @@ def test_run_directory(tmp_path):
     assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    assert on_disk["bucket_bytes"] == 1 << 20  # no train.bucket_bytes in the config: the CPU's default
     # the renamed key is still written, with the same value, and said to be deprecated
     assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
     assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
