@@ -48,6 +48,7 @@ TESTS: dict[str, list[str]] = {
     "jaxring/engine/trainer.py": [f"{ENGINE_TESTS}/test_trainer.py::{name}" for name in (
         "test_batch_not_divisible_by_replicas_is_a_clear_error",
         "test_a_best_metric_the_task_does_not_report_is_refused_before_step_1",
+        "test_every_replica_of_every_process_draws_its_own_rng",
         "test_run_directory",
         "test_test_is_scored_on_the_best_checkpoint_not_the_final_state",
         "test_a_damaged_best_checkpoint_is_not_reported_as_the_step_test_was_scored_on",

@@ -20,7 +20,7 @@ from jaxring.engine import config as config_lib
 from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
-from jaxring.engine.task import MetricNames
+from jaxring.engine.task import AXIS, MetricNames
 from tests.tiny_runs import finish, mpirun
 
 DIM = 5
@@ -313,6 +313,26 @@ def test_unknown_optimizer_names_the_valid_ones():
     cfg = SimpleNamespace(name="lamb", clip_norm=None)
     with pytest.raises(ValueError, match="unknown optim.name 'lamb'; valid names: sgd, adamw"):
         optim.make_optimizer(cfg, optax.constant_schedule(0.1))
+
+
+class NoisyTask(ToyTask):
+    """ToyTask whose loss is a draw from the step's rng: each replica's loss shows which rng it got."""
+
+    def loss(self, variables, batch, rng):
+        _, model_state = super().loss(variables, batch, rng)
+        return jax.random.uniform(rng), model_state
+
+
+def test_every_replica_of_every_process_draws_its_own_rng(tmp_path):
+    n_local, draws = 2, []
+    batch = trainer_lib.split_for_devices({"x": ToyTask().x[:8], "y": ToyTask().y[:8]}, n_local)
+    for rank in (0, 1):  # process `rank` of a run of two, each with n_local devices (the step itself is local)
+        world = SimpleNamespace(rank=rank, size=1, local_devices=jax.local_devices()[:n_local])
+        trainer = trainer_lib.Trainer(NoisyTask(), toy_config(), tmp_path / str(rank), world)
+        state = trainer_lib.replicate(trainer.init_state(), world.local_devices)
+        _, _, losses = jax.pmap(trainer._local, axis_name=AXIS)(state, batch)
+        draws += np.asarray(losses).tolist()
+    assert len(set(draws)) == 2 * n_local, draws  # dropout-like noise must not repeat across replicas
 
 
 def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
