@@ -162,10 +162,21 @@ def test_same_seed_same_result_and_another_seed_differs(tmp_path):
     assert not np.array_equal(a.params["w1"], c.params["w1"])
 
 
+class ReportingTask(ToyTask):
+    """ToyTask with the optional data check of the Task contract."""
+
+    def check_data(self):
+        return {"train": {"summary": "96 rows, none dropped", "rows": 96}}
+
+
 def test_run_directory(tmp_path):
-    state, summary = train_params(tmp_path, 4, train={"epochs": 2})
+    sections = {"train": {"epochs": 2}, "optim": {"schedule": "anneal", "anneal_factor": 2.0}}  # 12 steps an epoch
+    state, summary = train_params(tmp_path, 4, task=ReportingTask(), **sections)
+    assert json.loads((tmp_path / "data_report.json").read_text()) == ReportingTask().check_data()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
+    # each row's rate is the one its step used: halved after step 12
+    np.testing.assert_allclose([r["learning_rate"] for r in rows], [0.05 / 2 ** ((r["step"] - 1) // 12) for r in rows])
     assert all({"loss", "examples_per_s", "allreduce_share_estimate", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
@@ -181,7 +192,7 @@ def test_run_directory(tmp_path):
     assert on_disk["best_step"] == on_disk["test_step"] == min(dev_rows, key=lambda r: r["dev_mse"])["step"]
     best_weights = Checkpoints(tmp_path / "checkpoints").read(on_disk["best_step"]).state["params"]
     np.testing.assert_allclose(on_disk["test_mse"], numpy_mse(ToyTask(), best_weights, "test"), rtol=1e-5)
-    assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(train={"epochs": 2}).to_dict()
+    assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(**sections).to_dict()
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0 and (tmp_path / "plots" / "dev_metrics.png").exists()
     best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
     assert best["metric"] == "mse" and best["value"] == min(r["dev_mse"] for r in rows if "dev_mse" in r)
