@@ -397,7 +397,7 @@ TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, capsys):
-    train_params(tmp_path, 2, train={"epochs": 2})  # 24 steps, a row every 2, dev every 6
+    train_params(tmp_path, 2, train={"epochs": 2}, checkpoint={"every_steps": 4})  # 24 steps, a row every 2, dev every 6
     out, err = capsys.readouterr()
     assert "\r" not in out + err  # no progress bar: stdout is captured, not a terminal
     lines = out.splitlines()
@@ -411,7 +411,8 @@ def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, c
     # mse is not a rate (MetricNames.percent): printed as it is, never as a percentage
     assert re.search(r"dev: mse \d+\.\d+ \(\d+\.\d s\)", text) and re.search(r"test: mse \d+\.\d+ \(", text)
     assert not re.search(r"mse \S+%", text), text
-    assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [6, 12, 18, 24]
+    # at every dev evaluation (with its metrics) and every checkpoint.every_steps between them
+    assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [4, 6, 8, 12, 16, 18, 20, 24]
     assert text.index("compiling") < text.index("step 2/24") < text.index("evaluating dev")
 
 
