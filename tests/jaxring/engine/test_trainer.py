@@ -169,10 +169,11 @@ class ReportingTask(ToyTask):
         return {"train": {"summary": "96 rows, none dropped", "rows": 96}}
 
 
-def test_run_directory(tmp_path):
+def test_run_directory(tmp_path, capsys):
     sections = {"train": {"epochs": 2}, "optim": {"schedule": "anneal", "anneal_factor": 2.0}}  # 12 steps an epoch
     state, summary = train_params(tmp_path, 4, task=ReportingTask(), **sections)
     assert json.loads((tmp_path / "data_report.json").read_text()) == ReportingTask().check_data()
+    assert "data 96 rows, none dropped\n" in capsys.readouterr().out  # the report's summary is shown too
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
     # each row's rate is the one its step used: halved after step 12
@@ -418,7 +419,7 @@ def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, c
 
 def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_path):
     delay = 0.05  # per batch: the loop takes at least steps x delay
-    workdir = tmp_path / "run"
+    workdir = tmp_path / "runs" / "run"  # the run directory and its parent are made
     started = time.perf_counter()
     first = trainer_lib.Trainer(ToyTask(delay=delay), toy_config(train={"max_steps": 6}), workdir, world_of(2)).fit()
     first_wall = time.perf_counter() - started
