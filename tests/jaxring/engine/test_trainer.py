@@ -183,7 +183,7 @@ def test_run_directory(tmp_path, capsys):
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"] and on_disk["loss"] == rows[-1]["loss"]
     # the renamed key is still written, with the same value, and said to be deprecated
     assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
     assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
@@ -406,6 +406,7 @@ def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, c
     step_lines = [line for line in lines if re.search(r" step \d+/24 loss ", line)]
     assert [int(re.search(r"step (\d+)/", line)[1]) for line in step_lines] == list(range(2, 25, 2))
     assert "dev_mse " in step_lines[-1] and "ex/s " in step_lines[-1]  # the last dev metric and the pace
+    assert "global batch 8 (4 per device)" in out
     text = "\n".join(lines)
     assert text.count("compiling the training step") == 1 and "first step compiled and run in" in text
     assert text.count("evaluating dev") == 4 and text.count("evaluating test") == 1  # steps 6, 12, 18, 24
