@@ -69,7 +69,8 @@ TESTS: dict[str, list[str]] = {
                                    f"{ENGINE_TESTS}/test_sync.py::test_mean_over_two_processes_matches_numpy"],
     "jaxring/collectives/agreement.py": ["tests/jaxring/collectives/test_agreement.py",
                                          "tests/jaxring/collectives/test_mpi.py", "tests/jaxring/collectives/test_timeout.py"],
-    "jaxring/collectives/replicas.py": ["tests/jaxring/collectives/test_mpi_replicas.py"],
+    "jaxring/collectives/replicas.py": ["tests/jaxring/collectives/test_mpi_replicas.py",  # one process; then across 2:
+                                        "tests/jaxring/collectives/test_mpi.py::test_collectives_across_processes[2-1]"],
     "jaxring/collectives/topology.py": ["tests/jaxring/collectives/test_mpi_topology.py"],
 }
 
