@@ -1,5 +1,9 @@
 """Gradient sync: the strategy picked from the world, means against float64 numpy, fused buckets round trip."""
 
+import json
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +12,8 @@ import pytest
 from jaxring.collectives.fusion import plan_buckets
 from jaxring.engine import sync as sync_lib
 from jaxring.engine.task import AXIS
+from jaxring.engine.trainer import replicate
+from tests.tiny_runs import finish, mpirun
 
 # Odd shapes, two dtypes and an empty leaf: buckets of 64 bytes split, fuse and skip leaves.
 SHAPES = {"w": ((3, 5), np.float32), "b": ((7,), np.float32), "s": ((), np.float32), "h": ((11,), jnp.bfloat16),
@@ -42,3 +48,32 @@ def test_both_methods_reduce_one_fused_bucket_at_a_time(method, bucket_bytes):
     one_replica = [jnp.asarray(leaf[0]) for leaf in jax.tree_util.tree_leaves(tree)]
     assert count == len(plan_buckets(one_replica, bucket_bytes)), str(jaxpr)
 
+
+
+
+def test_a_step_donates_the_state_and_leaves_the_batch():
+    """pmap_step's contract: the old state's buffers are reused for the new one (memory), the batch is the caller's."""
+    devices = jax.local_devices()[:2]
+    state, batch = replicate({"w": np.arange(3.0, dtype=np.float32)}, devices), replicate(np.ones(3, np.float32), devices)
+    step = sync_lib.make_sync(1, "psum", bucket_bytes=64).pmap_step(
+        lambda s, b: {"g": s["w"] * b}, lambda s, mean: {"w": s["w"] - mean["g"]})
+    new = step(state, batch)
+    np.testing.assert_allclose(np.asarray(new["w"]), np.zeros((2, 3)))  # w - mean(w * 1)
+    assert state["w"].is_deleted() and not batch.is_deleted()
+
+def test_mean_over_two_processes_matches_numpy():
+    """Both methods across processes (psum: lax locally, the MPI leg across): numbers, against float64 numpy."""
+    n_procs, n_devices = 2, 3
+    worker = Path(__file__).with_name("sync_worker.py")
+    code, output = finish(mpirun(n_procs, [worker, "psum", "ring"], with_mpi4py=True, devices_per_proc=n_devices), 240)
+    assert code == 0, output
+    draws = [random_tree(np.random.default_rng(rank), n_devices) for rank in range(n_procs)]  # as sync_worker.py
+    for method in ("psum", "ring"):
+        for key, (shape, dtype) in SHAPES.items():
+            expected = np.concatenate([np.asarray(draw[key], np.float64) for draw in draws]).mean(0)
+            tolerance = 1e-2 if dtype == jnp.bfloat16 else 1e-6
+            for rank in range(n_procs):
+                found = re.search(rf"^rank {rank} {method} {key} (\[.*\])$", output, re.MULTILINE)
+                assert found, f"rank {rank} printed no {method} mean of {key}:\n{output}"
+                got = np.array(json.loads(found[1]), np.float64).reshape(shape)
+                np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance, err_msg=f"{method} {key}")

@@ -20,7 +20,7 @@ from jaxring.engine import config as config_lib
 from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
-from jaxring.engine.task import MetricNames
+from jaxring.engine.task import AXIS, MetricNames
 from tests.tiny_runs import finish, mpirun
 
 DIM = 5
@@ -162,16 +162,28 @@ def test_same_seed_same_result_and_another_seed_differs(tmp_path):
     assert not np.array_equal(a.params["w1"], c.params["w1"])
 
 
-def test_run_directory(tmp_path):
-    state, summary = train_params(tmp_path, 4, train={"epochs": 2})
+class ReportingTask(ToyTask):
+    """ToyTask with the optional data check of the Task contract."""
+
+    def check_data(self):
+        return {"train": {"summary": "96 rows, none dropped", "rows": 96}}
+
+
+def test_run_directory(tmp_path, capsys):
+    sections = {"train": {"epochs": 2}, "optim": {"schedule": "anneal", "anneal_factor": 2.0}}  # 12 steps an epoch
+    state, summary = train_params(tmp_path, 4, task=ReportingTask(), **sections)
+    assert json.loads((tmp_path / "data_report.json").read_text()) == ReportingTask().check_data()
+    assert "data 96 rows, none dropped\n" in capsys.readouterr().out  # the report's summary is shown too
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
+    # each row's rate is the one its step used: halved after step 12
+    np.testing.assert_allclose([r["learning_rate"] for r in rows], [0.05 / 2 ** ((r["step"] - 1) // 12) for r in rows])
     assert all({"loss", "examples_per_s", "allreduce_share_estimate", "learning_rate"} <= r.keys() for r in rows)
     assert "dev_mse" in rows[2] and "dev_mse" in rows[-1]
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"]
+    assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"] and on_disk["loss"] == rows[-1]["loss"]
     assert on_disk["bucket_bytes"] == 1 << 20  # no train.bucket_bytes in the config: the CPU's default
     # the renamed key is still written, with the same value, and said to be deprecated
     assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
@@ -182,7 +194,7 @@ def test_run_directory(tmp_path):
     assert on_disk["best_step"] == on_disk["test_step"] == min(dev_rows, key=lambda r: r["dev_mse"])["step"]
     best_weights = Checkpoints(tmp_path / "checkpoints").read(on_disk["best_step"]).state["params"]
     np.testing.assert_allclose(on_disk["test_mse"], numpy_mse(ToyTask(), best_weights, "test"), rtol=1e-5)
-    assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(train={"epochs": 2}).to_dict()
+    assert config_lib.load(tmp_path / "config.yaml", {}).to_dict() == toy_config(**sections).to_dict()
     assert (tmp_path / "plots" / "loss.png").stat().st_size > 0 and (tmp_path / "plots" / "dev_metrics.png").exists()
     best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
     assert best["metric"] == "mse" and best["value"] == min(r["dev_mse"] for r in rows if "dev_mse" in r)
@@ -316,6 +328,26 @@ def test_unknown_optimizer_names_the_valid_ones():
         optim.make_optimizer(cfg, optax.constant_schedule(0.1))
 
 
+class NoisyTask(ToyTask):
+    """ToyTask whose loss is a draw from the step's rng: each replica's loss shows which rng it got."""
+
+    def loss(self, variables, batch, rng):
+        _, model_state = super().loss(variables, batch, rng)
+        return jax.random.uniform(rng), model_state
+
+
+def test_every_replica_of_every_process_draws_its_own_rng(tmp_path):
+    n_local, draws = 2, []
+    batch = trainer_lib.split_for_devices({"x": ToyTask().x[:8], "y": ToyTask().y[:8]}, n_local)
+    for rank in (0, 1):  # process `rank` of a run of two, each with n_local devices (the step itself is local)
+        world = SimpleNamespace(rank=rank, size=1, local_devices=jax.local_devices()[:n_local])
+        trainer = trainer_lib.Trainer(NoisyTask(), toy_config(), tmp_path / str(rank), world)
+        state = trainer_lib.replicate(trainer.init_state(), world.local_devices)
+        _, _, losses = jax.pmap(trainer._local, axis_name=AXIS)(state, batch)
+        draws += np.asarray(losses).tolist()
+    assert len(set(draws)) == 2 * n_local, draws  # dropout-like noise must not repeat across replicas
+
+
 def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="multiple of the 3 replicas"):
         trainer_lib.Trainer(ToyTask(), toy_config(), tmp_path, world_of(3))
@@ -367,7 +399,7 @@ TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, capsys):
-    train_params(tmp_path, 2, train={"epochs": 2})  # 24 steps, a row every 2, dev every 6
+    train_params(tmp_path, 2, train={"epochs": 2}, checkpoint={"every_steps": 4})  # 24 steps, a row every 2, dev every 6
     out, err = capsys.readouterr()
     assert "\r" not in out + err  # no progress bar: stdout is captured, not a terminal
     lines = out.splitlines()
@@ -375,19 +407,21 @@ def test_logs_off_a_terminal_are_timestamped_lines_with_status_lines(tmp_path, c
     step_lines = [line for line in lines if re.search(r" step \d+/24 loss ", line)]
     assert [int(re.search(r"step (\d+)/", line)[1]) for line in step_lines] == list(range(2, 25, 2))
     assert "dev_mse " in step_lines[-1] and "ex/s " in step_lines[-1]  # the last dev metric and the pace
+    assert "global batch 8 (4 per device)" in out
     text = "\n".join(lines)
     assert text.count("compiling the training step") == 1 and "first step compiled and run in" in text
     assert text.count("evaluating dev") == 4 and text.count("evaluating test") == 1  # steps 6, 12, 18, 24
     # mse is not a rate (MetricNames.percent): printed as it is, never as a percentage
     assert re.search(r"dev: mse \d+\.\d+ \(\d+\.\d s\)", text) and re.search(r"test: mse \d+\.\d+ \(", text)
     assert not re.search(r"mse \S+%", text), text
-    assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [6, 12, 18, 24]
+    # at every dev evaluation (with its metrics) and every checkpoint.every_steps between them
+    assert [int(s) for s in re.findall(r"saved the checkpoint of step (\d+)", text)] == [4, 6, 8, 12, 16, 18, 20, 24]
     assert text.index("compiling") < text.index("step 2/24") < text.index("evaluating dev")
 
 
 def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_path):
     delay = 0.05  # per batch: the loop takes at least steps x delay
-    workdir = tmp_path / "run"
+    workdir = tmp_path / "runs" / "run"  # the run directory and its parent are made
     started = time.perf_counter()
     first = trainer_lib.Trainer(ToyTask(delay=delay), toy_config(train={"max_steps": 6}), workdir, world_of(2)).fit()
     first_wall = time.perf_counter() - started
