@@ -145,8 +145,8 @@ __device__ void PoisonIfAnyLaneFailed(const KernelArgs& args) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) PoisonValue(out + i);
 }
 
-// One block per lane. Bounded registers (512 threads, two blocks per SM:
-// at most 64 registers, no spills on sm_80/sm_90 with -Xptxas=-v) and bounded
+// One block per lane. Bounded registers (256 threads, two blocks per SM:
+// at most 128 registers, no spills on sm_80/sm_90 with -Xptxas=-v) and bounded
 // blocks (kMaxLanes) per rank let the ranks sharing a GPU be co-resident
 // (docs/CUDA_RING.md).
 template <typename T>

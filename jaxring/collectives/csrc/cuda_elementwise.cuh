@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "device_engine.h"  // kPacksPerPass
+
 namespace jaxring {
 
 __device__ __forceinline__ float ToAcc(float v) { return v; }
@@ -41,22 +43,39 @@ __host__ __device__ inline bool Aligned(const void* p, int bytes) {
 }
 
 // dst = a + b over [0, n) by `stride` threads, this one starting at `first`:
-// 16 bytes of A per access where every pointer is aligned for it.
-template <typename A, typename B, typename D>
+// 16 bytes of A per access where every pointer is aligned for it, Packs
+// independent packs per thread per pass, all loaded before any is added and
+// stored (more bytes in flight per thread).
+template <int Packs, typename A, typename B, typename D>
 __device__ void AddStrided(const A* a, const B* b, D* dst, int64_t n, int64_t first,
                            int64_t stride) {
   constexpr int V = 16 / sizeof(A);
   int64_t done = 0;
   if (Aligned(a, sizeof(A) * V) && Aligned(b, sizeof(B) * V) && Aligned(dst, sizeof(D) * V)) {
     const int64_t packs = n / V;
-    for (int64_t p = first; p < packs; p += stride) {
-      const Pack<A, V> x = reinterpret_cast<const Pack<A, V>*>(a)[p];
-      const Pack<B, V> y = reinterpret_cast<const Pack<B, V>*>(b)[p];
-      Pack<D, V> z;
+    const auto add = [&](const int64_t p, const int count) {
+      Pack<A, V> x[Packs];
+      Pack<B, V> y[Packs];
 #pragma unroll
-      for (int k = 0; k < V; ++k) Store(ToAcc(x.v[k]) + ToAcc(y.v[k]), &z.v[k]);
-      reinterpret_cast<Pack<D, V>*>(dst)[p] = z;
-    }
+      for (int u = 0; u < Packs; ++u) {
+        if (u < count) {
+          x[u] = reinterpret_cast<const Pack<A, V>*>(a)[p + u * stride];
+          y[u] = reinterpret_cast<const Pack<B, V>*>(b)[p + u * stride];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < Packs; ++u) {
+        if (u < count) {
+          Pack<D, V> z;
+#pragma unroll
+          for (int k = 0; k < V; ++k) Store(ToAcc(x[u].v[k]) + ToAcc(y[u].v[k]), &z.v[k]);
+          reinterpret_cast<Pack<D, V>*>(dst)[p + u * stride] = z;
+        }
+      }
+    };
+    int64_t p = first;
+    for (; p + (Packs - 1) * stride < packs; p += Packs * stride) add(p, Packs);
+    for (; p < packs; p += stride) add(p, 1);
     done = packs * V;
   }
   for (int64_t e = done + first; e < n; e += stride) Store(ToAcc(a[e]) + ToAcc(b[e]), dst + e);
@@ -65,12 +84,13 @@ __device__ void AddStrided(const A* a, const B* b, D* dst, int64_t n, int64_t fi
 // The host-staged engine's reduce: the whole grid shares one stage.
 template <typename T, typename Left, typename Dst>
 __global__ void ReduceKernel(const T* mine, const Left* left, Dst* dst, int64_t n) {
-  AddStrided(mine, left, dst, n, blockIdx.x * int64_t{blockDim.x} + threadIdx.x,
+  AddStrided<1>(mine, left, dst, n, blockIdx.x * int64_t{blockDim.x} + threadIdx.x,
              int64_t{gridDim.x} * blockDim.x);
 }
 
 // The threads of one block share each operation, 16 bytes per thread and
-// access where the pointers allow it. Peer buffers are read with plain
+// access where the pointers allow it, kPacksPerPass (device_engine.h)
+// accesses in flight per thread in Copy and Add. Peer buffers are read with plain
 // loads, never the read-only path (__ldg, const __restrict__): a peer writes
 // them while this kernel runs, and only the flag protocol orders the two.
 struct BlockElementwise {
@@ -79,7 +99,16 @@ struct BlockElementwise {
     int64_t done = 0;
     if (Aligned(dst, 16) && Aligned(src, 16)) {
       const int64_t packs = n * static_cast<int64_t>(sizeof(T)) / 16;
-      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const int64_t stride = blockDim.x;
+      int64_t p = threadIdx.x;
+      for (; p + (kPacksPerPass - 1) * stride < packs; p += kPacksPerPass * stride) {
+        uint4 x[kPacksPerPass];
+#pragma unroll
+        for (int u = 0; u < kPacksPerPass; ++u) x[u] = reinterpret_cast<const uint4*>(src)[p + u * stride];
+#pragma unroll
+        for (int u = 0; u < kPacksPerPass; ++u) reinterpret_cast<uint4*>(dst)[p + u * stride] = x[u];
+      }
+      for (; p < packs; p += stride) {
         reinterpret_cast<uint4*>(dst)[p] = reinterpret_cast<const uint4*>(src)[p];
       }
       done = packs * 16 / static_cast<int64_t>(sizeof(T));
@@ -90,7 +119,7 @@ struct BlockElementwise {
   // dst = a + b, where b (a peer's) may be of the accumulation type.
   template <typename A, typename B, typename D>
   __device__ void Add(const A* a, const B* b, D* dst, int64_t n) {
-    AddStrided(a, b, dst, n, threadIdx.x, blockDim.x);
+    AddStrided<kPacksPerPass>(a, b, dst, n, threadIdx.x, blockDim.x);
   }
 
   // dst[i] = inputs[0][offset + i] + ... + inputs[ranks - 1][offset + i],

@@ -73,16 +73,21 @@ DeviceEngine::DeviceEngine(CudaSeam* seam, EngineOptions options)
 
 DeviceEngine::~DeviceEngine() = default;
 
-int64_t DeviceEngine::Lanes(const RingCall& call, int64_t element_bytes, bool one_shot) {
-  int64_t bytes;
-  if (one_shot) {
-    bytes = call.elements * element_bytes;
-  } else {
-    const SchedulePlan plan = SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
-                                                 call.slice_elements, call.align);
-    bytes = plan.slice_len * element_bytes;
-  }
+namespace {
+
+int64_t LanesOf(const RingCall& call, const SchedulePlan& plan, int64_t element_bytes,
+                bool one_shot) {
+  const int64_t bytes = (one_shot ? call.elements : plan.slice_len) * element_bytes;
   return std::clamp<int64_t>((bytes + kBytesPerLane - 1) / kBytesPerLane, 1, kMaxLanes);
+}
+
+}  // namespace
+
+int64_t DeviceEngine::Lanes(const RingCall& call, int64_t element_bytes, bool one_shot) {
+  return LanesOf(call,
+                 SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
+                                    call.slice_elements, call.align),
+                 element_bytes, one_shot);
 }
 
 // Once per process, before any ring exists and so before any ring kernel can
@@ -334,7 +339,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
        call.elements * element_bytes <= options_.one_shot_max_bytes(call.ranks));
   args.plan = SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
                                  call.slice_elements, call.align);
-  args.lanes = Lanes(call, element_bytes, one_shot);
+  args.lanes = LanesOf(call, args.plan, element_bytes, one_shot);
   args.epoch = meeting;
   args.one_shot = one_shot;
   args.failures = failure_device_ + ring->failure_set * kRecordsPerSet + call.rank * kMaxLanes;

@@ -48,10 +48,14 @@ struct LaneFailureRecord {
   uint64_t seen;
 };
 
-// Threads of a lane's block, and bytes of a stage per lane (ring) or of a
-// rank's output (one-shot), up to kMaxLanes: 4 packs of 16 bytes per thread.
-constexpr int kThreads = 512;
-constexpr int64_t kBytesPerLane = int64_t{kThreads} * 16 * 4;
+// Threads of a lane's block; 16-byte packs each thread loads before it
+// stores or adds any (cuda_elementwise.cuh), so a block has up to
+// kThreads * kPacksPerPass * 16 bytes of each operand in flight; and bytes of
+// a stage per lane (ring) or of a rank's output (one-shot), up to kMaxLanes:
+// one such pass.
+constexpr int kThreads = 256;
+constexpr int kPacksPerPass = 8;
+constexpr int64_t kBytesPerLane = int64_t{kThreads} * 16 * kPacksPerPass;
 
 // Words of one rank's flag block in the pool: the (peer, lane) flags, then the
 // count of the rank's finished kernel blocks (the last block of a call poisons
