@@ -39,10 +39,11 @@ def _scheme_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def synthesize_many(requests: list[tuple[str, str, float]]) -> list[tuple[np.ndarray, int]]:
-    """(float32 samples in [-1, 1), sample rate) for each (text, voice, duration stretch) in one festival run.
+def synthesize_many(requests: list[tuple]) -> list[tuple[np.ndarray, int]]:
+    """(float32 samples in [-1, 1), sample rate) for each (text, voice, duration stretch[, pitch]) in one festival run.
 
-    duration stretch: above 1 speaks slower than the voice does by itself.
+    duration stretch: above 1 speaks slower than the voice does by itself. pitch: (mean, standard
+    deviation) in Hz of the intonation model's f0 targets (the voices' own: 105, 14-15); absent or None: the voice's own.
     """
     if not requests:
         return []
@@ -51,13 +52,18 @@ def synthesize_many(requests: list[tuple[str, str, float]]) -> list[tuple[np.nda
         raise SynthesizerMissing(f"festival: {', '.join(absent)} not installed; {INSTALL}")
     with tempfile.TemporaryDirectory(prefix="festival-") as folder:
         lines = ["(Parameter.set 'Audio_Method 'none)"]
-        for i, (text, voice, stretch) in enumerate(requests):
+        for i, (text, voice, stretch, *pitch) in enumerate(requests):
             if voice not in VOICES:
                 raise ValueError(f"festival has no voice {voice!r} here; voices: {', '.join(VOICES)}")
             path = _scheme_string(os.path.join(folder, f"{i}.wav"))
             # Selecting a voice sets its own stretch (1.1 for these): scaled from there.
-            lines += [f"(voice_{voice})", f"(Parameter.set 'Duration_Stretch (* {stretch:.4f} (Parameter.get 'Duration_Stretch)))",
-                      f"(utt.save.wave (SynthText {_scheme_string(text)}) {path} 'riff)"]
+            lines += [f"(voice_{voice})", f"(Parameter.set 'Duration_Stretch (* {stretch:.4f} (Parameter.get 'Duration_Stretch)))"]
+            if pitch and pitch[0] is not None:
+                # Selecting a voice resets its intonation parameters, so this holds for this utterance only.
+                mean, std = pitch[0]
+                lines.append(f"(set! int_lr_params (list (list 'target_f0_mean {mean:.1f}) (list 'target_f0_std {std:.1f}) "
+                             "(list 'model_f0_mean 170) (list 'model_f0_std 34)))")
+            lines.append(f"(utt.save.wave (SynthText {_scheme_string(text)}) {path} 'riff)")
         script = os.path.join(folder, "batch.scm")
         with open(script, "w") as f:
             f.write("\n".join(lines) + "\n")

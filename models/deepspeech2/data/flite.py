@@ -19,6 +19,8 @@ from models.deepspeech2.data.synthesizers import SynthesizerMissing
 
 VOICES = ("kal16", "awb", "rms", "slt")
 _STRETCH = b"duration_stretch"
+_F0 = (b"int_f0_target_mean", b"int_f0_target_stddev")  # kal16's intonation targets, Hz (clustergen voices have none)
+DIPHONE_VOICES = ("kal16",)
 INSTALL = "install Debian's flite package (as root: apt-get install flite; `make train-voices` does it)"
 
 
@@ -61,7 +63,7 @@ def _libc() -> ctypes.CDLL:
 
 @functools.cache
 def _voice(name: str) -> tuple:
-    """(the registered voice, its own duration stretch: kal16's is 1.1)."""
+    """(the registered voice, its own duration stretch: kal16's is 1.1, its own (f0 mean, f0 stddev) in Hz)."""
     if name not in VOICES:
         raise ValueError(f"flite has no voice {name!r} here; voices: {', '.join(VOICES)}")
     _flite()
@@ -70,7 +72,9 @@ def _voice(name: str) -> tuple:
     register.restype = ctypes.POINTER(_Voice)
     register.argtypes = [ctypes.c_char_p]
     handle = register(None)
-    return handle, _flite().flite_get_param_float(handle.contents.features, _STRETCH, 1.0)
+    features = handle.contents.features
+    get = _flite().flite_get_param_float
+    return handle, get(features, _STRETCH, 1.0), tuple(get(features, key, 0.0) for key in _F0)
 
 
 def available() -> bool:
@@ -83,15 +87,23 @@ def available() -> bool:
     return True
 
 
-def synthesize(text: str, voice: str, duration_stretch: float = 1.0) -> tuple[np.ndarray, int]:
+def synthesize(text: str, voice: str, duration_stretch: float = 1.0,
+               pitch_hz: tuple[float, float] | None = None) -> tuple[np.ndarray, int]:
     """Speech for `text` as float32 samples in [-1, 1) and its sample rate (16000 Hz for these voices).
 
-    duration_stretch: above 1 speaks slower than the voice does by itself. (Pitch is varied after synthesis, by resampling:
-    the clustergen voices keep their mean pitch in their models, not in a setting.)
+    duration_stretch: above 1 speaks slower than the voice does by itself.
+    pitch_hz: (mean, standard deviation) of the intonation's f0 targets, for DIPHONE_VOICES only; None: the
+    voice's own. (The clustergen voices keep their pitch in their models, not in a setting.)
     """
-    lib, (handle, own_stretch) = _flite(), _voice(voice)
+    lib, (handle, own_stretch, own_pitch) = _flite(), _voice(voice)
+    if pitch_hz is not None and voice not in DIPHONE_VOICES:
+        raise ValueError(f"flite voice {voice} has no pitch setting; only {', '.join(DIPHONE_VOICES)} do")
     # A voice's settings persist between calls: set every time.
-    lib.flite_feat_set_float(handle.contents.features, _STRETCH, own_stretch * duration_stretch)
+    features = handle.contents.features
+    lib.flite_feat_set_float(features, _STRETCH, own_stretch * duration_stretch)
+    if voice in DIPHONE_VOICES:
+        for key, value in zip(_F0, pitch_hz or own_pitch):
+            lib.flite_feat_set_float(features, key, value)
     # The clustergen voices' excitation draws from the C library's rand(): seeded as a fresh
     # `flite` process has it, each utterance is reproducible and equals the command's output.
     _libc().srand(1)

@@ -1,14 +1,17 @@
 """A corpus of several synthesizers, with a synthesizer family for dev and test that training never hears.
 
-    train        eSpeak NG (formant synthesis, its training voice variants) and Festival's
+    train        eSpeak NG (formant synthesis, its training voice variants), Festival's
                  diphone voices kal and ked (concatenated recordings of two real speakers)
+                 and Flite's diphone voice kal16 (Flite's own text analysis, which dev and
+                 test share, over kal's diphones); the diphone voices at a pitch and a
+                 vocal-tract length drawn per utterance, so that two real speakers sound as many
     dev          Flite's clustergen voice awb (statistical parametric synthesis from the
                  recordings of a Scottish male speaker)
     test         Flite's clustergen voices rms (US male) and slt (US female)
     test_espeak  eSpeak NG with the voice variants the eSpeak corpus holds out for test
                  (models/deepspeech2/data/synth.py), to compare with that corpus
 
-No speaker of dev or test is heard in training, nor their way of synthesis. Every
+No speaker of dev or test is heard in training, nor their way of synthesis (clustergen). Every
 utterance, in every split, then goes through what a recording does to speech
 (models/deepspeech2/data/acoustics.py): a speed change (tempo, pitch and formants
 together), a simulated room for some, noise of a colour at a signal-to-noise ratio.
@@ -27,11 +30,16 @@ import numpy as np
 from models.deepspeech2.data import acoustics, audio, espeak, festival, flite, synth, vocabulary
 from models.deepspeech2.data.synthesizers import SynthesizerMissing
 
-VERSION = 1  # bump when the generated audio or text changes, so cached corpora are regenerated
+VERSION = 2  # bump when the generated audio or text changes, so cached corpora are regenerated
 SPLITS = ("train", "dev", "test", "test_espeak")
 HELD_OUT_FRACTION = 0.1  # of the corpus, for each of dev, test and test_espeak
-FESTIVAL_SHARE = 0.5  # of the training utterances; eSpeak speaks the rest
-FLITE_VOICES = {"dev": ("awb",), "test": ("rms", "slt")}
+TRAIN_SHARES = {"espeak": 1 / 3, "festival": 1 / 3, "flite": 1 / 3}  # of the training utterances
+FLITE_VOICES = {"train": flite.DIPHONE_VOICES, "dev": ("awb",), "test": ("rms", "slt")}
+PITCH_HZ = (80.0, 230.0)  # diphone training voices: mean f0 target, from low male to female (theirs: 105)
+PITCH_STD_HZ = (8.0, 40.0)  # and its spread (theirs: 14-15)
+# Diphone training voices: a speed change of up to 1.3 (formants and pitch up to 30% higher, as a
+# shorter vocal tract has), spoken that much slower first so the tempo stays within DURATION_STRETCH / SPEED.
+VOCAL_TRACT_SPEED = (0.92, 1.3)
 ESPEAK_VARIANTS = {"train": synth.VARIANTS["train"], "test_espeak": synth.VARIANTS["test"]}
 DURATION_STRETCH = (0.8, 1.25)  # festival and flite: slower or faster than the voice's own rate
 SPEED = (0.88, 1.12)  # resampling after synthesis (acoustics.change_speed)
@@ -60,18 +68,25 @@ def plan(seed: int, index: int, split: str) -> dict:
     """The manifest fields of one utterance before synthesis: a function of (seed, index) alone."""
     rng = np.random.default_rng([seed, index])
     fields = {"text": vocabulary.sample_text(rng)}
-    if split in FLITE_VOICES:
+    synthesizer = str(rng.choice(list(TRAIN_SHARES), p=list(TRAIN_SHARES.values()))) if split == "train" else None
+    if split in ("dev", "test") or synthesizer == "flite":
         fields.update(synthesizer="flite", voice=str(rng.choice(FLITE_VOICES[split])))
-    elif split == "train" and rng.random() < FESTIVAL_SHARE:
+    elif synthesizer == "festival":
         fields.update(synthesizer="festival", voice=str(rng.choice(festival.VOICES)))
     else:
         fields.update(synthesizer="espeak", voice=f"{rng.choice(synth.ACCENTS)}+{rng.choice(ESPEAK_VARIANTS[split])}",
                       rate_wpm=int(rng.integers(*synth.RATE_WPM, endpoint=True)),
                       pitch=int(rng.integers(*synth.PITCH, endpoint=True)),
                       pitch_range=int(rng.integers(*synth.PITCH_RANGE, endpoint=True)))
+    speed = float(rng.uniform(*SPEED))
     if fields["synthesizer"] != "espeak":
-        fields["duration_stretch"] = round(float(rng.uniform(*DURATION_STRETCH)), 3)
-    fields["speed"] = round(float(rng.uniform(*SPEED)), 3)
+        stretch = float(rng.uniform(*DURATION_STRETCH))
+        if split == "train":
+            vocal_tract = float(rng.uniform(*VOCAL_TRACT_SPEED))
+            stretch, speed = stretch * vocal_tract / speed, vocal_tract
+            fields["pitch_hz"] = [round(float(rng.uniform(*PITCH_HZ)), 1), round(float(rng.uniform(*PITCH_STD_HZ)), 1)]
+        fields["duration_stretch"] = round(stretch, 3)
+    fields["speed"] = round(speed, 3)
     if rng.random() < ROOM_SHARE:
         fields["rt60_s"] = round(float(rng.uniform(*RT60_S)), 3)
         fields["direct_to_reverb_db"] = round(float(rng.uniform(*DIRECT_TO_REVERB_DB)), 1)
@@ -97,7 +112,7 @@ def _synthesize(fields: dict, festival_audio) -> tuple[np.ndarray, int]:
     if fields["synthesizer"] == "espeak":
         return espeak.synthesize(fields["text"], fields["voice"], fields["rate_wpm"], fields["pitch"], fields["pitch_range"])
     if fields["synthesizer"] == "flite":
-        return flite.synthesize(fields["text"], fields["voice"], fields["duration_stretch"])
+        return flite.synthesize(fields["text"], fields["voice"], fields["duration_stretch"], fields.get("pitch_hz"))
     return next(festival_audio)
 
 
@@ -108,7 +123,7 @@ def _write_block(seed: int, out_dir: str, sizes: dict[str, int], start: int) -> 
     plans = [(index, split, plan(seed, index, split)) for index, split in plans]
     # One festival process for the block's festival utterances, in order.
     festival_audio = iter(festival.synthesize_many(
-        [(f["text"], f["voice"], f["duration_stretch"]) for _, _, f in plans if f["synthesizer"] == "festival"]))
+        [(f["text"], f["voice"], f["duration_stretch"], f["pitch_hz"]) for _, _, f in plans if f["synthesizer"] == "festival"]))
     entries = []
     for index, split, fields in plans:
         speech, rate = _synthesize(fields, festival_audio)

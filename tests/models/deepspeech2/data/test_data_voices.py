@@ -34,6 +34,32 @@ def test_flite_through_ctypes_equals_the_flite_command(voice, tmp_path):
     assert len(slower) / len(samples) == pytest.approx(1.3, abs=0.05)
 
 
+def _median_f0(samples: np.ndarray, rate: int = 16000) -> float:
+    """Median over loud frames of the autocorrelation's strongest lag in 60-400 Hz, float64 numpy."""
+    samples = samples.astype(np.float64)
+    estimates = []
+    for start in range(0, len(samples) - 640, 320):
+        frame = samples[start:start + 640] - samples[start:start + 640].mean()
+        if np.sum(frame**2) < 0.05 * len(frame) * np.mean(samples**2):
+            continue
+        correlation = np.correlate(frame, frame, "full")[len(frame) - 1:]
+        lag = rate // 400 + np.argmax(correlation[rate // 400: rate // 60])
+        estimates.append(rate / lag)
+    return float(np.median(estimates))
+
+
+@needs_flite
+def test_flite_diphone_voice_speaks_at_the_pitch_asked_and_then_at_its_own():
+    own, _ = flite.synthesize(TEXT, "kal16")
+    high, _ = flite.synthesize(TEXT, "kal16", pitch_hz=(200.0, 30.0))
+    again, _ = flite.synthesize(TEXT, "kal16")  # the setting must not leak into the next call
+    assert _median_f0(own) == pytest.approx(95, rel=0.15)
+    assert _median_f0(high) == pytest.approx(200, rel=0.1)
+    np.testing.assert_array_equal(again, own)
+    with pytest.raises(ValueError, match="flite voice slt has no pitch setting"):
+        flite.synthesize(TEXT, "slt", pitch_hz=(200.0, 30.0))
+
+
 @needs_flite
 def test_flite_refuses_a_voice_it_does_not_have():
     with pytest.raises(ValueError, match="flite has no voice 'kal_diphone'"):
@@ -57,6 +83,16 @@ def test_festival_in_one_batch_equals_text2wave_per_utterance(tmp_path):
         festival.synthesize_many([(TEXT, "awb", 1.0)])
 
 
+@needs_festival
+def test_festival_speaks_at_the_pitch_asked_for_that_utterance_only():
+    high, own, low = festival.synthesize_many([(TEXT, "kal_diphone", 1.0, (200.0, 30.0)), (TEXT, "kal_diphone", 1.0, None),
+                                               (TEXT, "ked_diphone", 1.0, (85.0, 10.0))])
+    assert _median_f0(high[0]) == pytest.approx(200, rel=0.1)
+    assert _median_f0(own[0]) == pytest.approx(105, rel=0.1)
+    assert _median_f0(low[0]) == pytest.approx(85, rel=0.1)
+    np.testing.assert_array_equal(own[0], festival.synthesize_many([(TEXT, "kal_diphone", 1.0)])[0][0])
+
+
 def test_dev_and_test_never_share_a_synthesizer_or_a_speaker_with_training():
     sizes = voices.split_sizes(3000)
     assert sizes == {"train": 2100, "dev": 300, "test": 300, "test_espeak": 300}
@@ -66,11 +102,25 @@ def test_dev_and_test_never_share_a_synthesizer_or_a_speaker_with_training():
         plans[split].append(voices.plan(4, index, split))
     assert voices.plan(4, 33, "train") == voices.plan(4, 33, "train")  # a function of (seed, index)
     train_synths = collections.Counter(p["synthesizer"] for p in plans["train"])
-    assert set(train_synths) == {"espeak", "festival"}
-    assert train_synths["festival"] / len(plans["train"]) == pytest.approx(voices.FESTIVAL_SHARE, abs=0.06)
+    assert set(train_synths) == set(voices.TRAIN_SHARES)
+    for synthesizer, share in voices.TRAIN_SHARES.items():
+        assert train_synths[synthesizer] / len(plans["train"]) == pytest.approx(share, abs=0.06)
+    train_flite = {p["voice"] for p in plans["train"] if p["synthesizer"] == "flite"}
+    assert train_flite == set(flite.DIPHONE_VOICES)
     for split in ("dev", "test"):
         assert {p["synthesizer"] for p in plans[split]} == {"flite"}
         assert {p["voice"] for p in plans[split]} == set(voices.FLITE_VOICES[split])
+        assert not train_flite & set(voices.FLITE_VOICES[split])
+        assert not any("pitch_hz" in p for p in plans[split])
+    diphone = [p for p in plans["train"] if p["synthesizer"] != "espeak"]
+    pitch = np.array([p["pitch_hz"][0] for p in diphone])
+    assert voices.PITCH_HZ[0] <= pitch.min() and pitch.max() <= voices.PITCH_HZ[1] and np.ptp(pitch) > 100
+    speed = np.array([p["speed"] for p in diphone])
+    assert voices.VOCAL_TRACT_SPEED[0] - 1e-3 <= speed.min() and speed.max() <= voices.VOCAL_TRACT_SPEED[1] + 1e-3
+    # The tempo heard (stretch / speed) stays in the range of the held-out splits'.
+    tempo = np.array([p["duration_stretch"] / p["speed"] for p in diphone])
+    low, high = voices.DURATION_STRETCH[0] / voices.SPEED[1], voices.DURATION_STRETCH[1] / voices.SPEED[0]
+    assert low - 0.01 <= tempo.min() and tempo.max() <= high + 0.01
     assert {p["synthesizer"] for p in plans["test_espeak"]} == {"espeak"}
     train_variants = {p["voice"].split("+")[1] for p in plans["train"] if p["synthesizer"] == "espeak"}
     test_variants = {p["voice"].split("+")[1] for p in plans["test_espeak"]}
