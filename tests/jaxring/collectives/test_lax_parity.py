@@ -204,6 +204,21 @@ def test_vmap_of_pmap_matches_lax():
         assert_same(np.asarray(got), np.asarray(want), 3)
 
 
+
+def test_vmap_over_a_trailing_axis_inside_pmap_matches_lax():
+    # The batching rule sees the vmapped axis at position 1, not 0 (moved to the front and back).
+    x = random_array(np.random.default_rng(9), (3, 6, 5), jnp.float32)  # devices, data, vmapped
+
+    def body(ops, v):
+        return ops.allreduce(v, "i"), ops.reduce_scatter(v, "i", tiled=True), ops.all_gather(v, "i", tiled=True)
+
+    def run_mapped(ops):
+        return jax.pmap(jax.vmap(functools.partial(body, ops), in_axes=1, out_axes=1), "i", devices=jax.devices()[:3])(x)
+
+    for got, want in zip(run_mapped(Ring), run_mapped(Lax)):
+        assert got.shape == want.shape
+        assert_same(np.asarray(got), np.asarray(want), 3)
+
 def collectives_in(program, *args):
     """The collective and custom-call instructions XLA compiled `program` to."""
     compiled = program.lower(*args).compile().as_text()
