@@ -393,7 +393,7 @@ class Trainer:
             if data_report is not None:
                 metrics_lib.write_json(self.workdir / "data_report.json", data_report)
                 for split in data_report.values():
-                    print(f"data {split['summary']}", flush=True)
+                    self.progress.status(f"data {split['summary']}")
             log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None, resumed_row=resumed_row)
             per_device = cfg.train.batch_size // (self.world_size * self.n_local)
             self.progress.status(

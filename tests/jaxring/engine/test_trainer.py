@@ -173,7 +173,8 @@ def test_run_directory(tmp_path, capsys):
     sections = {"train": {"epochs": 2}, "optim": {"schedule": "anneal", "anneal_factor": 2.0}}  # 12 steps an epoch
     state, summary = train_params(tmp_path, 4, task=ReportingTask(), **sections)
     assert json.loads((tmp_path / "data_report.json").read_text()) == ReportingTask().check_data()
-    assert "data 96 rows, none dropped\n" in capsys.readouterr().out  # the report's summary is shown too
+    data_lines = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" data 96 rows, none dropped")]
+    assert len(data_lines) == 1 and TIMESTAMP.match(data_lines[0])  # the report's summary is shown, as a status line
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 25, 2))
     # each row's rate is the one its step used: halved after step 12
