@@ -1,12 +1,18 @@
-"""All-reduce benchmark on the devices of one process: jaxring's ring against lax.psum.
+"""All-reduce benchmark on the devices of one process: jaxring's allreduce against lax.psum.
 
-Both run in the same process, interleaved size by size, so the ratio is
-measured under the same load. Prints a table and writes JSON records:
-impl, n_devices, n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps,
-ratio_to_psum (time of psum / time of this impl: > 1 means faster than psum).
+All implementations run in the same process, size by size, their timed calls
+interleaved call by call (one of each in turn), so the ratios are measured
+under the same load. Prints a table and writes JSON records: impl, n_devices,
+n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps, ratio_to_psum (time
+of psum / time of this impl: > 1 means faster than psum).
+
+impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
+engine's one-shot path up to its threshold, the ring above); with --paths,
+"ring" and "one_shot" force the CPU engine's two paths, which measures the
+crossover (csrc/cpu_engine.h).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
-    python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32
+    python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths
 
 Sizes take K/M/G suffixes (binary: 1K = 1024 bytes); each size is 4x the last.
 """
@@ -27,6 +33,7 @@ def parse_args():
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer, e.g. 64M (default)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per size and impl")
+    parser.add_argument("--paths", action="store_true", help="also time the CPU engine's ring and one-shot paths, forced")
     parser.add_argument("--json", help="write the records here")
     return parser.parse_args()
 
@@ -39,11 +46,20 @@ import jax  # noqa: E402  (the device count must be set before jax starts)
 import jax.numpy as jnp  # noqa: E402
 
 import jaxring  # noqa: E402
-from jaxring.engine.timing import median_seconds  # noqa: E402
+import numpy as np  # noqa: E402
 
+from jaxring.collectives import _ffi  # noqa: E402
+
+CPU_ENGINE = _ffi.cpu_module()
+# name -> (body, the CPU engine's path while it runs)
 IMPLS = {
-    "ring": lambda x: jaxring.allreduce(x, "i"),
-    "psum": lambda x: jax.lax.psum(x, "i"),
+    "jaxring": (lambda x: jaxring.allreduce(x, "i"), "auto"),
+    "psum": (lambda x: jax.lax.psum(x, "i"), "auto"),
+}
+FORCED_PATHS = {
+    "ring": (lambda x: jaxring.allreduce(x, "i"), "ring"),
+    "one_shot": (lambda x: jaxring.allreduce(x, "i"), "one_shot"),
+    "push": (lambda x: jaxring.allreduce(x, "i"), "push"),
 }
 
 
@@ -53,8 +69,19 @@ def bus_bandwidth(nbytes, seconds, n):
     return algbw, algbw * 2 * (n - 1) / n
 
 
-def time_calls(fn, x, repeats):
-    return median_seconds(lambda: fn(x), repeats, warmup=2)  # compile, then warm up
+def time_interleaved(programs, x, repeats):
+    """Median seconds per call of each program, timed one call of each in turn (after two
+    untimed calls each, which compile and warm up)."""
+    times = {name: [] for name in programs}
+    for round_ in range(2 + repeats):
+        for name, (fn, path) in programs.items():
+            CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
+            start = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            if round_ >= 2:
+                times[name].append(time.perf_counter() - start)
+    CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def main():
@@ -74,10 +101,10 @@ def main():
             x = jax.pmap(lambda s: jnp.full((elements,), s, dtype), devices=devices)(
                 jnp.arange(1, n + 1, dtype=dtype)
             )
-            medians = {}
-            for impl, body in IMPLS.items():
-                fn = jax.pmap(body, axis_name="i", devices=devices)
-                medians[impl] = time_calls(fn, x, repeats)
+            impls = dict(IMPLS, **(FORCED_PATHS if args.paths else {}))
+            programs = {name: (jax.pmap(body, axis_name="i", devices=devices), path)
+                        for name, (body, path) in impls.items()}
+            medians = time_interleaved(programs, x, repeats)
             for impl, seconds in medians.items():
                 algbw, busbw = bus_bandwidth(nbytes, seconds, n)
                 records.append(
@@ -100,9 +127,9 @@ def machine():
 
 
 def print_table(records):
-    print(f"{'dtype':>8} {'bytes':>10} {'impl':>5} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9}")
+    print(f"{'dtype':>8} {'bytes':>10} {'impl':>8} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9}")
     for r in records:
-        print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>5} {r['median_s'] * 1e3:>10.3f} "
+        print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>8} {r['median_s'] * 1e3:>10.3f} "
               f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f}")
 
 

@@ -1,16 +1,17 @@
-// CPU handler of the ring collectives: a real ring across the host-device
-// threads that XLA runs one per device. Each rank reads only its left
-// neighbour's buffers, as a GPU rank reads its neighbour over peer access.
-#include <cstring>
+// CPU handler of the ring collectives: the CPU engine (cpu_engine.h), which
+// runs ring_protocol.h across the host-device threads that XLA runs one per
+// device. Each rank reads its peers' buffers in place, as a GPU rank reads
+// its neighbour over peer access.
+#include <chrono>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
-#include "rendezvous.h"
-#include "host_elementwise.h"
+#include "cpu_engine.h"
 #include "ring_handler_common.h"
-#include "ring_protocol.h"
-#include "ring_schedule.h"
 #include "task_threads.h"
 
 namespace jaxring {
@@ -18,49 +19,18 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-template <typename T, typename Acc>
-std::string RunRing(const RingCall& call, RankBuffers& me) {
-  RendezvousHandle rendezvous(call.key, call.ranks, call.rank);
-  if (!rendezvous.join_error().empty()) return rendezvous.join_error();
-  const auto deadline = DeadlineFor(call.timeout_ms);
-  if (auto error = rendezvous->Arrive(call.rank, &me, deadline); !error.empty()) {
-    return error;
-  }
-  const int64_t left_rank = Mod(call.rank - 1, call.ranks);
-  const int64_t right_rank = Mod(call.rank + 1, call.ranks);
-  const RankBuffers& left = *static_cast<RankBuffers*>(rendezvous->state(left_rank));
-  HostElementwise ew;
-  const auto stages = BuildSchedule(call.mode, call.elements, call.ranks,
-                                    call.rank, call.slice_elements, call.align);
-  for (const Stage& st : stages) {
-    if (auto e = rendezvous->WaitFor(left_rank, st.wait_left, deadline); !e.empty()) return e;
-    if (auto e = rendezvous->WaitFor(right_rank, st.wait_right, deadline); !e.empty()) return e;
-    RunStagePiece<T, Acc>(st, 0, st.count, me, left, ew);
-    rendezvous->Advance(call.rank);
-  }
-  // XLA may reuse our buffers once we return: wait until the right
-  // neighbour has read everything it reads from them.
-  return rendezvous->WaitFor(right_rank, FinalWaitRight(stages), deadline);
-}
+// How long a handler waits on XLA's thread for its peers to arrive before a
+// task thread takes the call. Host-device ranks arrive up to milliseconds
+// apart on a busy machine, and a hand-off costs about as much as a small
+// call (docs/PERFORMANCE.md: 100 us gave 1.0x psum at 4-256 KiB, 5 ms 1.1x).
+constexpr auto kInlineWait = std::chrono::milliseconds(5);
 
-std::string RunRingOf(ffi::DataType type, const RingCall& call, RankBuffers& me) {
-  switch (type) {
-    case ffi::DataType::F32:
-      return RunRing<float, float>(call, me);
-    case ffi::DataType::BF16:
-      return RunRing<Bf16, float>(call, me);
-    case ffi::DataType::F16:
-      return RunRing<_Float16, float>(call, me);
-    case ffi::DataType::S32:
-      return RunRing<int32_t, int32_t>(call, me);
-    default:
-      return "jaxring: unsupported dtype";
-  }
-}
-
-// Asynchronous: returns at once and completes the future when the rank is
-// done, on a task thread (ranks wait for their peers, possibly until the
-// timeout, so they must not hold XLA's threads: task_threads.h).
+// Asynchronous: finishes on XLA's thread when every rank arrives within
+// kInlineWait, as lax.psum's rendezvous does; else returns and completes the
+// future on a task thread, so that XLA's threads are never held longer
+// (ranks may wait for their peers until the timeout, and two independent
+// collectives may run in different orders on different devices:
+// task_threads.h).
 ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
                     ffi::Result<ffi::AnyBuffer> out,
                     ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id,
@@ -84,7 +54,19 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
   }
   RankBuffers me{x.untyped_data(), out->untyped_data(),
                  layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
-  CompleteOnTaskThread(promise, [type = x.element_type(), call, me]() mutable { return RunRingOf(type, call, me); });
+  const std::vector<int64_t> devices(ring_devices.begin() + call.key.group * call.ranks,
+                                     ring_devices.begin() + (call.key.group + 1) * call.ranks);
+  auto rank_call = std::make_shared<CpuCall>(call, x.element_type(), me, devices);
+  if (rank_call->EveryoneArrivedWithin(kInlineWait)) {
+    // Nothing left to wait for but the peers' arithmetic: finish here.
+    if (const std::string error = rank_call->Run(); error.empty()) {
+      promise.SetAvailable();
+    } else {
+      promise.SetError(ffi::Error::Internal(error));
+    }
+    return future;
+  }
+  CompleteOnTaskThread(promise, [rank_call] { return rank_call->Run(); });
   return future;
 }
 

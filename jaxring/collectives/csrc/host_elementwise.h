@@ -49,12 +49,22 @@ struct HostElementwise {
   void Add(const A* a, const B* b, D* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) Store(ToAcc(a[i]) + ToAcc(b[i]), dst + i);
   }
+  // Block by block, so that the compiler vectorises the adds over elements
+  // while each element is still summed in rank order.
   template <typename T>
   void SumInRankOrder(const T* const* inputs, int ranks, int64_t offset, T* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      auto sum = ToAcc(inputs[0][offset + i]);
-      for (int p = 1; p < ranks; ++p) sum += ToAcc(inputs[p][offset + i]);
-      Store(sum, dst + i);
+    using Acc = decltype(ToAcc(T{}));
+    constexpr int64_t kBlock = 512;
+    Acc sum[kBlock];
+    for (int64_t begin = 0; begin < n; begin += kBlock) {
+      const int64_t count = n - begin < kBlock ? n - begin : kBlock;
+      const T* first = inputs[0] + offset + begin;
+      for (int64_t i = 0; i < count; ++i) sum[i] = ToAcc(first[i]);
+      for (int p = 1; p < ranks; ++p) {
+        const T* in = inputs[p] + offset + begin;
+        for (int64_t i = 0; i < count; ++i) sum[i] += ToAcc(in[i]);
+      }
+      for (int64_t i = 0; i < count; ++i) Store(sum[i], dst + begin + i);
     }
   }
 };

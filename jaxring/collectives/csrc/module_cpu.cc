@@ -3,9 +3,12 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "cpu_engine.h"
 #include "rendezvous.h"
 #include "ring_handler_common.h"
 #include "ring_schedule.h"
@@ -47,6 +50,23 @@ NB_MODULE(_jaxring_cpu, m) {
   }, nb::arg("mode"), nb::arg("element_bytes"), nb::arg("elements"), nb::arg("slice_bytes"),
      nb::arg("staging_slice"),
      "4-byte elements of the workspace a call needs (ring_handler_common.h's WorkspaceFor).");
+  // The CPU engine's path (cpu_engine.h): benchmarks force one to measure the crossover.
+  nb::dict paths;
+  paths["auto"] = static_cast<int64_t>(jaxring::CpuPath::kAuto);
+  paths["ring"] = static_cast<int64_t>(jaxring::CpuPath::kRing);
+  paths["one_shot"] = static_cast<int64_t>(jaxring::CpuPath::kOneShot);
+  paths["push"] = static_cast<int64_t>(jaxring::CpuPath::kPush);
+  m.attr("CPU_PATHS") = paths;
+  m.def("cpu_path", [] { return static_cast<int64_t>(jaxring::CpuForcedPath()); });
+  m.def("set_cpu_path", [](int64_t path) {
+    if (path < 0 || path > static_cast<int64_t>(jaxring::CpuPath::kPush)) {
+      throw std::invalid_argument("set_cpu_path takes a value of CPU_PATHS, got " + std::to_string(path));
+    }
+    jaxring::SetCpuForcedPath(static_cast<jaxring::CpuPath>(path));
+  }, nb::arg("path"), "Every later call takes this path (CPU_PATHS); 'auto' chooses by size.");
+  m.def("cpu_push_max_bytes", &jaxring::CpuPushMaxBytes,
+        "Largest buffer (bytes) the CPU engine's 'auto' path takes the push path for (the ring above).");
+  m.def("set_cpu_push_max_bytes", &jaxring::SetCpuPushMaxBytes, nb::arg("bytes"));
   m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds,
         "Seconds a rendezvous waits for missing ranks (inf: no limit); jaxring/collectives/timeout.py sets it.");
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));

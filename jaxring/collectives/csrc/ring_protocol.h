@@ -1,7 +1,8 @@
-// The synchronisation protocol of the device-synchronised ring engine,
-// written once for the GPU (cuda_device_ring.cu, one block per lane) and for
-// host threads (protocol_test_hook.cc, which pytest drives): the same code
-// decides what each rank waits for and publishes; only the primitives differ.
+// The synchronisation protocol of the ring engines, written once for the GPU
+// (cuda_device_ring.cu, one block per lane), the CPU handler (cpu_engine.cc,
+// one lane per rank on its handler thread) and host-thread tests
+// (protocol_test_hook.cc, which pytest drives): the same code decides what
+// each rank waits for and publishes; only the primitives differ.
 //
 // Flags. Every rank owns a flag block of kMaxDeviceRanks x kMaxLanes 64-bit
 // words in its own memory. Word (peer, lane) is written only by `peer` (its
@@ -195,6 +196,26 @@ JAXRING_HOST_DEVICE LaneOutcome WaitForEveryone(const LaneCall<typename Sync::Wo
   return Succeeded();
 }
 
+// Tells every rank this lane's `progress` and waits until every rank's says
+// the same. Publishing a value twice is harmless, so a caller may meet at 0
+// (arrival) ahead of a lane that meets there again (the CPU engine does, to
+// learn whether its peers are already there).
+template <typename Sync>
+JAXRING_HOST_DEVICE LaneOutcome MeetEveryone(const LaneCall<typename Sync::Word>& call, Sync& sync,
+                                             int64_t progress) {
+  typename Sync::Word* everyone[kMaxDeviceRanks];
+  for (int64_t p = 0; p < call.ranks; ++p) everyone[p] = call.WordOf(p, call.rank);
+  sync.Publish(everyone, static_cast<int>(call.ranks), call.Value(progress));
+  return WaitForEveryone(call, sync, progress);
+}
+
+// Every rank's input, read once every rank has arrived: a rank may publish
+// its buffers with its arrival (the CPU engine).
+template <typename T, typename Word>
+JAXRING_HOST_DEVICE void InputsOfEveryone(const LaneCall<Word>& call, const T** inputs) {
+  for (int64_t p = 0; p < call.ranks; ++p) inputs[p] = static_cast<const T*>(call.buffers[p].in);
+}
+
 // One lane of the one-shot path for small buffers: once every rank has
 // arrived, each reads every rank's input and adds them in rank order (so all
 // replicas are bitwise identical), then waits until every rank has finished
@@ -203,17 +224,12 @@ template <typename T, typename Sync, typename Elementwise>
 JAXRING_HOST_DEVICE LaneOutcome RunOneShotLane(const SchedulePlan& plan,
                                                const LaneCall<typename Sync::Word>& call,
                                                Sync& sync, Elementwise& ew) {
-  typename Sync::Word* everyone[kMaxDeviceRanks];
+  LaneOutcome outcome = MeetEveryone(call, sync, 0);
+  if (!outcome.ok) return outcome;
   const T* inputs[kMaxDeviceRanks];
-  for (int64_t p = 0; p < call.ranks; ++p) {
-    everyone[p] = call.WordOf(p, call.rank);
-    inputs[p] = static_cast<const T*>(call.buffers[p].in);
-  }
+  InputsOfEveryone(call, inputs);
   const int unit = 16 / static_cast<int>(sizeof(T));
   const int ranks = static_cast<int>(call.ranks);
-  sync.Publish(everyone, ranks, call.Value(0));
-  LaneOutcome outcome = WaitForEveryone(call, sync, 0);
-  if (!outcome.ok) return outcome;
   T* out = static_cast<T*>(call.buffers[call.rank].out);
   const Chunking& chunks = plan.chunks;
   if (plan.mode == Mode::kAllGather) {
@@ -232,8 +248,52 @@ JAXRING_HOST_DEVICE LaneOutcome RunOneShotLane(const SchedulePlan& plan,
     ew.SumInRankOrder(inputs, ranks, begin + pieces.Offset(call.lane),
                       out + pieces.Offset(call.lane), pieces.Size(call.lane));
   }
-  sync.Publish(everyone, ranks, call.Value(1));
-  return WaitForEveryone(call, sync, 1);
+  return MeetEveryone(call, sync, 1);
+}
+
+// One lane of the push path: once every rank has arrived, each sums its own
+// chunk of every input in rank order (the one-shot path's arithmetic, so the
+// same bits) and writes the sum into every rank's output (all_gather: its
+// input into every output), then waits until every rank has finished writing
+// into its output and reading its input. Each rank reads and writes a k-th of
+// what it does on the one-shot path: where the ranks share one memory (host
+// devices), the path that moves the fewest bytes.
+constexpr int64_t kPushBlockBytes = 1 << 20;
+
+template <typename T, typename Sync, typename Elementwise>
+JAXRING_HOST_DEVICE LaneOutcome RunPushLane(const SchedulePlan& plan,
+                                            const LaneCall<typename Sync::Word>& call,
+                                            Sync& sync, Elementwise& ew) {
+  LaneOutcome outcome = MeetEveryone(call, sync, 0);
+  if (!outcome.ok) return outcome;
+  const T* inputs[kMaxDeviceRanks];
+  InputsOfEveryone(call, inputs);
+  const int unit = 16 / static_cast<int>(sizeof(T));
+  const Chunking& chunks = plan.chunks;
+  const int64_t begin = chunks.Offset(call.rank);
+  const Chunking pieces = LanePieces(chunks.Size(call.rank), call.lanes, unit);
+  const int64_t offset = pieces.Offset(call.lane), n = pieces.Size(call.lane);
+  T* out = static_cast<T*>(call.buffers[call.rank].out);
+  if (plan.mode == Mode::kReduceScatter) {
+    ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), begin + offset, out + offset, n);
+  } else {
+    // All-reduce: this rank's sum, copied from its own output while it is
+    // still in cache; all_gather: its input.
+    const bool reduce = plan.mode == Mode::kAllReduce;
+    const int64_t block = reduce ? kPushBlockBytes / static_cast<int64_t>(sizeof(T)) : n;
+    for (int64_t done = 0; done < n; done += block) {
+      const int64_t at = begin + offset + done, count = Min(block, n - done);
+      const T* mine = inputs[call.rank] + offset + done;
+      if (reduce) {
+        ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), at, out + at, count);
+        mine = out + at;
+      }
+      for (int64_t p = 0; p < call.ranks; ++p) {
+        if (p != call.rank || !reduce) ew.Copy(static_cast<T*>(call.buffers[p].out) + at, mine, count);
+      }
+    }
+  }
+  return MeetEveryone(call, sync, 1);
 }
 
 // The error of a lane that gave up, for the handler to return: which rank

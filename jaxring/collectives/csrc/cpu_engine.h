@@ -1,0 +1,83 @@
+// The CPU engine of the ring collectives: ring_protocol.h's lanes, one per
+// rank, run on the rank's handler thread over flag words in host memory.
+//
+// - The ranks of a ring (one traced op on one set of devices) share flag
+//   blocks and a slot per rank for its buffers. A rank counts its own calls
+//   (the call's epoch, ring_protocol.h), writes its buffers into its slot and
+//   then publishes its arrival, so a call needs no meeting of its own: the
+//   k-th call of a rank meets the k-th call of the others, even when a fast
+//   rank is already one execution ahead.
+// - A waiting rank spins briefly, then sleeps on the flag word (a futex on
+//   its low half, which changes at every publish) and is woken by the rank
+//   that publishes; a publish costs no system call while nobody sleeps.
+// - Paths (CpuPath): the push path (each rank sums its chunk of every input
+//   in rank order and writes it into every output) up to CpuPushMaxBytes,
+//   the pipelined ring above it. On host devices, which share one memory,
+//   the push path moves the fewest bytes and the ring never beat it
+//   (docs/PERFORMANCE.md), so the default takes it at every size; the ring
+//   runs when forced and for rings of more ranks than the one-shot lanes
+//   hold (kMaxDeviceRanks). One-shot (every rank sums every input) gives the
+//   push path's bits and runs when forced.
+// - A rank that does not arrive or stops fails the call on every rank within
+//   its timeout, naming it; the ring is then broken for that execution (a rank
+//   that arrives late fails at once) and starts afresh at the next one.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rendezvous.h"
+#include "ring_handler_common.h"
+#include "ring_protocol.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxring {
+
+enum class CpuPath : int64_t { kAuto = 0, kRing = 1, kOneShot = 2, kPush = 3 };
+
+// kAuto takes the push path up to this many bytes (the whole buffer), the
+// ring above; settable for the benchmarks that measure the crossover.
+int64_t CpuPushMaxBytes();
+void SetCpuPushMaxBytes(int64_t bytes);
+// What every call takes; kAuto unless a benchmark forces a path.
+CpuPath CpuForcedPath();
+void SetCpuForcedPath(CpuPath path);
+
+struct CpuRing;
+struct RingSlot;
+
+// Rank `call.rank`'s part of one call: `devices` are the ring's device
+// ordinals in rank order. Made on the handler's thread (it takes the rank's
+// next epoch and publishes its buffers); run there or on another thread.
+class CpuCall {
+ public:
+  CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
+          const std::vector<int64_t>& devices);
+  ~CpuCall();  // the rank's next call may begin
+  CpuCall(const CpuCall&) = delete;
+  CpuCall& operator=(const CpuCall&) = delete;
+
+  // Whether every rank has arrived at this call within `wait`: the call then
+  // finishes without waiting on anything but its peers' work (no other
+  // collective), so a handler may run it on XLA's thread.
+  bool EveryoneArrivedWithin(Clock::duration wait);
+  // Runs the call to its end: "" or the error, which names the rank at fault.
+  std::string Run();
+
+ private:
+  LaneCall<std::atomic<uint64_t>> Lane() const;
+  std::string CheckPeersRanSameExecution();
+
+  const RingCall call_;
+  const xla::ffi::DataType type_;
+  const CpuPath path_;
+  RingSlot* slot_ = nullptr;
+  CpuRing* ring_ = nullptr;  // nullptr: the call failed before it began (error_)
+  std::string error_;
+  uint64_t epoch_ = 0;
+  Clock::time_point deadline_;
+};
+
+}  // namespace jaxring
