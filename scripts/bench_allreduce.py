@@ -4,7 +4,9 @@ All implementations run in the same process, size by size, their timed calls
 interleaved call by call (one of each in turn), so the ratios are measured
 under the same load. Prints a table and writes JSON records: impl, n_devices,
 n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps, ratio_to_psum (time
-of psum / time of this impl: > 1 means faster than psum).
+of psum / time of this impl: > 1 means faster than psum) and
+paired_ratio_to_psum (the median over rounds of psum's time over this
+impl's in the same round).
 
 impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
 engine's one-shot path up to its threshold, the ring above); with --paths,
@@ -70,7 +72,7 @@ def bus_bandwidth(nbytes, seconds, n):
 
 
 def time_interleaved(programs, x, repeats):
-    """Median seconds per call of each program, timed one call of each in turn (after two
+    """Seconds of each timed call of each program, one call of each in turn (after two
     untimed calls each, which compile and warm up)."""
     times = {name: [] for name in programs}
     for round_ in range(2 + repeats):
@@ -81,7 +83,7 @@ def time_interleaved(programs, x, repeats):
             if round_ >= 2:
                 times[name].append(time.perf_counter() - start)
     CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
-    return {name: float(np.median(t)) for name, t in times.items()}
+    return {name: np.array(t) for name, t in times.items()}
 
 
 def main():
@@ -104,13 +106,17 @@ def main():
             impls = dict(IMPLS, **(FORCED_PATHS if args.paths else {}))
             programs = {name: (jax.pmap(body, axis_name="i", devices=devices), path)
                         for name, (body, path) in impls.items()}
-            medians = time_interleaved(programs, x, repeats)
-            for impl, seconds in medians.items():
-                algbw, busbw = bus_bandwidth(nbytes, seconds, n)
+            times = time_interleaved(programs, x, repeats)
+            for impl, seconds in times.items():
+                median = float(np.median(seconds))
+                algbw, busbw = bus_bandwidth(nbytes, median, n)
                 records.append(
                     dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name,
-                         median_s=seconds, algbw_GBps=algbw, busbw_GBps=busbw,
-                         ratio_to_psum=medians["psum"] / seconds)
+                         median_s=median, algbw_GBps=algbw, busbw_GBps=busbw,
+                         ratio_to_psum=float(np.median(times["psum"])) / median,
+                         # the same rounds' psum call over this call, the median of those:
+                         # steadier than the ratio of medians when the machine's speed drifts
+                         paired_ratio_to_psum=float(np.median(times["psum"] / seconds)))
                 )
             del x
     print_table(records)
@@ -127,10 +133,10 @@ def machine():
 
 
 def print_table(records):
-    print(f"{'dtype':>8} {'bytes':>10} {'impl':>8} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9}")
+    print(f"{'dtype':>8} {'bytes':>10} {'impl':>8} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9} {'paired':>6}")
     for r in records:
         print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>8} {r['median_s'] * 1e3:>10.3f} "
-              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f}")
+              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f} {r['paired_ratio_to_psum']:>6.2f}")
 
 
 if __name__ == "__main__":

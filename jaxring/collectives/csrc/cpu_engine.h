@@ -7,9 +7,11 @@
 //   then publishes its arrival, so a call needs no meeting of its own: the
 //   k-th call of a rank meets the k-th call of the others, even when a fast
 //   rank is already one execution ahead.
-// - A waiting rank spins briefly, then sleeps on the flag word (a futex on
-//   its low half, which changes at every publish) and is woken by the rank
-//   that publishes; a publish costs no system call while nobody sleeps.
+// - A waiting rank spins briefly, yields its core a hundred times (the rank
+//   it waits for may be runnable there), then sleeps on the flag word (a
+//   futex on its low half, which changes at every publish) and is woken by
+//   the rank that publishes; a publish costs no system call while nobody
+//   sleeps.
 // - Paths (CpuPath): the push path (each rank sums its chunk of every input
 //   in rank order and writes it into every output) up to CpuPushMaxBytes,
 //   the pipelined ring above it. On host devices, which share one memory,

@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace jaxring {
 
 struct Bf16 {
@@ -39,10 +43,33 @@ inline void Store(float v, Bf16* out) {  // round to nearest even; NaN stays NaN
 
 // ring_protocol.h's elementwise operations on one host thread.
 struct HostElementwise {
+  // Large copies bypass the cache (the destination is another rank's
+  // output, read next by that rank's program, not by this thread), which
+  // saves reading every destination line before writing it.
   template <typename T>
   void Copy(T* dst, const T* src, int64_t n) {
-    std::memcpy(dst, src, n * sizeof(T));
+    CopyBytes(reinterpret_cast<char*>(dst), reinterpret_cast<const char*>(src), n * sizeof(T));
   }
+  static void CopyBytes(char* dst, const char* src, int64_t bytes) {
+#if defined(__SSE2__)
+    if (bytes >= kStreamingCopyBytes) {
+      const int64_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+      std::memcpy(dst, src, head);
+      const int64_t packs = (bytes - head) / 16;
+      for (int64_t i = 0; i < packs; ++i) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + head) + i);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + head) + i, v);
+      }
+      // Streaming stores are not ordered by the release store that publishes them.
+      _mm_sfence();
+      const int64_t done = head + packs * 16;
+      std::memcpy(dst + done, src + done, bytes - done);
+      return;
+    }
+#endif
+    std::memcpy(dst, src, bytes);
+  }
+  static constexpr int64_t kStreamingCopyBytes = 256 << 10;
   // `B` is the type of what the left neighbour holds for this stage: its
   // input at the first reduce-scatter step, its partial sums after.
   template <typename A, typename B, typename D>
