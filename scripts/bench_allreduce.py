@@ -9,9 +9,9 @@ paired_ratio_to_psum (the median over rounds of psum's time over this
 impl's in the same round).
 
 impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
-engine's one-shot path up to its threshold, the ring above); with --paths,
-"ring" and "one_shot" force the CPU engine's two paths, which measures the
-crossover (csrc/cpu_engine.h).
+engine's push path up to its threshold, the ring above); with --paths,
+"ring", "one_shot" and "push" force each of the CPU engine's paths, which
+measures the crossover (csrc/cpu_engine.h).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
     python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths

@@ -75,7 +75,7 @@ struct CallBuffers {
 };
 
 template <typename T, typename Acc>
-std::vector<std::string> RunThreads(int64_t mode, bool one_shot, bool reuse_buffers, Array inputs,
+std::vector<std::string> RunThreads(int64_t mode, const std::string& path, bool reuse_buffers, Array inputs,
                                     Array outputs, int64_t lanes, int64_t slice_elements,
                                     int max_delay_us,
                                     int64_t absent_rank, int64_t absent_from_call,
@@ -153,8 +153,10 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, bool reuse_buff
               const LaneCall<Word> call{ranks, r, lanes, lane, static_cast<uint64_t>(c + 1),
                                         block_pointers.data(),
                                         &own.buffers[(reuse_buffers ? 0 : c) * ranks]};
-              const LaneOutcome outcome = one_shot ? RunOneShotLane<T>(plan, call, sync, ew)
-                                                   : RunRingLane<T, Acc>(plan, call, sync, ew);
+              const LaneOutcome outcome =
+                  path == "one_shot" ? RunOneShotLane<T>(plan, call, sync, ew)
+                  : path == "push"   ? RunPushLane<T>(plan, call, sync, ew)
+                                     : RunRingLane<T, Acc>(plan, call, sync, ew);
               if (!outcome.ok) {
                 // Later calls are skipped, but the rank's barriers still see this lane.
                 errors[r * lanes + lane] = DescribeLaneFailure(r, outcome);
@@ -177,7 +179,7 @@ std::vector<std::string> RunThreads(int64_t mode, bool one_shot, bool reuse_buff
   return errors;
 }
 
-std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, bool reuse_buffers,
+std::vector<std::string> RunProtocol(int64_t mode, const std::string& path, bool reuse_buffers,
                                      const std::string& dtype, Array inputs, Array outputs,
                                      int64_t lanes,
                                      int64_t slice_elements, int max_delay_us,
@@ -192,6 +194,9 @@ std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, bool reuse_buf
     throw std::invalid_argument("ranks must be 1.." + std::to_string(kMaxDeviceRanks) +
                                 " and lanes 1.." + std::to_string(kMaxLanes));
   }
+  if (path != "ring" && path != "one_shot" && path != "push") {
+    throw std::invalid_argument("path must be ring, one_shot or push, got '" + path + "'");
+  }
   const size_t itemsize = dtype == "float16" || dtype == "bfloat16" ? 2 : 4;
   if (inputs.itemsize() != itemsize || outputs.itemsize() != itemsize) {
     throw std::invalid_argument("inputs and outputs must have " + std::to_string(itemsize) +
@@ -199,7 +204,7 @@ std::vector<std::string> RunProtocol(int64_t mode, bool one_shot, bool reuse_buf
   }
   auto run = [&](auto element, auto accumulator) {
     return RunThreads<decltype(element), decltype(accumulator)>(
-        mode, one_shot, reuse_buffers, inputs, outputs, lanes, slice_elements, max_delay_us,
+        mode, path, reuse_buffers, inputs, outputs, lanes, slice_elements, max_delay_us,
         absent_rank,
         absent_from_call, timeout_s, seed);
   };
@@ -282,7 +287,7 @@ std::vector<Event> RecordOneShot(int64_t mode, int64_t elements, int64_t ranks, 
 }  // namespace jaxring
 
 NB_MODULE(_jaxring_protocol, m) {
-  m.def("run_threads", &jaxring::RunProtocol, nb::arg("mode"), nb::arg("one_shot"),
+  m.def("run_threads", &jaxring::RunProtocol, nb::arg("mode"), nb::arg("path"),
         nb::arg("reuse_buffers"), nb::arg("dtype"), nb::arg("inputs"), nb::arg("outputs"), nb::arg("lanes"), nb::arg("slice_elements"),
         nb::arg("max_delay_us"), nb::arg("absent_rank"), nb::arg("absent_from_call"),
         nb::arg("timeout_s"), nb::arg("seed"),

@@ -122,9 +122,11 @@ float InputOf(int64_t call, int64_t rank, int64_t i) {
   return static_cast<float>((call * 7 + rank * 13 + i * 5) % 97) - 48.0f;
 }
 
-// Runs kCalls all-reduces on the ring or one-shot path, reusing every rank's
-// buffers from call to call as XLA does; returns the number of wrong elements.
-int64_t RunAllReduces(bool one_shot) {
+enum class Path { kRing, kOneShot, kPush };
+
+// Runs kCalls all-reduces on one path, reusing every rank's buffers from call
+// to call as XLA does; returns the number of wrong elements.
+int64_t RunAllReduces(Path path) {
   std::vector<std::vector<float>> in(kRanks, std::vector<float>(kElements));
   std::vector<std::vector<float>> out(kRanks, std::vector<float>(kElements));
   std::vector<RankBuffers> buffers;
@@ -158,8 +160,10 @@ int64_t RunAllReduces(bool one_shot) {
             StridedElementwise ew{tid};
             const LaneCall<Word> call{kRanks, r, kLanes, lane, static_cast<uint64_t>(c + 1),
                                       block_pointers.data(), buffers.data()};
-            const LaneOutcome outcome = one_shot ? RunOneShotLane<float>(plan, call, sync, ew)
-                                                 : RunRingLane<float, float>(plan, call, sync, ew);
+            const LaneOutcome outcome =
+                path == Path::kOneShot ? RunOneShotLane<float>(plan, call, sync, ew)
+                : path == Path::kPush  ? RunPushLane<float>(plan, call, sync, ew)
+                                       : RunRingLane<float, float>(plan, call, sync, ew);
             if (!outcome.ok) wrong += kElements;
             kernels[r]->Arrive();
             if (lane == 0 && tid == 0) {  // the next op reads the output
@@ -183,9 +187,12 @@ int64_t RunAllReduces(bool one_shot) {
 }  // namespace jaxring
 
 int main() {
-  const int64_t ring_wrong = jaxring::RunAllReduces(/*one_shot=*/false);
-  const int64_t one_shot_wrong = jaxring::RunAllReduces(/*one_shot=*/true);
-  std::printf("mutation %d: ring %lld wrong elements, one-shot %lld\n", JAXRING_TSAN_MUTATION,
-              static_cast<long long>(ring_wrong), static_cast<long long>(one_shot_wrong));
-  return ring_wrong == 0 && one_shot_wrong == 0 ? 0 : 1;
+  using jaxring::Path;
+  const int64_t ring_wrong = jaxring::RunAllReduces(Path::kRing);
+  const int64_t one_shot_wrong = jaxring::RunAllReduces(Path::kOneShot);
+  const int64_t push_wrong = jaxring::RunAllReduces(Path::kPush);
+  std::printf("mutation %d: ring %lld wrong elements, one-shot %lld, push %lld\n",
+              JAXRING_TSAN_MUTATION, static_cast<long long>(ring_wrong),
+              static_cast<long long>(one_shot_wrong), static_cast<long long>(push_wrong));
+  return ring_wrong == 0 && one_shot_wrong == 0 && push_wrong == 0 ? 0 : 1;
 }

@@ -45,7 +45,7 @@ def test_the_gpu_publish_pattern_is_race_free_and_sums_right(programs):
     done = run(programs[0])
     assert "ThreadSanitizer" not in done.stderr, done.stderr[:4000]
     assert done.returncode == 0, done.stdout + done.stderr[:2000]
-    assert "ring 0 wrong elements, one-shot 0" in done.stdout
+    assert "ring 0 wrong elements, one-shot 0, push 0" in done.stdout
 
 
 @pytest.mark.parametrize("mutation", [1, 2, 3], ids=lambda m: MUTATIONS[m].replace(" ", "_"))

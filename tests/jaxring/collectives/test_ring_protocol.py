@@ -4,7 +4,7 @@ The GPU kernel and these threads run the same protocol code; only the flag
 primitives differ (std::atomic release/acquire here), and the arithmetic is
 the CPU handler's. Each (rank, lane) is a thread with random pauses before
 every publish; results are checked against float64 numpy (ring) or numpy's
-own rank-order float32 sum (one-shot, bitwise).
+own rank-order float32 sum (one-shot and push, bitwise).
 """
 
 import ml_dtypes
@@ -14,6 +14,7 @@ import pytest
 from jaxring.collectives import _jaxring_protocol as protocol
 from jaxring.collectives.ring import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
 
+PATHS = ("ring", "one_shot", "push")
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16), BFLOAT16]
 # Unit roundoff of each output type; sums are accumulated in float32.
@@ -40,11 +41,11 @@ def out_elements(mode, elements, ranks):
     return {ALLREDUCE: elements, REDUCE_SCATTER: elements // ranks, ALL_GATHER: elements * ranks}[mode]
 
 
-def run(mode, one_shot, inputs, *, lanes, reuse_buffers=False, slice_elements=7, max_delay_us=50,
+def run(mode, path, inputs, *, lanes, reuse_buffers=False, slice_elements=7, max_delay_us=50,
         absent_rank=-1, absent_from_call=0, timeout_s=60.0, seed=0):
     calls, ranks, elements = inputs.shape
     outputs = np.full((calls, ranks, out_elements(mode, elements, ranks)), poison(inputs.dtype), inputs.dtype)
-    errors = protocol.run_threads(mode, one_shot, reuse_buffers, inputs.dtype.name, raw(inputs), raw(outputs), lanes,
+    errors = protocol.run_threads(mode, path, reuse_buffers, inputs.dtype.name, raw(inputs), raw(outputs), lanes,
                                   slice_elements, max_delay_us, absent_rank, absent_from_call, timeout_s, seed)
     return outputs, errors
 
@@ -98,53 +99,53 @@ def padded(mode, ranks, elements):
 # refills its buffers while a neighbour still reads them; fresh buffers per
 # call let a fast rank run calls ahead.
 @pytest.mark.parametrize("reuse_buffers", [False, True], ids=["fresh", "reused"])
-@pytest.mark.parametrize("one_shot", [False, True], ids=["ring", "one_shot"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode,ranks,elements,lanes,dtype", CASES)
-def test_many_calls_with_random_delays_match_float64_and_replicas_agree(reuse_buffers, one_shot, mode, ranks,
+def test_many_calls_with_random_delays_match_float64_and_replicas_agree(reuse_buffers, path, mode, ranks,
                                                                         elements, lanes, dtype):
     rng = np.random.default_rng(ranks * 1000 + elements + mode)
     elements = padded(mode, ranks, elements)
     inputs = random_inputs(rng, dtype, 6, ranks, elements)
-    outputs, errors = run(mode, one_shot, inputs, lanes=lanes, reuse_buffers=reuse_buffers,
+    outputs, errors = run(mode, path, inputs, lanes=lanes, reuse_buffers=reuse_buffers,
                           seed=int(rng.integers(1 << 30)))
     assert errors == [""] * (ranks * lanes)
     assert_close(outputs, mode, inputs)
     if mode == ALLREDUCE:
         for r in range(1, ranks):
             assert outputs[:, r].tobytes() == outputs[:, 0].tobytes(), f"rank {r} differs from rank 0"
-    if one_shot and mode != ALL_GATHER:
+    if path != "ring" and mode != ALL_GATHER:
         total = rank_order_sum(inputs)
         mine = total if mode == ALLREDUCE else None
         for r in range(ranks):
             if mode == REDUCE_SCATTER:
                 chunk = elements // ranks
                 mine = total[:, r * chunk:(r + 1) * chunk]
-            assert outputs[:, r].tobytes() == mine.tobytes(), "one-shot is not the rank-order sum"
+            assert outputs[:, r].tobytes() == mine.tobytes(), f"{path} is not the rank-order sum"
 
 
-@pytest.mark.parametrize("one_shot", [False, True], ids=["ring", "one_shot"])
-def test_many_consecutive_calls_reuse_the_flags_without_reset(one_shot):
+@pytest.mark.parametrize("path", PATHS)
+def test_many_consecutive_calls_reuse_the_flags_without_reset(path):
     rng = np.random.default_rng(7)
     inputs = random_inputs(rng, np.float32, 200, 4, 67)
-    outputs, errors = run(ALLREDUCE, one_shot, inputs, lanes=3, reuse_buffers=True, slice_elements=5,
+    outputs, errors = run(ALLREDUCE, path, inputs, lanes=3, reuse_buffers=True, slice_elements=5,
                           max_delay_us=5)
     assert errors == [""] * 12
     assert_close(outputs, ALLREDUCE, inputs)
 
 
-@pytest.mark.parametrize("one_shot", [False, True], ids=["ring", "one_shot"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("absent_from_call", [0, 2])
-def test_a_rank_that_never_arrives_times_out_naming_it(one_shot, absent_from_call):
+def test_a_rank_that_never_arrives_times_out_naming_it(path, absent_from_call):
     rng = np.random.default_rng(3)
     ranks, lanes, absent = 4, 2, 2
     inputs = random_inputs(rng, np.float32, 4, ranks, 41)
-    outputs, errors = run(ALLREDUCE, one_shot, inputs, lanes=lanes, absent_rank=absent,
+    outputs, errors = run(ALLREDUCE, path, inputs, lanes=lanes, absent_rank=absent,
                           absent_from_call=absent_from_call, timeout_s=0.5)
     by_rank = [errors[r * lanes:(r + 1) * lanes] for r in range(ranks)]
     assert by_rank[absent] == [""] * lanes  # it stopped before the call, so it saw nothing go wrong
-    # One-shot: everyone waits on it. Ring: its right neighbour's first stage
-    # needs it; the others stall behind ranks that wait (their errors name those).
-    waiting_on_it = [0, 1, 3] if one_shot else [3]
+    # One-shot and push: everyone waits on it. Ring: its right neighbour's first
+    # stage needs it; the others stall behind ranks that wait (their errors name those).
+    waiting_on_it = [3] if path == "ring" else [0, 1, 3]
     for r in waiting_on_it:
         for error in by_rank[r]:
             assert f"rank {absent} never arrived" in error, error
@@ -158,12 +159,14 @@ def test_a_rank_that_never_arrives_times_out_naming_it(one_shot, absent_from_cal
 def test_bad_arguments_say_what_is_wrong():
     inputs = np.ones((1, 2, 4), np.float32)
     with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int32, got 'float64'"):
-        protocol.run_threads(ALLREDUCE, False, False, "float64", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, "ring", False, "float64", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
     with pytest.raises(ValueError, match="2-byte items for float16"):
-        protocol.run_threads(ALLREDUCE, False, False, "float16", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, "ring", False, "float16", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+    with pytest.raises(ValueError, match="path must be ring, one_shot or push, got 'two_shot'"):
+        protocol.run_threads(ALLREDUCE, "two_shot", False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
     inputs = np.ones((1, protocol.MAX_RANKS + 1, 4), np.float32)
     with pytest.raises(ValueError, match="ranks must be"):
-        protocol.run_threads(ALLREDUCE, False, False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
+        protocol.run_threads(ALLREDUCE, "ring", False, "float32", inputs, inputs.copy(), 1, 4, 0, -1, 0, 1.0, 0)
 
 
 # --- the one-shot path, brute force: every lane's flag operations and accesses ---
