@@ -93,7 +93,7 @@ JAXRING_HOST_DEVICE inline LaneOutcome Succeeded() { return LaneOutcome{true, -1
 // A piece of a stage or buffer: lane `lane` of `lanes` over `count` elements,
 // cut in units of `unit` elements (16 bytes) so vector accesses stay aligned.
 JAXRING_HOST_DEVICE inline Chunking LanePieces(int64_t count, int64_t lanes, int64_t unit) {
-  return Chunking{count, lanes, unit};
+  return Chunking::Make(count, lanes, unit);
 }
 
 // The elements [offset, offset + n) of one stage, for the rank `me`: what
@@ -142,16 +142,17 @@ template <typename T, typename Acc, typename Sync, typename Elementwise>
 JAXRING_HOST_DEVICE LaneOutcome RunRingLane(const SchedulePlan& plan,
                                             const LaneCall<typename Sync::Word>& call,
                                             Sync& sync, Elementwise& ew) {
-  const int64_t left = Mod(call.rank - 1, call.ranks);
-  const int64_t right = Mod(call.rank + 1, call.ranks);
+  const int64_t left = Wrap(call.rank - 1, call.ranks);
+  const int64_t right = Wrap(call.rank + 1, call.ranks);
   typename Sync::Word* const neighbours[2] = {call.WordOf(left, call.rank),
                                               call.WordOf(right, call.rank)};
   const int unit = 16 / static_cast<int>(sizeof(T));
   uint64_t seen = 0;
   sync.Publish(neighbours, 2, call.Value(0));
   const int64_t stages = plan.StageCount();
-  for (int64_t i = 0; i < stages; ++i) {
-    const Stage st = plan.StageAt(i);
+  for (int64_t i = 0, step = 0, k = 0; i < stages; ++i) {
+    const Stage st = plan.StageAt(step, k);
+    if (++k == plan.slices) k = 0, ++step;
     if (!sync.Wait(call.From(left), call.Value(st.wait_left), &seen)) {
       return LaneOutcome{false, left, call.Value(st.wait_left), seen};
     }

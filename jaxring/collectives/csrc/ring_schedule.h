@@ -45,17 +45,31 @@ enum class Mode : int64_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 }
 // align = 16 bytes / element size, every chunk and slice starts 16-byte
 // aligned for the vectorised kernels. reduce_scatter and all_gather use
 // align = 1 on buffers the caller padded to N equal chunks.
+// Made once (Make divides); Offset and Size, which the lanes call per stage,
+// only multiply and compare.
 struct Chunking {
   int64_t elements;
   int64_t ranks;
   int64_t align;
-  JAXRING_HOST_DEVICE int64_t Units() const { return (elements + align - 1) / align; }
+  int64_t base_units;   // units of every chunk
+  int64_t extra_units;  // chunks 0 .. extra_units - 1 have one more
+  JAXRING_HOST_DEVICE static Chunking Make(int64_t elements, int64_t ranks, int64_t align) {
+    const int64_t units = (elements + align - 1) / align;
+    return Chunking{elements, ranks, align, units / ranks, units % ranks};
+  }
   JAXRING_HOST_DEVICE int64_t Offset(int64_t c) const {
-    const int64_t units = Units();
-    return Min(elements, (c * (units / ranks) + Min(c, units % ranks)) * align);
+    return Min(elements, (c * base_units + Min(c, extra_units)) * align);
   }
   JAXRING_HOST_DEVICE int64_t Size(int64_t c) const { return Offset(c + 1) - Offset(c); }
 };
+
+// a mod n for a in [-2n, 2n): the schedule's chunk indices, without a division.
+JAXRING_HOST_DEVICE inline int64_t Wrap(int64_t a, int64_t n) {
+  if (a < 0) a += n;
+  if (a < 0) a += n;
+  if (a >= n) a -= n;
+  return a;
+}
 
 enum class StageKind {
   kSeed,         // out[dst] = in[src]                 (all-gather's own chunk)
@@ -90,7 +104,7 @@ struct SchedulePlan {
   JAXRING_HOST_DEVICE static SchedulePlan Make(Mode mode, int64_t total_elements,
                                                int64_t ranks, int64_t rank,
                                                int64_t slice_elements, int64_t align) {
-    const Chunking chunks{total_elements, ranks, align};
+    const Chunking chunks = Chunking::Make(total_elements, ranks, align);
     const int64_t max_chunk = chunks.Size(0);
     const int64_t slice_cap = Max(slice_elements, int64_t{1});
     const int64_t slices = Max(int64_t{1}, (max_chunk + slice_cap - 1) / slice_cap);
@@ -114,11 +128,15 @@ struct SchedulePlan {
     return (FirstSteps() + GatherSteps()) * slices;
   }
 
-  // Stage `index` (< StageCount()). Stage (t, k) of a rank needs stage
-  // (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.
+  // Stage `index` (< StageCount()).
   JAXRING_HOST_DEVICE Stage StageAt(int64_t index) const {
-    const int64_t step = index / slices;
-    const int64_t k = index % slices;
+    return StageAt(index / slices, index % slices);
+  }
+
+  // Slice k of step `step`, stage step * slices + k, without a division (the
+  // device lanes walk the stages with it). Stage (t, k) of a rank needs stage
+  // (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.
+  JAXRING_HOST_DEVICE Stage StageAt(int64_t step, int64_t k) const {
     const int64_t n = ranks();
     StageKind kind = StageKind::kCopy;
     int64_t chunk = 0, dst_base = 0, wait_right = 0;
@@ -132,7 +150,7 @@ struct SchedulePlan {
       } else if (n == 1) {
         kind = StageKind::kSeed;  // a ring of one: a copy
       } else {
-        chunk = Mod(rank - step - 2, n);
+        chunk = Wrap(rank - step - 2, n);
         kind = step == 0 ? StageKind::kReduceFirst : StageKind::kReduce;
         dst_base = chunks.Offset(chunk);
         if (step == n - 2) {
@@ -143,7 +161,7 @@ struct SchedulePlan {
       }
     } else {
       const int64_t s = step - FirstSteps();
-      chunk = Mod(rank - s - 1, n);
+      chunk = Wrap(rank - s - 1, n);
       dst_base = chunks.Offset(chunk);
       // When partial sums live in the output buffer, this chunk is what the
       // right neighbour reads in its reduce-scatter step s: do not overwrite
