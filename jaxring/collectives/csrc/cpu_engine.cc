@@ -273,9 +273,9 @@ LaneOutcome RunLane(CpuPath path, const SchedulePlan& plan, const LaneCall<Word>
   HostElementwise ew;
   switch (path) {
     case CpuPath::kOneShot:
-      return RunOneShotLane<T>(plan, lane, sync, ew);
+      return RunShotLane<T>(Shot::kOneShot, plan, lane, sync, ew);
     case CpuPath::kPush:
-      return RunPushLane<T>(plan, lane, sync, ew);
+      return RunShotLane<T>(Shot::kPush, plan, lane, sync, ew);
     default:
       return RunRingLane<T, Acc>(plan, lane, sync, ew);
   }

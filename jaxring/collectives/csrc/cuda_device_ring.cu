@@ -156,8 +156,9 @@ __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs
   BlockElementwise ew;
   const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, blockIdx.x,
                                 args.epoch, args.flag_blocks, args.buffers};
-  const LaneOutcome outcome = args.one_shot ? RunOneShotLane<T>(args.plan, call, sync, ew)
-                                            : RunRingLane<T, Acc>(args.plan, call, sync, ew);
+  const LaneOutcome outcome =
+      args.one_shot ? RunShotLane<T>(Shot::kOneShot, args.plan, call, sync, ew)
+                    : RunRingLane<T, Acc>(args.plan, call, sync, ew);
   if (!outcome.ok && threadIdx.x == 0) {
     volatile LaneFailureRecord* record = args.failures + blockIdx.x;
     record->peer = outcome.peer;

@@ -154,8 +154,8 @@ std::vector<std::string> RunThreads(int64_t mode, const std::string& path, bool 
                                         block_pointers.data(),
                                         &own.buffers[(reuse_buffers ? 0 : c) * ranks]};
               const LaneOutcome outcome =
-                  path == "one_shot" ? RunOneShotLane<T>(plan, call, sync, ew)
-                  : path == "push"   ? RunPushLane<T>(plan, call, sync, ew)
+                  path == "one_shot" ? RunShotLane<T>(Shot::kOneShot, plan, call, sync, ew)
+                  : path == "push"   ? RunShotLane<T>(Shot::kPush, plan, call, sync, ew)
                                      : RunRingLane<T, Acc>(plan, call, sync, ew);
               if (!outcome.ok) {
                 // Later calls are skipped, but the rank's barriers still see this lane.
@@ -279,7 +279,8 @@ std::vector<Event> RecordOneShot(int64_t mode, int64_t elements, int64_t ranks, 
   std::vector<Event> events;
   RecordingSync sync{&events, &call};
   RecordingElementwise ew{&events, inputs.data(), out.data(), stride};
-  RunOneShotLane<float>(SchedulePlan::Make(m, elements, ranks, rank, 1, 1), call, sync, ew);
+  RunShotLane<float>(Shot::kOneShot, SchedulePlan::Make(m, elements, ranks, rank, 1, 1), call, sync,
+                     ew);
   return events;
 }
 

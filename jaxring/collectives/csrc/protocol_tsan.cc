@@ -161,8 +161,8 @@ int64_t RunAllReduces(Path path) {
             const LaneCall<Word> call{kRanks, r, kLanes, lane, static_cast<uint64_t>(c + 1),
                                       block_pointers.data(), buffers.data()};
             const LaneOutcome outcome =
-                path == Path::kOneShot ? RunOneShotLane<float>(plan, call, sync, ew)
-                : path == Path::kPush  ? RunPushLane<float>(plan, call, sync, ew)
+                path == Path::kOneShot ? RunShotLane<float>(Shot::kOneShot, plan, call, sync, ew)
+                : path == Path::kPush  ? RunShotLane<float>(Shot::kPush, plan, call, sync, ew)
                                        : RunRingLane<float, float>(plan, call, sync, ew);
             if (!outcome.ok) wrong += kElements;
             kernels[r]->Arrive();

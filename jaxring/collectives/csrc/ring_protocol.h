@@ -96,6 +96,12 @@ JAXRING_HOST_DEVICE inline Chunking LanePieces(int64_t count, int64_t lanes, int
   return Chunking::Make(count, lanes, unit);
 }
 
+// Elements of T in a 16-byte pack, the unit lanes cut buffers in.
+template <typename T>
+JAXRING_HOST_DEVICE constexpr int PackElements() {
+  return 16 / static_cast<int>(sizeof(T));
+}
+
 // The elements [offset, offset + n) of one stage, for the rank `me`: what
 // each stage kind reads and writes, for the device lanes and the CPU handler.
 template <typename T, typename Acc, typename Elementwise>
@@ -146,7 +152,7 @@ JAXRING_HOST_DEVICE LaneOutcome RunRingLane(const SchedulePlan& plan,
   const int64_t right = Wrap(call.rank + 1, call.ranks);
   typename Sync::Word* const neighbours[2] = {call.WordOf(left, call.rank),
                                               call.WordOf(right, call.rank)};
-  const int unit = 16 / static_cast<int>(sizeof(T));
+  const int unit = PackElements<T>();
   uint64_t seen = 0;
   sync.Publish(neighbours, 2, call.Value(0));
   const int64_t stages = plan.StageCount();
@@ -210,27 +216,39 @@ JAXRING_HOST_DEVICE LaneOutcome MeetEveryone(const LaneCall<typename Sync::Word>
   return WaitForEveryone(call, sync, progress);
 }
 
-// Every rank's input, read once every rank has arrived: a rank may publish
-// its buffers with its arrival (the CPU engine).
-template <typename T, typename Word>
-JAXRING_HOST_DEVICE void InputsOfEveryone(const LaneCall<Word>& call, const T** inputs) {
-  for (int64_t p = 0; p < call.ranks; ++p) inputs[p] = static_cast<const T*>(call.buffers[p].in);
+// Meets every rank at its arrival, then reads every rank's input (only then:
+// a rank may publish its buffers with its arrival, as the CPU engine does).
+template <typename T, typename Sync>
+JAXRING_HOST_DEVICE LaneOutcome ArriveForInputs(const LaneCall<typename Sync::Word>& call,
+                                                Sync& sync, const T** inputs) {
+  const LaneOutcome outcome = MeetEveryone(call, sync, 0);
+  if (outcome.ok) {
+    for (int64_t p = 0; p < call.ranks; ++p) inputs[p] = static_cast<const T*>(call.buffers[p].in);
+  }
+  return outcome;
 }
 
-// One lane of the one-shot path for small buffers: once every rank has
-// arrived, each reads every rank's input and adds them in rank order (so all
-// replicas are bitwise identical), then waits until every rank has finished
-// reading its input. `plan` gives the chunks, as for the ring.
-template <typename T, typename Sync, typename Elementwise>
-JAXRING_HOST_DEVICE LaneOutcome RunOneShotLane(const SchedulePlan& plan,
-                                               const LaneCall<typename Sync::Word>& call,
-                                               Sync& sync, Elementwise& ew) {
-  LaneOutcome outcome = MeetEveryone(call, sync, 0);
-  if (!outcome.ok) return outcome;
-  const T* inputs[kMaxDeviceRanks];
-  InputsOfEveryone(call, inputs);
-  const int unit = 16 / static_cast<int>(sizeof(T));
-  const int ranks = static_cast<int>(call.ranks);
+
+// The lanes that meet every rank twice, for small buffers (and, on host
+// devices, every size): once every rank has arrived, each reads every rank's
+// input and adds them in rank order (so all replicas are bitwise identical),
+// then waits until every rank has finished with its buffers.
+//   kOneShot: each rank sums the whole buffer into its own output.
+//   kPush: each rank sums its own chunk and writes it into every rank's
+//     output (all_gather: its input into every output): the same bits, and a
+//     k-th of one-shot's reads, so where the ranks share one memory (host
+//     devices) the path that moves the fewest bytes.
+// `plan` gives the chunks, as for the ring.
+enum class Shot { kOneShot, kPush };
+
+// All-reduce pushes its sum a block at a time, copied from its own output
+// while it is still in cache.
+constexpr int64_t kPushBlockBytes = 1 << 20;
+
+template <typename T, typename Word, typename Elementwise>
+JAXRING_HOST_DEVICE void SumEveryInput(const SchedulePlan& plan, const LaneCall<Word>& call,
+                                       const T* const* inputs, Elementwise& ew) {
+  const int unit = PackElements<T>();
   T* out = static_cast<T*>(call.buffers[call.rank].out);
   const Chunking& chunks = plan.chunks;
   if (plan.mode == Mode::kAllGather) {
@@ -240,59 +258,54 @@ JAXRING_HOST_DEVICE LaneOutcome RunOneShotLane(const SchedulePlan& plan,
       ew.Copy(out + chunks.Offset(p) + pieces.Offset(call.lane),
               inputs[p] + pieces.Offset(call.lane), pieces.Size(call.lane));
     }
-  } else {
-    // All-reduce: the whole buffer; reduce-scatter: this rank's chunk.
-    const bool scatter = plan.mode == Mode::kReduceScatter;
-    const int64_t begin = scatter ? chunks.Offset(call.rank) : 0;
-    const Chunking pieces =
-        LanePieces(scatter ? chunks.Size(call.rank) : chunks.elements, call.lanes, unit);
-    ew.SumInRankOrder(inputs, ranks, begin + pieces.Offset(call.lane),
-                      out + pieces.Offset(call.lane), pieces.Size(call.lane));
+    return;
   }
-  return MeetEveryone(call, sync, 1);
+  // All-reduce: the whole buffer; reduce-scatter: this rank's chunk.
+  const bool scatter = plan.mode == Mode::kReduceScatter;
+  const int64_t begin = scatter ? chunks.Offset(call.rank) : 0;
+  const Chunking pieces =
+      LanePieces(scatter ? chunks.Size(call.rank) : chunks.elements, call.lanes, unit);
+  ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), begin + pieces.Offset(call.lane),
+                    out + pieces.Offset(call.lane), pieces.Size(call.lane));
 }
 
-// One lane of the push path: once every rank has arrived, each sums its own
-// chunk of every input in rank order (the one-shot path's arithmetic, so the
-// same bits) and writes the sum into every rank's output (all_gather: its
-// input into every output), then waits until every rank has finished writing
-// into its output and reading its input. Each rank reads and writes a k-th of
-// what it does on the one-shot path: where the ranks share one memory (host
-// devices), the path that moves the fewest bytes.
-constexpr int64_t kPushBlockBytes = 1 << 20;
-
-template <typename T, typename Sync, typename Elementwise>
-JAXRING_HOST_DEVICE LaneOutcome RunPushLane(const SchedulePlan& plan,
-                                            const LaneCall<typename Sync::Word>& call,
-                                            Sync& sync, Elementwise& ew) {
-  LaneOutcome outcome = MeetEveryone(call, sync, 0);
-  if (!outcome.ok) return outcome;
-  const T* inputs[kMaxDeviceRanks];
-  InputsOfEveryone(call, inputs);
-  const int unit = 16 / static_cast<int>(sizeof(T));
+template <typename T, typename Word, typename Elementwise>
+JAXRING_HOST_DEVICE void PushOwnChunk(const SchedulePlan& plan, const LaneCall<Word>& call,
+                                      const T* const* inputs, Elementwise& ew) {
   const Chunking& chunks = plan.chunks;
   const int64_t begin = chunks.Offset(call.rank);
-  const Chunking pieces = LanePieces(chunks.Size(call.rank), call.lanes, unit);
+  const Chunking pieces = LanePieces(chunks.Size(call.rank), call.lanes, PackElements<T>());
   const int64_t offset = pieces.Offset(call.lane), n = pieces.Size(call.lane);
   T* out = static_cast<T*>(call.buffers[call.rank].out);
   if (plan.mode == Mode::kReduceScatter) {
     ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), begin + offset, out + offset, n);
-  } else {
-    // All-reduce: this rank's sum, copied from its own output while it is
-    // still in cache; all_gather: its input.
-    const bool reduce = plan.mode == Mode::kAllReduce;
-    const int64_t block = reduce ? kPushBlockBytes / static_cast<int64_t>(sizeof(T)) : n;
-    for (int64_t done = 0; done < n; done += block) {
-      const int64_t at = begin + offset + done, count = Min(block, n - done);
-      const T* mine = inputs[call.rank] + offset + done;
-      if (reduce) {
-        ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), at, out + at, count);
-        mine = out + at;
-      }
-      for (int64_t p = 0; p < call.ranks; ++p) {
-        if (p != call.rank || !reduce) ew.Copy(static_cast<T*>(call.buffers[p].out) + at, mine, count);
-      }
+    return;
+  }
+  const bool reduce = plan.mode == Mode::kAllReduce;
+  const int64_t block = reduce ? kPushBlockBytes / static_cast<int64_t>(sizeof(T)) : n;
+  for (int64_t done = 0; done < n; done += block) {
+    const int64_t at = begin + offset + done, count = Min(block, n - done);
+    const T* mine = inputs[call.rank] + offset + done;
+    if (reduce) {
+      ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), at, out + at, count);
+      mine = out + at;
     }
+    for (int64_t p = 0; p < call.ranks; ++p) {
+      if (p != call.rank || !reduce) ew.Copy(static_cast<T*>(call.buffers[p].out) + at, mine, count);
+    }
+  }
+}
+
+template <typename T, typename Sync, typename Elementwise>
+JAXRING_HOST_DEVICE LaneOutcome RunShotLane(Shot shot, const SchedulePlan& plan,
+                                            const LaneCall<typename Sync::Word>& call,
+                                            Sync& sync, Elementwise& ew) {
+  const T* inputs[kMaxDeviceRanks];
+  if (LaneOutcome outcome = ArriveForInputs(call, sync, inputs); !outcome.ok) return outcome;
+  if (shot == Shot::kPush) {
+    PushOwnChunk(plan, call, inputs, ew);
+  } else {
+    SumEveryInput(plan, call, inputs, ew);
   }
   return MeetEveryone(call, sync, 1);
 }
