@@ -152,7 +152,10 @@ JAXRING_HOST_DEVICE LaneOutcome RunRingLane(const SchedulePlan& plan,
   const int64_t right = Wrap(call.rank + 1, call.ranks);
   typename Sync::Word* const neighbours[2] = {call.WordOf(left, call.rank),
                                               call.WordOf(right, call.rank)};
-  const int unit = PackElements<T>();
+  // A stage's split into lanes, redone (a division) only when the stage's
+  // size changes: full slices, and chunks of a buffer that divides evenly,
+  // all have one size.
+  Chunking pieces = LanePieces(0, call.lanes, PackElements<T>());
   uint64_t seen = 0;
   sync.Publish(neighbours, 2, call.Value(0));
   const int64_t stages = plan.StageCount();
@@ -165,7 +168,7 @@ JAXRING_HOST_DEVICE LaneOutcome RunRingLane(const SchedulePlan& plan,
     if (st.wait_right > 0 && !sync.Wait(call.From(right), call.Value(st.wait_right), &seen)) {
       return LaneOutcome{false, right, call.Value(st.wait_right), seen};
     }
-    const Chunking pieces = LanePieces(st.count, call.lanes, unit);
+    if (st.count != pieces.elements) pieces = LanePieces(st.count, call.lanes, PackElements<T>());
     RunStagePiece<T, Acc>(st, pieces.Offset(call.lane), pieces.Size(call.lane),
                           call.buffers[call.rank], call.buffers[left], ew);
     sync.Publish(neighbours, 2, call.Value(i + 1));
