@@ -320,18 +320,35 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   slot_ = SlotFor(key, call.ranks);
   ring_ = RingFor(slot_, call.ranks, call.key.run_id, &error_);
   if (ring_ == nullptr) return;
-  CpuRing::RankState& state = ring_->states[call.rank];
-  epoch_ = state.calls.fetch_add(1, std::memory_order_acq_rel) + 1;
-  // Only where XLA runs one op twice at once on a device (never seen): wait for the other.
-  while (state.finished.load(std::memory_order_acquire) + 1 < epoch_) std::this_thread::yield();
-  state.started.store(epoch_, std::memory_order_release);
-  state.run_ids[epoch_ % 2] = call.key.run_id;
-  ring_->buffers[call.rank] = me;
+  epoch_ = ring_->states[call.rank].calls.fetch_add(1, std::memory_order_acq_rel) + 1;
+  me_ = me;
   deadline_ = DeadlineFor(call.timeout_ms);
 }
 
+bool CpuCall::PreviousFinished() const {
+  return ring_->states[call_.rank].finished.load(std::memory_order_acquire) + 1 >= epoch_;
+}
+
+// The rank's previous call of this op is over (it is, unless XLA runs one op
+// twice at once on a device, never seen): take over its slot and flags.
+void CpuCall::Begin() {
+  if (begun_) return;
+  for (int i = 0; !PreviousFinished(); ++i) {
+    if (i < kYieldsBeforeSleep) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  CpuRing::RankState& state = ring_->states[call_.rank];
+  state.started.store(epoch_, std::memory_order_release);
+  state.run_ids[epoch_ % 2] = call_.key.run_id;
+  ring_->buffers[call_.rank] = me_;
+  begun_ = true;
+}
+
 CpuCall::~CpuCall() {
-  if (ring_ != nullptr) ring_->states[call_.rank].finished.store(epoch_, std::memory_order_release);
+  if (begun_) ring_->states[call_.rank].finished.store(epoch_, std::memory_order_release);
 }
 
 LaneCall<Word> CpuCall::Lane() const {
@@ -341,13 +358,16 @@ LaneCall<Word> CpuCall::Lane() const {
 
 bool CpuCall::EveryoneArrivedWithin(Clock::duration wait) {
   // MeetEveryone addresses at most kMaxDeviceRanks peers.
-  if (ring_ == nullptr || call_.ranks > kMaxDeviceRanks) return false;
+  // Nor while the previous call still runs, which would hold XLA's thread.
+  if (ring_ == nullptr || call_.ranks > kMaxDeviceRanks || !PreviousFinished()) return false;
+  Begin();
   CpuSync sync{ring_, std::min(deadline_, Clock::now() + wait), SpinsFor(call_.ranks)};
   return MeetEveryone(Lane(), sync, 0).ok;
 }
 
 std::string CpuCall::Run() {
   if (ring_ == nullptr) return error_;
+  Begin();
   CpuSync sync{ring_, deadline_, SpinsFor(call_.ranks)};
   const SchedulePlan plan = SchedulePlan::Make(call_.mode, call_.elements, call_.ranks, call_.rank,
                                                call_.slice_elements, call_.align);

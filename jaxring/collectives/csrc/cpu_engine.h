@@ -51,8 +51,8 @@ struct CpuRing;
 struct RingSlot;
 
 // Rank `call.rank`'s part of one call: `devices` are the ring's device
-// ordinals in rank order. Made on the handler's thread (it takes the rank's
-// next epoch and publishes its buffers); run there or on another thread.
+// ordinals in rank order. Made on the handler's thread, which takes the
+// rank's next epoch; run there or on another thread.
 class CpuCall {
  public:
   CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
@@ -69,6 +69,8 @@ class CpuCall {
   std::string Run();
 
  private:
+  bool PreviousFinished() const;
+  void Begin();
   LaneCall<std::atomic<uint64_t>> Lane() const;
   std::string CheckPeersRanSameExecution();
 
@@ -79,6 +81,8 @@ class CpuCall {
   CpuRing* ring_ = nullptr;  // nullptr: the call failed before it began (error_)
   std::string error_;
   uint64_t epoch_ = 0;
+  RankBuffers me_{};
+  bool begun_ = false;
   Clock::time_point deadline_;
 };
 
