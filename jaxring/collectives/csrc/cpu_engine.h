@@ -15,8 +15,9 @@
 // - Paths (CpuPath): the push path (each rank sums its chunk of every input
 //   in rank order and writes it into every output) up to CpuPushMaxBytes,
 //   the pipelined ring above it. On host devices, which share one memory,
-//   the push path moves the fewest bytes and the ring never beat it
-//   (docs/PERFORMANCE.md), so the default takes it at every size; the ring
+//   the push path moves the fewest bytes and the ring was never clearly
+//   faster (level at 1 and 64 MiB, docs/PERFORMANCE.md), so the default
+//   takes it at every size; the ring
 //   runs when forced and for rings of more ranks than the one-shot lanes
 //   hold (kMaxDeviceRanks). One-shot (every rank sums every input) gives the
 //   push path's bits and runs when forced.
