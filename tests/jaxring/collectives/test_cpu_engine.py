@@ -138,9 +138,45 @@ def test_after_a_rank_never_arrives_the_next_execution_runs(path, name):
     program = jax.pmap(skip_on, axis_name="i", devices=jax.devices()[:4], in_axes=(0, None))
     with pytest.raises(Exception, match=r"rank\(s\) \[2\] that never arrived"):
         np.asarray(program(x, True))
+    with pytest.raises(Exception, match=r"rank\(s\) \[2\] that never arrived"):
+        jax.effects_barrier()  # the callback's runtime token holds the failed execution's error
     for _ in range(3):
         out = np.asarray(program(x, False))
         np.testing.assert_allclose(out[1], np.asarray(x, np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+
+LATE_RANK = """
+import time
+import jax, jax.numpy as jnp, numpy as np, jaxring
+
+x = (np.random.default_rng(8).standard_normal((4, 999)) + 0.1).astype(np.float32)
+
+def late_on_two(v, late):
+    pause = jnp.where((jax.lax.axis_index("i") == 2) & late, 3.0, 0.0)
+    v = jax.pure_callback(lambda s, a: (time.sleep(float(s)), a)[1], jax.ShapeDtypeStruct(v.shape, v.dtype), pause, v)
+    return jaxring.allreduce(v, "i", timeout=0.5)
+
+program = jax.pmap(late_on_two, axis_name="i", devices=jax.devices()[:4], in_axes=(0, None))
+try:
+    np.asarray(program(x, True))
+    print("the late execution succeeded")
+except Exception as e:
+    print("failed:", "rank(s) [2] that never arrived" in str(e))
+for _ in range(3):
+    out = np.asarray(program(x, False))
+    np.testing.assert_allclose(out[3], x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+print("next executions ok")
+"""
+
+
+def test_a_rank_late_for_a_failed_execution_fails_it_and_leaves_the_next_one_whole():
+    """Rank 2 reaches the collective 3 s late, after the others gave up on it: its call belongs
+    to the failed execution (it must not start the next one's count), and the next executions
+    run. In a process of its own: the callback that delays rank 2 keeps the failed execution's
+    error in JAX's runtime tokens until exit."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", LATE_RANK], env=env, capture_output=True, text=True, timeout=300)
+    assert "failed: True" in done.stdout and "next executions ok" in done.stdout, done.stdout + done.stderr[-3000:]
 
 
 def test_more_ranks_than_the_one_shot_path_holds_take_the_ring():
