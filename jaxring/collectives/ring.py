@@ -1,8 +1,9 @@
 """The ring collectives as JAX ops, usable inside jit under pmap or shard_map.
 
 Each op is one XLA custom call (jaxring/collectives/csrc): the handlers of the devices
-along the mapped axis meet in a host-side rendezvous and run the ring of
-docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
+along the mapped axis wait for each other's progress (on CPU the engine of
+csrc/cpu_engine.h, which runs csrc/ring_protocol.h; on CUDA the engines of
+docs/CUDA_RING.md) and run one of the paths of docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
 the mesh when the op is lowered and passed as a static attribute, so a
 handler learns its rank without reading device memory.
 
