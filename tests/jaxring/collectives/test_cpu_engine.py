@@ -138,8 +138,6 @@ def test_after_a_rank_never_arrives_the_next_execution_runs(path, name):
     program = jax.pmap(skip_on, axis_name="i", devices=jax.devices()[:4], in_axes=(0, None))
     with pytest.raises(Exception, match=r"rank\(s\) \[2\] that never arrived"):
         np.asarray(program(x, True))
-    with pytest.raises(Exception, match=r"rank\(s\) \[2\] that never arrived"):
-        jax.effects_barrier()  # the callback's runtime token holds the failed execution's error
     for _ in range(3):
         out = np.asarray(program(x, False))
         np.testing.assert_allclose(out[1], np.asarray(x, np.float64).sum(0), rtol=1e-5, atol=1e-4)
@@ -170,10 +168,9 @@ print("next executions ok")
 
 
 def test_a_rank_late_for_a_failed_execution_fails_it_and_leaves_the_next_one_whole():
-    """Rank 2 reaches the collective 3 s late, after the others gave up on it: its call belongs
-    to the failed execution (it must not start the next one's count), and the next executions
-    run. In a process of its own: the callback that delays rank 2 keeps the failed execution's
-    error in JAX's runtime tokens until exit."""
+    """Rank 2 reaches the collective 3 s late, after the others gave up on it: the execution
+    fails naming it, and the next executions run whole. In a process of its own: the callback
+    that delays rank 2 keeps the failed execution's error in JAX's runtime tokens until exit."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-c", LATE_RANK], env=env, capture_output=True, text=True, timeout=300)
     assert "failed: True" in done.stdout and "next executions ok" in done.stdout, done.stdout + done.stderr[-3000:]
