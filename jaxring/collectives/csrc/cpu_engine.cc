@@ -9,8 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <limits>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -313,7 +313,7 @@ CpuPath CpuForcedPath() { return static_cast<CpuPath>(forced_path.load(std::memo
 void SetCpuForcedPath(CpuPath path) { forced_path.store(static_cast<int64_t>(path)); }
 
 CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
-                 const std::vector<int64_t>& devices)
+                 xla::ffi::Span<const int64_t> devices)
     : call_(call), type_(type), path_(PathFor(call, type)) {
   RingKey key{call.key.op_id};
   key.insert(key.end(), devices.begin(), devices.end());
@@ -384,13 +384,9 @@ std::string CpuCall::Run() {
 std::string CpuCall::CheckPeersRanSameExecution() {
   // The ring waited for its two neighbours' progress in this call, the other
   // paths for everyone's.
-  const int64_t left = Mod(call_.rank - 1, call_.ranks), right = Mod(call_.rank + 1, call_.ranks);
-  std::vector<int64_t> peers{left, right};
-  if (path_ != CpuPath::kRing) {
-    peers.clear();
-    for (int64_t p = 0; p < call_.ranks; ++p) peers.push_back(p);
-  }
-  for (int64_t peer : peers) {
+  const int64_t left = Wrap(call_.rank - 1, call_.ranks), right = Wrap(call_.rank + 1, call_.ranks);
+  for (int64_t peer = 0; peer < call_.ranks; ++peer) {
+    if (path_ == CpuPath::kRing && peer != left && peer != right) continue;
     const int64_t theirs = ring_->states[peer].run_ids[epoch_ % 2];
     if (theirs != call_.key.run_id) {
       return Break(slot_, ring_, call_.key.run_id,

@@ -29,7 +29,6 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "rendezvous.h"
 #include "ring_handler_common.h"
@@ -52,12 +51,13 @@ struct CpuRing;
 struct RingSlot;
 
 // Rank `call.rank`'s part of one call: `devices` are the ring's device
-// ordinals in rank order. Made on the handler's thread, which takes the
-// rank's next epoch; run there or on another thread.
+// ordinals in rank order (read only by the constructor). Made on the
+// handler's thread, which takes the rank's next epoch; run there or on
+// another thread.
 class CpuCall {
  public:
   CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
-          const std::vector<int64_t>& devices);
+          xla::ffi::Span<const int64_t> devices);
   ~CpuCall();  // the rank's next call may begin
   CpuCall(const CpuCall&) = delete;
   CpuCall& operator=(const CpuCall&) = delete;

@@ -5,8 +5,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -54,8 +52,8 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
   }
   RankBuffers me{x.untyped_data(), out->untyped_data(),
                  layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
-  const std::vector<int64_t> devices(ring_devices.begin() + call.key.group * call.ranks,
-                                     ring_devices.begin() + (call.key.group + 1) * call.ranks);
+  const ffi::Span<const int64_t> devices(ring_devices.begin() + call.key.group * call.ranks,
+                                         static_cast<size_t>(call.ranks));
   auto rank_call = std::make_shared<CpuCall>(call, x.element_type(), me, devices);
   if (rank_call->EveryoneArrivedWithin(kInlineWait)) {
     // Nothing left to wait for but the peers' arithmetic: finish here.
