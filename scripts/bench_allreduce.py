@@ -9,7 +9,9 @@ paired_ratio_to_psum (the median over rounds of psum's time over this
 impl's in the same round).
 
 impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
-engine's push path up to its threshold, the ring above); with --paths,
+engine's push path up to its threshold, the ring above); "elementwise" is no
+collective but `x * 3` over the same buffers, the floor that a program
+reading and writing the bytes once pays; with --paths,
 "ring", "one_shot" and "push" force each of the CPU engine's paths, which
 measures the crossover (csrc/cpu_engine.h).
 
@@ -57,6 +59,10 @@ CPU_ENGINE = _ffi.cpu_module()
 IMPLS = {
     "jaxring": (lambda x: jaxring.allreduce(x, "i"), "auto"),
     "psum": (lambda x: jax.lax.psum(x, "i"), "auto"),
+    # No collective: one elementwise pass that reads every input and writes a
+    # new output of the same size, the floor of any all-reduce in XLA (the
+    # output's allocation and first touch included).
+    "elementwise": (lambda x: x * 3, "auto"),
 }
 FORCED_PATHS = {
     "ring": (lambda x: jaxring.allreduce(x, "i"), "ring"),
@@ -133,9 +139,9 @@ def machine():
 
 
 def print_table(records):
-    print(f"{'dtype':>8} {'bytes':>10} {'impl':>8} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9} {'paired':>6}")
+    print(f"{'dtype':>8} {'bytes':>10} {'impl':>11} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9} {'paired':>6}")
     for r in records:
-        print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>8} {r['median_s'] * 1e3:>10.3f} "
+        print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>11} {r['median_s'] * 1e3:>10.3f} "
               f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f} {r['paired_ratio_to_psum']:>6.2f}")
 
 

@@ -9,7 +9,7 @@ For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it t
 
     jaxring   K chained jaxring.allreduce(processes=True) in one pmapped jit (local
               ring, MPI ring of processes, local ring), per op: the program's time
-              less that of the same program without the all-reduces, over K
+              less that of the same program with one all-reduce, over K - 1
     mpi_bare  MPI_Allreduce of a numpy buffer of `bytes` through mpi4py, one per
               process: the baseline (with several devices per process, the
               cross-process part alone)
@@ -55,9 +55,16 @@ def sizes(max_bytes):
         size *= 4
 
 
+# The programs timed against each other hold BASE_OPS and K ops, not 0 and K:
+# a program of no ops copies its input into a new output, which the program
+# of K ops does not, so their difference was K ops less a copy (at 64 MiB,
+# most of an op). Both programs end in an op that writes their output.
+BASE_OPS = 1
+
+
 def ops_per_program(nbytes):
-    """K: enough chained ops that the difference to the empty program dominates its noise."""
-    return int(np.clip((4 << 20) // nbytes, 2, 20))
+    """K: enough chained ops that the difference to the program of BASE_OPS dominates its noise."""
+    return BASE_OPS + int(np.clip((4 << 20) // nbytes, 2, 20))
 
 
 # --- inside an mpirun job ----------------------------------------------------
@@ -86,7 +93,7 @@ def run_job(args):
             steps.update(make_steps(impl, nbytes // 4, k, world))
         times = time_steps(steps, comm, args.min_time)
         for impl in impls:
-            seconds = (times[impl, k] - times[impl, 0]) / k
+            seconds = (times[impl, k] - times[impl, BASE_OPS]) / (k - BASE_OPS)
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
                                 dtype="float32", ops_per_program=k, median_s=seconds,
                                 **(leg if impl == "jaxring" else {})))
@@ -110,11 +117,10 @@ def start_jax_distributed(comm, host):
 
 
 def make_steps(impl, elements, k, world):
-    """{(impl, ops): function of no arguments running a program of `ops` all-reduces and waiting}, ops in (0, k).
+    """{(impl, ops): function of no arguments running a program of `ops` all-reduces and waiting}, ops in (BASE_OPS, k).
 
     The programs chain their ops so that they run one after another, as a
-    step's buckets at worst do, and hold nothing else: the empty program
-    returns its input. Values grow N-fold per op, at most 8**20 times the
+    step's buckets at worst do, and hold nothing else. Values grow N-fold per op, at most 8**20 times the
     input's here, far inside float32's range.
     """
     import jax
@@ -141,16 +147,16 @@ def make_steps(impl, elements, k, world):
                 for _ in range(ops):
                     comm.Allreduce(send, receive, op=MPI.SUM)
             return run
-        return {(impl, ops): bare(ops) for ops in (0, k)}
+        return {(impl, ops): bare(ops) for ops in (BASE_OPS, k)}
     if impl == "jaxring":
         x = jax.device_put(rows, NamedSharding(Mesh(world.local_devices, ("d",)), P("d")))
         reduce = lambda a: jaxring.allreduce(a, "d", processes=True)  # noqa: E731
-        programs = {ops: jax.jit(jax.pmap(chained(reduce, ops), "d", devices=world.local_devices)) for ops in (0, k)}
+        programs = {ops: jax.jit(jax.pmap(chained(reduce, ops), "d", devices=world.local_devices)) for ops in (BASE_OPS, k)}
     elif impl == "mpi4jax":
         x = jax.device_put(rows[0], world.local_devices[0])
         comm = MPI.COMM_WORLD.Clone()
         reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
-        programs = {ops: jax.jit(chained(reduce, ops)) for ops in (0, k)}
+        programs = {ops: jax.jit(chained(reduce, ops)) for ops in (BASE_OPS, k)}
     else:  # jax_gloo
         mesh = Mesh(np.array(jax.devices()), ("d",))
         x = jax.make_array_from_single_device_arrays(
@@ -160,7 +166,7 @@ def make_steps(impl, elements, k, world):
         reduce = lambda a: jax.lax.psum(a, "d")  # noqa: E731
         programs = {
             ops: jax.jit(jax.shard_map(chained(reduce, ops), mesh=mesh, in_specs=P("d"), out_specs=P("d"), check_vma=False))
-            for ops in (0, k)
+            for ops in (BASE_OPS, k)
         }
     return {(impl, ops): (lambda p=program: p(x).block_until_ready()) for ops, program in programs.items()}
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "huge_pages.h"
 #include "mpi_host_ring.h"
 #include "mpi_ring.h"
 #include "task_threads.h"
@@ -37,6 +38,7 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
     promise.SetError(std::move(error));
     return future;
   }
+  AdviseHugePages(out->untyped_data(), out->size_bytes());
   if (leg.one_shot && leg.size > 1) {
     // Posted here, on XLA's thread, and finished here when the other
     // processes' buffers arrive within kInlineWait (they are in step); else

@@ -9,6 +9,7 @@
 #include "xla/ffi/api/ffi.h"
 
 #include "cpu_engine.h"
+#include "huge_pages.h"
 #include "ring_handler_common.h"
 #include "task_threads.h"
 
@@ -50,6 +51,7 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
     promise.SetError(ffi::Error::InvalidArgument(error));
     return future;
   }
+  AdviseHugePages(out->untyped_data(), out->size_bytes());
   RankBuffers me{x.untyped_data(), out->untyped_data(),
                  layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
   const ffi::Span<const int64_t> devices(ring_devices.begin() + call.key.group * call.ranks,
