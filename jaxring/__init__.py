@@ -11,6 +11,7 @@ from jaxring.collectives.timeout import default_timeout, set_default_timeout
 _LAZY = {
     "World": "jaxring.collectives.topology",
     "init": "jaxring.collectives.topology",
+    "initialize_jax_distributed": "jaxring.collectives.topology",
     "global_allreduce": "jaxring.collectives.mpi",
     "broadcast": "jaxring.collectives.replicas",
     "replicas_consistent": "jaxring.collectives.replicas",

@@ -17,6 +17,9 @@ For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it t
               per op as for jaxring
     jax_gloo  K chained jax.lax.psum over the global mesh (jax.distributed, gloo CPU
               collectives) in one jit, per op as for jaxring, in a job of its own
+    jaxring_global  the same program with jaxring.allreduce in place of lax.psum
+              (an axis spanning jax.distributed processes: local ring, MPI leg,
+              local ring), in jax_gloo's job
 
 Each time is the slowest rank's, median over interleaved rounds. Records carry
 impl, n_devices, n_procs, bytes (per device), dtype, median_s (per op),
@@ -45,6 +48,7 @@ import numpy as np
 from byte_sizes import parse_bytes
 
 OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
+DISTRIBUTED_IMPLS = ("jax_gloo", "jaxring_global")  # in a jax.distributed job of their own
 ONE_DEVICE_IMPLS = ("mpi4jax",)  # it moves one device's buffer per process
 
 
@@ -74,7 +78,7 @@ def run_job(args):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    if args.impls == ["jax_gloo"]:
+    if set(args.impls) <= set(DISTRIBUTED_IMPLS):
         start_jax_distributed(comm, args.coordinator_host)
     from jaxring.collectives import mpi, topology
 
@@ -98,7 +102,7 @@ def run_job(args):
                                 dtype="float32", ops_per_program=k, median_s=seconds,
                                 **(leg if impl == "jaxring" else {})))
             if world.rank == 0:
-                print(f"  {impl:9s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
+                print(f"  {impl:14s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
     if world.rank == 0:
         pathlib.Path(args.job_json).write_text(json.dumps(records))
 
@@ -157,13 +161,13 @@ def make_steps(impl, elements, k, world):
         comm = MPI.COMM_WORLD.Clone()
         reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
         programs = {ops: jax.jit(chained(reduce, ops)) for ops in (BASE_OPS, k)}
-    else:  # jax_gloo
+    else:  # over the global mesh: jax_gloo or jaxring_global
         mesh = Mesh(np.array(jax.devices()), ("d",))
         x = jax.make_array_from_single_device_arrays(
             (len(jax.devices()), elements), NamedSharding(mesh, P("d")),
             [jax.device_put(r[None], d) for r, d in zip(rows, jax.local_devices())],
         )
-        reduce = lambda a: jax.lax.psum(a, "d")  # noqa: E731
+        reduce = (lambda a: jax.lax.psum(a, "d")) if impl == "jax_gloo" else (lambda a: jaxring.allreduce(a, "d"))
         programs = {
             ops: jax.jit(jax.shard_map(chained(reduce, ops), mesh=mesh, in_specs=P("d"), out_specs=P("d"), check_vma=False))
             for ops in (BASE_OPS, k)
@@ -200,7 +204,7 @@ def time_steps(steps, comm, min_time):
 def launch(args):
     records = []
     for n_procs in args.procs:
-        for impls in ([i for i in args.impls if i in OUR_IMPLS], [i for i in args.impls if i == "jax_gloo"]):
+        for impls in ([i for i in args.impls if i in OUR_IMPLS], [i for i in args.impls if i in DISTRIBUTED_IMPLS]):
             if impls:
                 print(f"{n_procs} processes x {args.devices_per_proc} devices: {', '.join(impls)}", flush=True)
                 records += run_mpirun(args, n_procs, impls)
@@ -248,11 +252,11 @@ def add_bandwidths(records):
 
 
 def print_table(records):
-    print(f"\n{'procs':>5} {'devs':>4} {'bytes':>10} {'impl':>9} {'median ms':>10} {'algbw GB/s':>10} "
+    print(f"\n{'procs':>5} {'devs':>4} {'bytes':>10} {'impl':>14} {'median ms':>10} {'algbw GB/s':>10} "
           f"{'busbw GB/s':>10} {'vs MPI':>7}")
     for r in sorted(records, key=lambda r: (r["n_procs"], r["bytes"], r["impl"])):
         ratio = f"{r['speedup_vs_mpi_allreduce']:.2f}x" if r["speedup_vs_mpi_allreduce"] else "-"
-        print(f"{r['n_procs']:>5} {r['n_devices']:>4} {r['bytes']:>10} {r['impl']:>9} {r['median_s'] * 1e3:>10.3f} "
+        print(f"{r['n_procs']:>5} {r['n_devices']:>4} {r['bytes']:>10} {r['impl']:>14} {r['median_s'] * 1e3:>10.3f} "
               f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7}")
 
 
@@ -260,8 +264,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="process counts, one mpirun job each")
     parser.add_argument("--devices-per-proc", type=int, default=1)
-    parser.add_argument("--impls", nargs="+", default=[*OUR_IMPLS, "jax_gloo"],
-                        choices=[*OUR_IMPLS, "jax_gloo"])
+    parser.add_argument("--impls", nargs="+", default=[*OUR_IMPLS, *DISTRIBUTED_IMPLS],
+                        choices=[*OUR_IMPLS, *DISTRIBUTED_IMPLS])
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
     parser.add_argument("--json", help="write the records here")

@@ -71,16 +71,11 @@ def _leg_module():
         ) from e
     world = topology.init()
     for device, comm in zip(world.local_devices, world.device_comms):
-        _jaxring_mpi.set_device_comm(_ordinal(device), MPI._handleof(comm))
+        _jaxring_mpi.set_device_comm(ring.device_ordinal(device), MPI._handleof(comm))
     for platform, capsule in _jaxring_mpi.registrations().items():
         jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, capsule, platform=platform)
     timeout_lib.add_handler_module(_jaxring_mpi)
     return _jaxring_mpi
-
-
-def _ordinal(device) -> int:
-    """The number the leg's handler gets for `device` (XLA's DeviceOrdinal): a GPU's CUDA ordinal, else its id."""
-    return device.local_hardware_id if device.platform == "gpu" else device.id
 
 
 def processes() -> int:
@@ -97,27 +92,84 @@ def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str =
     this process' devices.
     """
     _leg_module()
-    local = ring._ring_size(names)
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
         flat = ring._varying_over_all(flat, names)
-    if local > 1:
-        chunk = -(-flat.size // local)
-        flat = jnp.pad(flat, (0, local * chunk - flat.size))
-        if local_ops == "ring":
-            flat = ring._ring(flat, mode=ring.REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
-        else:
-            flat = jax.lax.psum_scatter(flat, names, tiled=True)
-    flat = mpi_ring_p.bind(flat, timeout_ms=timeout_ms, what=what).astype(x.dtype)
-    if local > 1:
-        if local_ops == "ring":
-            flat = ring._ring(flat, mode=ring.ALL_GATHER, names=names, timeout_ms=timeout_ms)
-        else:
-            flat = jax.lax.all_gather(flat, names, tiled=True)
-        flat = flat[: x.size]
+    if local_ops == "ring":
+        scatter = functools.partial(ring._ring, mode=ring.REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
+        gather = functools.partial(ring._ring, mode=ring.ALL_GATHER, names=names, timeout_ms=timeout_ms)
+    else:
+        scatter = functools.partial(jax.lax.psum_scatter, axis_name=names, tiled=True)
+        gather = functools.partial(jax.lax.all_gather, axis_name=names, tiled=True)
+    total = _through_the_leg(flat, x.dtype, ring._ring_size(names), scatter, gather, timeout_ms, what)
     if _jax_compat.checking_varying_axes():
-        flat = invariant_p.bind(flat, names=names)
-    return flat.reshape(x.shape)
+        total = invariant_p.bind(total, names=names)
+    return total.reshape(x.shape)
+
+
+def _through_the_leg(flat, dtype, local, scatter, gather, timeout_ms, what):
+    """The sum of the 1-D `flat` (accumulation type) over the `local` devices of a ring in this
+    process and over every process: `scatter` (a local reduce-scatter), the leg on each device's
+    chunk, `gather` (a local all-gather) in `dtype`."""
+    size = flat.size
+    if local > 1:
+        chunk = -(-size // local)
+        flat = scatter(jnp.pad(flat, (0, local * chunk - size)))
+    flat = mpi_ring_p.bind(flat, timeout_ms=timeout_ms, what=what).astype(dtype)
+    if local > 1:
+        flat = gather(flat)[:size]
+    return flat
+
+
+def lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms):
+    """ring.py's lowering of jaxring.allreduce over a mesh axis that spans jax.distributed processes.
+
+    `rings`: the devices of each ring of the axis ([rings, ring size]). Each
+    process reduces its own devices of a ring with jaxring's ring, the MPI leg
+    of each of them joins the processes, and the ring all-gathers: the
+    computation of allreduce(processes=True) over those devices, so the same
+    bits. Checked here, in every process alike, so that a layout the leg
+    cannot serve fails at once: JAX's process index must be the MPI rank, every
+    ring must hold the same number of devices of every process, and the k-th
+    device of a ring in each process must be the same local device (it is that
+    device's MPI communicator that carries the k-th chunk).
+    """
+    world = topology.init()
+    if (jax.process_index(), jax.process_count()) != (world.rank, world.size):
+        raise ValueError(
+            f"jaxring.allreduce over {axis_name}, an axis spanning jax.distributed processes: this is "
+            f"JAX process {jax.process_index()} of {jax.process_count()} but MPI rank {world.rank} of "
+            f"{world.size}. Launch with mpirun or srun and initialise jax.distributed with "
+            "process_id=the MPI rank and num_processes=the MPI world size."
+        )
+    local_index = {d: i for p in range(world.size) for i, d in enumerate(jax.local_devices(process_index=p))}
+    parts = []  # per ring: this process' devices in ring order
+    for devices in rings:
+        by_process = [[local_index[d] for d in devices if d.process_index == p] for p in range(world.size)]
+        if any(positions != by_process[0] for positions in by_process):
+            raise ValueError(
+                f"jaxring.allreduce over {axis_name}, an axis spanning jax.distributed processes: a ring "
+                f"holds the local devices {by_process} of processes 0..{world.size - 1} (positions in "
+                "jax.local_devices(process_index=p)); jaxring needs every process to hold the same number "
+                "of devices of each ring, in the same local order, and every process in every ring. Build "
+                "the mesh from jax.devices() in process order (for example "
+                "np.array(jax.devices()).reshape(jax.process_count(), -1)), or use jax.lax.psum."
+            )
+        parts.append(tuple(d for d in devices if d.process_index == world.rank))
+    parts = tuple(parts)
+    (aval,) = ctx.avals_in
+    what = f"sum of {np.dtype(aval.dtype).name}[{aval.shape[0]}] over {axis_name} across {world.size} processes"
+
+    def sum_(flat):
+        acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
+        scatter = functools.partial(ring.device_rings_p.bind, mode=ring.REDUCE_SCATTER, rings=parts,
+                                    timeout_ms=timeout_ms)
+        gather = functools.partial(ring.device_rings_p.bind, mode=ring.ALL_GATHER, rings=parts,
+                                   timeout_ms=timeout_ms)
+        return _through_the_leg(acc, flat.dtype, len(parts[0]), scatter, gather, timeout_ms, what)
+
+    _leg_module()
+    return mlir.lower_fun(sum_, multiple_results=False)(ctx, x)
 
 
 def mean_over_processes_with_lax(x, axis_name):

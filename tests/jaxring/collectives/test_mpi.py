@@ -87,6 +87,12 @@ def test_bad_timeout_variable_is_explained(monkeypatch):
         mpi.global_allreduce(np.zeros((8, 2), np.float32))
 
 
-def test_jax_distributed_spanning_axis_is_refused_and_processes_true_works():
-    output = run_workers("distributed.py", [], 2, 2)
-    assert_passed(output, ["distributed"], range(2))
+@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (3, 2)])
+def test_jax_distributed_axis_spanning_processes_works_as_processes_true(n_procs, devices_per_proc):
+    output = run_workers("distributed.py", [], n_procs, devices_per_proc)
+    assert_passed(output, ["distributed"], range(n_procs))
+
+
+def test_jax_distributed_process_ids_other_than_mpi_ranks_are_refused():
+    output = run_workers("distributed.py", ["swapped"], 2, 2)
+    assert_passed(output, ["distributed-swapped"], range(2))

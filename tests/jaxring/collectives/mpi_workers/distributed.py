@@ -1,61 +1,130 @@
 """Run by test_mpi.py under mpirun: jaxring under jax.distributed (JAX's own multi-process runtime).
 
-A jaxring op over a mesh axis that spans processes is refused when it is
-compiled, at once, saying what to do (never a wait for the timeout); over an
-axis within each process of the global mesh it works, and so does
-processes=True over each process' own devices, as under mpirun alone. JAX's process index must be the MPI rank.
+jaxring.allreduce over a mesh axis that spans processes works as lax.psum
+does there: the same sums as float64 numpy, and the same bits on every device
+as allreduce(processes=True) over each process' own devices (which it
+computes). What it cannot serve is refused while compiling, at once, saying
+what to do (never a wait for the timeout): reduce_scatter and all_gather over
+such an axis, and a mesh whose rings hold each process' devices in different
+local orders. JAX's process index must be the MPI rank.
 """
 
 import socket
+import sys
 import time
 
 from mpi4py import MPI
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+import jaxring
+
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-if rank == 0:
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+# "swapped": JAX's process indices in the reverse of the MPI ranks, which jaxring must refuse.
+swapped = sys.argv[1:] == ["swapped"]
+if swapped:
+    if rank == 0:
+        with socket.socket() as s:  # a free port for the coordinator
+            s.bind(("localhost", 0))
+            port = s.getsockname()[1]
+    else:
+        port = None
+    jax.distributed.initialize(f"localhost:{comm.bcast(port)}", num_processes=size, process_id=size - 1 - rank)
 else:
-    port = None
-port = comm.bcast(port)
-jax.distributed.initialize(f"localhost:{port}", num_processes=size, process_id=rank)
-assert jax.process_index() == rank and jax.process_count() == size, (jax.process_index(), rank)
-
-import jaxring  # noqa: E402  (after jax.distributed, as a user would)
+    jaxring.initialize_jax_distributed(host="localhost")
 
 L = jax.local_device_count()
 mesh = Mesh(np.array(jax.devices()), ("x",))
-x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.full((L, 3), rank + 1, np.float32))
-spanning = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
-start = time.monotonic()
-try:
-    spanning(x)
-except ValueError as error:
-    message, seconds = str(error), time.monotonic() - start
-else:
-    raise AssertionError("jaxring.allreduce over a mesh spanning processes was not refused")
-assert f"spans the processes {list(range(size))}" in message and "processes=True" in message, message
-assert "jax.lax.psum" in message, message
-# Refused while compiling, not after a wait: far below any timeout (timings are not tested here).
-assert seconds < 60, seconds
-print(f"rank {rank}: refused in {seconds:.3f} s", flush=True)
 
-# An axis within each process of a global mesh is a ring of one process: it works.
+
+def refused(f, *args):
+    start = time.monotonic()
+    try:
+        f(*args)
+    except ValueError as error:
+        return str(error), time.monotonic() - start
+    raise AssertionError("not refused")
+
+
+if swapped:
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.ones((L, 3), np.float32))
+    message, seconds = refused(jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P())), x)
+    assert f"JAX process {size - 1 - rank} of {size} but MPI rank {rank}" in message and "process_id" in message, message
+    assert seconds < 60, seconds
+    print(f"PASS rank {rank} distributed-swapped", flush=True)
+    sys.exit(0)
+assert jax.process_index() == rank and jax.process_count() == size, (jax.process_index(), rank)
+
+
+def rows_of(process, n, dtype):
+    """Process `process`'s rows, one per local device: random, odd-sized, never all zeros."""
+    values = np.random.default_rng([7, process, n]).standard_normal((L, n))
+    return (values * 100).astype(np.int32) if dtype == np.int32 else values.astype(dtype)
+
+
+def over_the_global_axis(op, rows):
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows)
+    f = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x", op), mesh=mesh, in_specs=P("x"), out_specs=P()))
+    return np.asarray(f(x).addressable_shards[0].data)[0]
+
+
+def with_processes_true(op, rows):
+    out = jax.pmap(lambda v: jaxring.allreduce(v, "i", op, processes=True), "i", devices=jax.local_devices())(rows)
+    return np.asarray(out)
+
+
+# Works over an axis that spans every process, every dtype, odd sizes and
+# sizes below the number of devices.
+for dtype in (np.float32, jnp.bfloat16, np.float16, np.int32):
+    for n in (1, 3, 1000):
+        for op in ("sum", "mean"):
+            if op == "mean" and dtype == np.int32:
+                continue
+            got = over_the_global_axis(op, rows_of(rank, n, dtype))
+            reference = with_processes_true(op, rows_of(rank, n, dtype))
+            assert all((row.view(np.uint8) == got.view(np.uint8)).all() for row in reference), (dtype, n, op)
+            exact = sum(rows_of(p, n, dtype).astype(np.float64).sum(0) for p in range(size))
+            exact = exact / (size * L) if op == "mean" else exact
+            tolerance = {np.float32: 1e-5, np.int32: 0}.get(dtype, 2e-2)
+            np.testing.assert_allclose(got.astype(np.float64), exact, rtol=tolerance, atol=tolerance)
+print(f"rank {rank}: allreduce over the global axis matches numpy and processes=True bitwise", flush=True)
+
+# A 2-D global mesh: over the process axis alone (rings of one device per
+# process) and over both axes, against float64 numpy.
 grid = Mesh(np.array(jax.devices()).reshape(size, L), ("p", "l"))
 mine = np.random.default_rng([8, rank]).standard_normal((1, L, 4)).astype(np.float32)
+every = [np.random.default_rng([8, p]).standard_normal((1, L, 4)).astype(np.float64) for p in range(size)]
 blocks = jax.make_array_from_process_local_data(NamedSharding(grid, P("p", "l")), mine)
-local_sum = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "l"), mesh=grid, in_specs=P("p", "l"), out_specs=P("p")))
-got = np.asarray(local_sum(blocks).addressable_shards[0].data)
-np.testing.assert_allclose(got[0, 0], mine[0].astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+position = {d: index for index, d in np.ndenumerate(grid.devices)}
+expectations = {  # axes: (out_specs, expected block of the device at (p, l))
+    "p": (P(None, "l"), lambda p, l: sum(e[0, l] for e in every)),
+    ("p", "l"): (P(), lambda p, l: sum(e[0].sum(0) for e in every)),
+    "l": (P("p"), lambda p, l: every[p][0].sum(0)),
+}
+for axes, (out_spec, expected) in expectations.items():
+    f = jax.jit(jax.shard_map(lambda v, a=axes: jaxring.allreduce(v, a), mesh=grid, in_specs=P("p", "l"), out_specs=out_spec))
+    for shard in f(blocks).addressable_shards:
+        np.testing.assert_allclose(np.asarray(shard.data).reshape(4), expected(*position[shard.device]), rtol=1e-5, atol=1e-5)
+print(f"rank {rank}: 2-D mesh over the process axis and over both", flush=True)
 
-rows = np.random.default_rng([7, rank]).standard_normal((L, 5)).astype(np.float32)
-every = [np.random.default_rng([7, r]).standard_normal((L, 5)).astype(np.float64) for r in range(size)]
-out = jax.pmap(lambda v: jaxring.allreduce(v, "i", processes=True), "i", devices=jax.local_devices())(rows)
-np.testing.assert_allclose(np.asarray(out), np.broadcast_to(sum(e.sum(0) for e in every), out.shape), rtol=1e-5, atol=1e-5)
+
+# What the leg cannot serve is refused while compiling, far below any timeout.
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows_of(rank, 4 * L * size, np.float32))
+scatter = jax.jit(jax.shard_map(lambda v: jaxring.reduce_scatter(v[0], "x", tiled=True), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+message, seconds = refused(scatter, x)
+assert "spans jax.distributed processes" in message and "jax.lax.psum_scatter" in message, message
+assert seconds < 60, seconds
+if L > 1:
+    # Each process' devices in another local order: the k-th chunk would meet another device's chunk.
+    order = [d for p in range(size) for d in (jax.local_devices(process_index=p)[::-1] if p % 2 else jax.local_devices(process_index=p))]
+    mixed = Mesh(np.array(order), ("x",))
+    y = jax.make_array_from_process_local_data(NamedSharding(mixed, P("x")), rows_of(rank, 5, np.float32))
+    message, seconds = refused(jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x"), mesh=mixed, in_specs=P("x"), out_specs=P())), y)
+    assert "same local order" in message and "jax.lax.psum" in message, message
+    assert seconds < 60, seconds
+print(f"rank {rank}: refusals at compile time", flush=True)
 print(f"PASS rank {rank} distributed", flush=True)
