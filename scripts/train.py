@@ -37,7 +37,7 @@ def parse_args(argv=None):
                         help="gradient all-reduce: jaxring's ring or jax.lax.pmean (same as --set train.allreduce=...)")
     parser.add_argument("--host-devices", type=int,
                         help="split the CPU into this many XLA devices for data parallelism on the host "
-                        "(default: XLA's single CPU device; on 2 cores more devices were no faster)")
+                        "(default: XLA's single CPU device; `make train` uses 2, docs/TRAINING.md)")
     args = parser.parse_args(argv)
     if args.config is None and not (args.resume and args.workdir):
         parser.error("give --config, or --workdir with --resume to continue a run with its saved config")

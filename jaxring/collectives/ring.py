@@ -171,6 +171,12 @@ def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
     """allreduce(processes=True) of one leaf in a job of several processes."""
     from jaxring.collectives import mpi
 
+    if jax.process_count() > 1 and ranks > jax.local_device_count():
+        raise ValueError(
+            f"jaxring.allreduce(..., processes=True) over {names}: the axis has {ranks} devices, more than "
+            f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "
+            "over it already sums over them. Drop processes=True, or map the axis over jax.local_devices()."
+        )
     if x.size == 0:
         total = x
     else:

@@ -5,8 +5,9 @@ does there: the same sums as float64 numpy, and the same bits on every device
 as allreduce(processes=True) over each process' own devices (which it
 computes). What it cannot serve is refused while compiling, at once, saying
 what to do (never a wait for the timeout): reduce_scatter and all_gather over
-such an axis, and a mesh whose rings hold each process' devices in different
-local orders. JAX's process index must be the MPI rank.
+such an axis, processes=True over it (which would sum over the processes
+twice), and a mesh whose rings hold each process' devices in different local
+orders. JAX's process index must be the MPI rank.
 """
 
 import socket
@@ -126,5 +127,8 @@ if L > 1:
     message, seconds = refused(jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x"), mesh=mixed, in_specs=P("x"), out_specs=P())), y)
     assert "same local order" in message and "jax.lax.psum" in message, message
     assert seconds < 60, seconds
+twice = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x", processes=True), mesh=mesh, in_specs=P("x"), out_specs=P()))
+message, seconds = refused(twice, jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows_of(rank, 5, np.float32)))
+assert "already sums over them" in message and "Drop processes=True" in message, message
 print(f"rank {rank}: refusals at compile time", flush=True)
 print(f"PASS rank {rank} distributed", flush=True)
