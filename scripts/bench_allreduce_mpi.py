@@ -37,7 +37,6 @@ import json
 import os
 import pathlib
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,7 +78,7 @@ def run_job(args):
 
     comm = MPI.COMM_WORLD
     if set(args.impls) <= set(DISTRIBUTED_IMPLS):
-        start_jax_distributed(comm, args.coordinator_host)
+        start_jax_distributed(args.coordinator_host)
     from jaxring.collectives import mpi, topology
 
     world = topology.init()
@@ -107,17 +106,14 @@ def run_job(args):
         pathlib.Path(args.job_json).write_text(json.dumps(records))
 
 
-def start_jax_distributed(comm, host):
-    """jax.distributed with its coordinator on rank 0 at `host` (an address every rank can reach)."""
+def start_jax_distributed(host):
+    """jax.distributed (gloo collectives) with its coordinator on rank 0 at `host` (an address every rank can reach)."""
     import jax
 
-    address = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            address = f"{host}:{s.getsockname()[1]}"
+    from jaxring.collectives import topology
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(comm.bcast(address), num_processes=comm.Get_size(), process_id=comm.Get_rank())
+    topology.initialize_jax_distributed(host=host)
 
 
 def make_steps(impl, elements, k, world):

@@ -231,7 +231,6 @@ JAXRING_HOST_DEVICE LaneOutcome ArriveForInputs(const LaneCall<typename Sync::Wo
   return outcome;
 }
 
-
 // The lanes that meet every rank twice, for small buffers (and, on host
 // devices, every size): once every rank has arrived, each reads every rank's
 // input and adds them in rank order (so all replicas are bitwise identical),
