@@ -9,8 +9,8 @@ process and one host device per node): one TCP stream node 0 -> node 1
 all-reduces of scripts/bench_allreduce_mpi.py (its --job-json mode, run under
 this cluster's mpirun: jaxring.allreduce(processes=True) in a jit, a bare
 MPI_Allreduce through mpi4py and mpi4jax in a jit; then JAX's gloo psum in a
-job of its own, its coordinator on node 0's address). Then, at the
-first rate, ds2_tiny weak scaling (scripts/bench_train.py, the same batch per
+job of its own, its coordinator on node 0's address). Then, at each of
+--train-rates (default: every rate), ds2_tiny weak scaling (scripts/bench_train.py, the same batch per
 node) over --train-nodes. busbw = bytes * 2(N-1)/N / time, against the link.
 """
 
@@ -67,17 +67,20 @@ def train(cluster, args) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 3, 4], help="node counts of the all-reduce runs")
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
     parser.add_argument("--max-bytes", type=parse_bytes, default=16 << 20)
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--train-nodes", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--train-rates", nargs="*", help="rates of the weak-scaling runs (default: every --rates)")
     parser.add_argument("--batch-per-node", type=int, default=8)
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--allreduce-args", default="",
                         help="more options for bench_allreduce_mpi.py, e.g. '--piece-bytes 1M'")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.train_rates is None:
+        args.train_rates = args.rates
     interrupt_on_termination()
     os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU, shared with other jobs; emulated links",
@@ -95,7 +98,7 @@ def main(argv=None):
                     print(f"  {r['impl']:8} {r['bytes']:>10} B {r['median_s'] * 1e3:9.2f} ms  busbw "
                           f"{r['busbw_GBps'] * 8:6.3f} Gbit/s = {r['busbw_GBps'] * 8e9 / stream['bits_per_s']:.2f}"
                           " x TCP", flush=True)
-        if rate == args.rates[0]:
+        if rate in args.train_rates:
             for n in args.train_nodes:
                 with Cluster(n, rate) as cluster:
                     record = train(cluster, args)

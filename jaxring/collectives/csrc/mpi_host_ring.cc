@@ -50,8 +50,6 @@ namespace ffi = xla::ffi;
 // Spin (yielding the core) this long, then poll every millisecond: a long
 // wait means a late process, and must not eat a core another process needs.
 constexpr auto kSpin = std::chrono::milliseconds(100);
-// Receives of the ring posted ahead of the one being waited for, in slices.
-constexpr int64_t kReceivesAhead = 8;
 
 std::mutex comms_mu;
 std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
@@ -155,8 +153,12 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
     // Received straight into the output: a stage's destination is never what
     // a pending send reads (the ring_schedule.h schedule: the left sends a
     // slice of the all-gather only after the right took this rank's partial
-    // sum of it).
-    for (; received < stages && received < done + kReceivesAhead; ++received) {
+    // sum of it), however early the receive is posted. Posted as far ahead
+    // as the left posts its sends (a step): a send that finds no receive
+    // posted goes through Open MPI's unexpected-message path, which halved
+    // the ring's throughput over TCP once a step held more than the 8
+    // slices then posted ahead (docs/PERFORMANCE.md, "Over the network").
+    for (; received < stages && received < done + slices; ++received) {
       const Stage st = mine.StageAt(received);
       if (st.count == 0) continue;
       MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
