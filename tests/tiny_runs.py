@@ -34,14 +34,14 @@ def tiny_overrides(cache_dir, batch_size=8, **values):
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
 
 
-def mpirun(n_procs, script_and_args, env=(), with_mpi4py=False, devices_per_proc=2):
-    """The Popen of `mpirun -np N python [-m mpi4py] SCRIPT ARGS`, in a session of its own, output piped."""
+def mpirun(n_procs, script_and_args, env=(), with_mpi4py=False, devices_per_proc=2, mpirun_args=()):
+    """The Popen of `mpirun [MPIRUN_ARGS] -np N python [-m mpi4py] SCRIPT ARGS`, in a session of its own, output piped."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
     environment.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_proc}",
                        **dict(env))
     # Waiting ranks yield the core: the test machine has fewer cores than ranks.
     command = [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
-    command += ["-np", str(n_procs)]
+    command += [*mpirun_args, "-np", str(n_procs)]
     for name in ["JAX_PLATFORMS", "XLA_FLAGS", *dict(env)]:
         command += ["-x", name]
     command += [sys.executable, *(["-m", "mpi4py"] if with_mpi4py else []), *map(str, script_and_args)]

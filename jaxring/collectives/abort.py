@@ -50,11 +50,34 @@ def abort_on_uncaught_exception() -> None:
 
     def abort(kind, value, traceback):
         report(kind, value, traceback)
+        if failure := process_failure(value):
+            print(failure, file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort
+
+
+def process_failure(error: BaseException) -> str | None:
+    """The line naming the failed processes, if `error` is MPI's report of a process failure; else None.
+
+    MPI reports one where the job runs on after a process or node dies (Open
+    MPI launched with `mpirun --with-ft ulfm`), to every process that then
+    talks to it; mpi4py raises it as MPI.Exception.
+    """
+    from mpi4py import MPI
+
+    proc_failed = getattr(MPI, "ERR_PROC_FAILED", None)
+    if proc_failed is None or not isinstance(error, MPI.Exception) or error.Get_error_class() != proc_failed:
+        return None
+    world = MPI.COMM_WORLD
+    failed = world.Get_failed()
+    ranks = MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())), world.Get_group())
+    named = ", ".join(f"rank {r}" for r in sorted(ranks)) or "unknown processes"
+    return (f"rank {world.Get_rank()}: MPI reports a process failure; failed: {named} (the process, or its node, "
+            "is gone). The job must end; a training job continues from its newest checkpoint with --resume "
+            "once every node is back.")
 
 
 def exit_job(message: str) -> None:

@@ -107,7 +107,8 @@ def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
         return "wrong", next(line for line in output.splitlines() if "WRONG" in line)
     if code is None:
         return "hang", f"still running {seconds:.0f} s after the fault"
-    named = f"no answer from rank {rank}" in output or f"rank {rank} with PID" in output
+    named = any(said in output for said in (f"no answer from rank {rank}", f"failed: rank {rank}",
+                                            f"rank {rank} with PID"))
     by_node = not named and any(f"{before}{node}{after}" in output for before, after in
                                 (("peer: ", " "), ("on node ", "\n"), ("Remote host:   ", "\n")))
     if code == 0:

@@ -21,7 +21,10 @@
 // Buffers have the accumulation type (float32 or int32; Python casts 16-bit
 // floats before and after), so partial sums live in the output.
 //
-// Every wait polls MPI_Test against the deadline.
+// Every wait polls MPI_Test against the deadline. The communicators return
+// MPI's errors instead of aborting: a process (or node) that dies mid-call is
+// then named at once where the MPI reports failures (Open MPI launched with
+// `mpirun --with-ft ulfm`), instead of after the timeout or by a bare abort.
 // Messages carry the op's tag, fixed when it is lowered, so collectives that
 // XLA runs concurrently, or in different orders in different processes,
 // never take each other's messages; within one op, messages between two
@@ -37,6 +40,10 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_Comm_get_failed, where the MPI has it (Open MPI, MPICH)
+#endif
 
 #include "mpi_host_ring.h"
 #include "mpi_ring.h"
@@ -54,6 +61,11 @@ constexpr auto kSpin = std::chrono::milliseconds(100);
 std::mutex comms_mu;
 std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
 
+constexpr const char* kJobMustEnd =
+    "The processes are now out of step: the job must end (scripts/train.py aborts it on an "
+    "uncaught exception, as python -m mpi4py does); a training job continues from its newest "
+    "checkpoint with --resume once every node is back.";
+
 std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%g", leg.timeout_s);
@@ -62,9 +74,43 @@ std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +
          " s " + waiting_for + "; no answer from rank " + std::to_string(peer) +
          " (stopped, dead, or in another call). The limit is set by timeout=, "
-         "jaxring.set_default_timeout or $JAXRING_TIMEOUT_S. The processes are now out of "
-         "step: the job must end (scripts/train.py aborts it on an uncaught exception, as "
-         "python -m mpi4py does).";
+         "jaxring.set_default_timeout or $JAXRING_TIMEOUT_S. " + kJobMustEnd;
+}
+
+// The processes `comm` knows to have failed, as "rank 2, rank 3", or "" where
+// the MPI cannot say.
+std::string FailedRanks(MPI_Comm comm) {
+  std::string names;
+#if defined(MPIX_ERR_PROC_FAILED)
+  MPI_Group failed, all;
+  if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return names;
+  int count = 0;
+  MPI_Group_size(failed, &count);
+  std::vector<int> in_failed(count), in_comm(count);
+  for (int i = 0; i < count; ++i) in_failed[i] = i;
+  MPI_Comm_group(comm, &all);
+  MPI_Group_translate_ranks(failed, count, in_failed.data(), all, in_comm.data());
+  for (int rank : in_comm) names += (names.empty() ? "rank " : ", rank ") + std::to_string(rank);
+  MPI_Group_free(&all);
+  MPI_Group_free(&failed);
+#endif
+  return names;
+}
+
+// The message for MPI error `rc`, met while waiting for `peer` (-1: one of several).
+std::string Failed(const Leg& leg, int rc, int peer, const char* waiting_for) {
+  char reported[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, reported, &length);
+  const std::string failed = FailedRanks(leg.comm);
+  const std::string waited = peer >= 0 ? "rank " + std::to_string(peer) : "the other processes";
+  return "jaxring.allreduce across processes (" + leg.what + " on device " +
+         std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
+         std::to_string(leg.rank) + " of " + std::to_string(leg.size) + ", waiting " +
+         waiting_for + " from " + waited + ", got MPI's error \"" +
+         std::string(reported, length) + "\"" +
+         (failed.empty() ? "" : "; failed: " + failed + " (the process, or its node, is gone)") +
+         ". " + kJobMustEnd;
 }
 
 // Polls until `done()` or `until`; false at `until`.
@@ -87,6 +133,21 @@ bool Completed(MPI_Request* request) {
   int done = 0;
   MPI_Test(request, &done, MPI_STATUS_IGNORE);
   return done != 0;
+}
+
+// MPI_Test(request): true once it completed or failed, *rc saying which.
+bool Tested(MPI_Request* request, int* rc) {
+  int done = 0;
+  *rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  return done != 0 || *rc != MPI_SUCCESS;
+}
+
+// MPI_Testall over `requests`: true once all completed or one failed, *rc saying which.
+bool AllTested(std::vector<MPI_Request>& requests, int* rc) {
+  int done = 0;
+  *rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                    MPI_STATUSES_IGNORE);
+  return done != 0 || *rc != MPI_SUCCESS;
 }
 
 // Past the deadline: cancels the receives still pending (no message will
@@ -164,8 +225,12 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
       MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
                 leg.comm, &receives[received]);
     }
-    if (receives[done] != MPI_REQUEST_NULL && !PollUntil(leg.deadline, [&] { return Completed(&receives[done]); })) {
-      return TimedOut(receives, lefts, sends, rights, leg);
+    if (receives[done] != MPI_REQUEST_NULL) {
+      int rc = MPI_SUCCESS;
+      if (!PollUntil(leg.deadline, [&] { return Tested(&receives[done], &rc); })) {
+        return TimedOut(receives, lefts, sends, rights, leg);
+      }
+      if (rc != MPI_SUCCESS) return Failed(leg, rc, left, "for a chunk");
     }
     const Stage st = mine.StageAt(done);
     if (st.kind != StageKind::kCopy) {
@@ -173,14 +238,11 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
     }
     ++done;
   }
-  if (!PollUntil(leg.deadline, [&] {
-        int all = 0;
-        MPI_Testall(static_cast<int>(stages), sends.data(), &all, MPI_STATUSES_IGNORE);
-        return all != 0;
-      })) {
+  int rc = MPI_SUCCESS;
+  if (!PollUntil(leg.deadline, [&] { return AllTested(sends, &rc); })) {
     return TimedOut(receives, lefts, sends, rights, leg);
   }
-  return "";
+  return rc == MPI_SUCCESS ? "" : Failed(leg, rc, right, "for its chunks to be taken");
 }
 
 template <typename T>
@@ -241,18 +303,15 @@ OneShot::OneShot(ffi::DataType type, const void* in, void* out, int64_t elements
 }
 
 bool OneShot::Finish(Clock::time_point until, std::string* error) {
-  const int n = leg_.size;
-  auto all = [n](std::vector<MPI_Request>& requests) {
-    return [n, &requests] {
-      int done = 0;
-      MPI_Testall(n, requests.data(), &done, MPI_STATUSES_IGNORE);
-      return done != 0;
-    };
-  };
+  int rc = MPI_SUCCESS;
   if (!summed_) {
-    if (!PollUntil(until, all(receives_))) {
+    if (!PollUntil(until, [&] { return AllTested(receives_, &rc); })) {
       if (until < leg_.deadline) return false;
       *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+      return true;
+    }
+    if (rc != MPI_SUCCESS) {
+      *error = Failed(leg_, rc, -1, "for their buffers");
       return true;
     }
     if (type_ == ffi::DataType::F32) {
@@ -264,12 +323,12 @@ bool OneShot::Finish(Clock::time_point until, std::string* error) {
     }
     summed_ = true;
   }
-  if (!PollUntil(until, all(sends_))) {
+  if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
     if (until < leg_.deadline) return false;
     *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
     return true;
   }
-  error->clear();
+  *error = rc == MPI_SUCCESS ? "" : Failed(leg_, rc, -1, "for its buffer to be taken");
   return true;
 }
 
@@ -286,8 +345,10 @@ std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t e
 }
 
 void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {
+  const auto comm = reinterpret_cast<MPI_Comm>(handle);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // the waits report errors, naming processes
   std::lock_guard<std::mutex> lock(comms_mu);
-  comms[device_ordinal] = reinterpret_cast<MPI_Comm>(handle);
+  comms[device_ordinal] = comm;
 }
 
 }  // namespace jaxring
