@@ -1,22 +1,25 @@
 """A cost model of jaxring's all-reduce schedules, fitted to measurements, and its projection to 1024 GPUs.
 
     .venv/bin/python scripts/project_scaling.py \\
-        --network docs/bench/network-cpu2-2026-11-24.json --plot docs/images/scaling-ds2_paper.png \\
-        --json docs/bench/scaling-projection-2026-11-24.json
+        --network docs/bench/network-cpu2-2026-11-25.json --plot docs/images/scaling-ds2_paper.png \\
+        --json docs/bench/scaling-projection-2026-11-25.json
 
 The schedules (docs/ARCHITECTURE.md):
   ring of p ranks     2(p-1) steps, each moving one chunk (the largest of p near-equal chunks):
                       T = 2(p-1) * (alpha + ceil(S/p) / beta)
   across processes    (collectives/mpi.py) with g devices per node and n nodes: local ring
-                      reduce-scatter (g-1 steps), then g concurrent rings across the nodes, one
+                      reduce-scatter (g-1 steps), then g concurrent legs across the nodes, one
                       per local device on its S/g shard, sharing the node's NICs, then a local
                       all-gather (g-1 steps); GPU shards go through host memory around MPI.
+  the leg             (csrc/mpi_host_ring.cc) up to mpi.ONE_SHOT_MAX_BYTES one-shot: each node
+                      sends its shard to the n-1 others at once, one step:
+                      T = alpha + (n-1) S/beta; above, the ring of n ranks.
   buckets             (collectives/fusion.py) one such all-reduce per bucket, one after another.
   overlap             none: the sync runs after the backward pass (engine/sync.py), so the
                       step is compute + all-reduce.
 
 Fits (least squares on each measured point's time): the in-process CPU ring
-(docs/bench/allreduce-cpu8-2026-11-23.json), the host-staged CUDA ring's
+(docs/bench/allreduce-cpu8-2026-11-25-late-run1.json), the host-staged CUDA ring's
 per-call time on one H100 (docs/calibration/h100-2026-11-22.json), and, with
 --network, the cross-process ring over emulated links and ds2_tiny's
 all-reduce there (scripts/cluster/bench_network.py). Then ds2_paper on 8 to
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CALIBRATION = ROOT / "docs" / "calibration" / "h100-2026-11-22.json"
-CPU_RING = ROOT / "docs" / "bench" / "allreduce-cpu8-2026-11-23.json"
+CPU_RING = ROOT / "docs" / "bench" / "allreduce-cpu8-2026-11-25-late-run1.json"
 MIB = 1 << 20
 
 
@@ -70,6 +73,22 @@ def ring_time(nbytes: float, p: int, link: Link) -> float:
     return (link.call if p > 1 else 0.0) + sum(link.step(b) for b in ring_step_bytes(int(nbytes), p))
 
 
+def leg_terms(nbytes: int, p: int) -> tuple[int, int]:
+    """(steps, bytes the busiest link carries one way) of the cross-process leg on a buffer of `nbytes`."""
+    from jaxring.collectives.mpi import ONE_SHOT_MAX_BYTES
+
+    if p == 1:
+        return 0, 0
+    if nbytes <= ONE_SHOT_MAX_BYTES:
+        return 1, (p - 1) * nbytes
+    return 2 * (p - 1), sum(ring_step_bytes(nbytes, p))
+
+
+def leg_time(nbytes: float, p: int, link: Link) -> float:
+    steps, link_bytes = leg_terms(int(nbytes), p)
+    return (link.call if p > 1 else 0.0) + steps * link.alpha + link_bytes / link.beta
+
+
 def half_ring_time(nbytes: float, p: int, link: Link) -> float:
     """A reduce-scatter or an all-gather alone: p-1 of the ring's steps, and a call."""
     return (ring_time(nbytes, p, link) + (link.call if p > 1 else 0.0)) / 2
@@ -91,7 +110,7 @@ class Platform:
         shard = math.ceil(nbytes / g)
         rings_per_nic = max(1, g / self.nics)
         cross = Link(self.network.alpha, self.network.beta / rings_per_nic, self.network.call)
-        time = ring_time(shard, n, cross)
+        time = leg_time(shard, n, cross)
         if self.staging is not None:  # each step's chunk down to the host and back up
             time += sum(2 * self.staging.step(b) for b in ring_step_bytes(shard, n))
         return half_ring_time(nbytes, g, self.local) + time + half_ring_time(nbytes, g, self.local)
@@ -138,17 +157,23 @@ class NcclLike:
 # --- fitting ------------------------------------------------------------------------
 
 
-def fit_ring(points: list[tuple[int, int, float]], with_call: bool = True) -> Link:
-    """call, alpha, beta >= 0 minimising the relative error of ring_time over (bytes, ranks, seconds) points.
+def fit_linear(rows, times) -> np.ndarray:
+    """Coefficients >= 0 of a time linear in `rows`' terms, minimising the relative error over the points."""
+    from scipy.optimize import nnls
+
+    rows, times = np.asarray(rows, float), np.asarray(times, float)
+    return nnls(rows / times[:, None], np.ones(len(times)))[0]
+
+
+def fit_ring(points: list[tuple[int, int, float]], with_call: bool = True, terms=None) -> Link:
+    """call, alpha, beta >= 0 minimising the relative error of ring_time (or of the schedule whose
+    `terms(bytes, ranks)` are (steps, bytes per link), e.g. leg_terms) over (bytes, ranks, seconds) points.
 
     Without several rank counts a call and a step cannot be told apart: then alpha alone.
     """
-    from scipy.optimize import nnls
-
+    terms = terms or (lambda b, p: (2 * (p - 1), sum(ring_step_bytes(b, p))))
     with_call = with_call and len({p for _, p, _ in points}) > 1
-    rows = np.array([[1.0] * with_call + [2 * (p - 1), sum(ring_step_bytes(b, p))] for b, p, _ in points], float)
-    times = np.array([t for *_, t in points])
-    coef, _ = nnls(rows / times[:, None], np.ones(len(times)))
+    coef = fit_linear([[1.0] * with_call + list(terms(b, p)) for b, p, _ in points], [t for *_, t in points])
     call = coef[0] if with_call else 0.0
     alpha, inv_beta = coef[-2], max(coef[-1], 1e-15)
     return Link(float(alpha), float(1 / inv_beta), float(call))
@@ -162,7 +187,7 @@ def comparison(name, points, predict) -> list[dict]:
 def cpu_ring_points() -> list[tuple[int, int, float]]:
     records = json.loads(CPU_RING.read_text())["records"]
     return [(r["bytes"], r["n_devices"], r["median_s"]) for r in records
-            if r["impl"] == "ring" and r["dtype"] == "float32"]
+            if r["impl"] == "jaxring" and r["dtype"] == "float32"]
 
 
 def h100_host_staged_points(calibration) -> list[tuple[int, int, float]]:
@@ -170,9 +195,82 @@ def h100_host_staged_points(calibration) -> list[tuple[int, int, float]]:
     return [(int(r["MiB"] * MIB), r["k"], r["us"] * 1e-6) for r in calibration["latency_us"] if r["dtype"] == "f32"]
 
 
-def network_points(network, rate_bps) -> list[tuple[int, int, float]]:
-    return [(r["bytes"], r["n_procs"], r["median_s"]) for r in network["allreduce"]
-            if r["impl"] == "ring" and r["rate_bps"] == rate_bps]
+# --- the emulated cluster (scripts/cluster/cluster.py) ------------------------------------
+# What it adds to a real cluster, which the fit must charge: every node runs on
+# one machine (more processes than cores take turns, so each message a process
+# handles costs more, and every byte any node moves costs the one CPU), and
+# each link is a tc tbf whose bucket lets a burst's first bytes pass at once.
+
+
+@dataclass(frozen=True)
+class EmulatedLink:
+    """The leg on the emulated cluster: per call, per message (x processes per core), per byte held
+    to the link's rate, per byte moved by all nodes (the one machine's CPU)."""
+
+    call: float
+    alpha: float
+    beta: float
+    machine_beta: float
+    cores: int
+    burst: float
+
+    def terms(self, nbytes: int, p: int, ops: int | None = None) -> list[float]:
+        """The terms of one op; `ops`: the op measured as bench_allreduce_mpi.py does, in programs of 1
+        and `ops` back-to-back ops after an idle gap that refills the bucket (None: steady state)."""
+        return emulated_terms(nbytes, p, ops, self.burst, self.cores)
+
+    def time(self, nbytes: int, p: int, ops: int | None = None) -> float:
+        coef = (self.call, self.alpha, 1 / self.beta, 1 / self.machine_beta)
+        return float(np.dot(coef, self.terms(nbytes, p, ops)))
+
+
+def emulated_terms(nbytes, p, ops, burst, cores) -> list[float]:
+    steps, link_bytes = leg_terms(int(nbytes), p)
+    messages = steps if steps != 1 else p - 1  # one-shot: one round, but p - 1 messages to handle
+    wire = link_bytes
+    if ops is not None:  # (T(ops) - T(1)) / (ops - 1), each program starting with a full bucket
+        wire = (max(0.0, ops * link_bytes - burst) - max(0.0, link_bytes - burst)) / (ops - 1)
+    turns = max(1.0, p / cores)  # processes per core: each waits its turn for the CPU
+    return [turns, messages * turns, wire, p * link_bytes]
+
+
+def fit_emulated(records, burst: float, cores: int) -> EmulatedLink:
+    rows = [emulated_terms(r["bytes"], r["n_procs"], r["ops_per_program"], burst, cores) for r in records]
+    call, alpha, inv_beta, inv_machine = fit_linear(rows, [r["median_s"] for r in records])
+    return EmulatedLink(float(call), float(alpha), 1 / max(inv_beta, 1e-15), 1 / max(inv_machine, 1e-15),
+                        cores, burst)
+
+
+def network_records(network, rate_bps) -> list[dict]:
+    return [r for r in network["allreduce"] if r["impl"] == "jaxring" and r["rate_bps"] == rate_bps]
+
+
+def emulation_of(network, rate_bps) -> tuple[float, int]:
+    """(tbf bucket bytes, cores of the machine) of a bench_network.py run."""
+    sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+    from cluster import tbf_arguments
+
+    shape = tbf_arguments(rate_bps)
+    return float(shape[shape.index("burst") + 1]), int(network["machine"].split("-core")[0])
+
+
+def weak_scaling_checks(network, rate_bps, link: EmulatedLink, leaf_bytes: list[int]) -> list[dict]:
+    """ds2_tiny over the emulated nodes: its sync (each bucket's leg, one after another) and its
+    step. Weak scaling keeps each node's compute, but here the n nodes' compute shares the one
+    machine that a single process already keeps busy: n times the one-node compute, plus the sync."""
+    runs = {r["nodes"]: r for r in network["train"] if r["rate_bps"] == rate_bps}
+    checks = []
+    for n, record in sorted(runs.items()):
+        if n == 1 or 1 not in runs:
+            continue
+        buckets = bucket_sizes(leaf_bytes, record.get("bucket_bytes") or (1 << 20))
+        sync = sum(link.time(b, n) for b in buckets)
+        step = n * (runs[1]["step_s"] - runs[1]["allreduce_s"]) + sync
+        for what, measured, predicted in (("sync", record["allreduce_s"], sync), ("step", record["step_s"], step)):
+            checks.append({"what": f"ds2_tiny {what}, {rate_bps / 1e9:g} Gbit/s", "bytes": sum(leaf_bytes),
+                           "ranks": n, "measured_s": measured, "predicted_s": predicted,
+                           "error": predicted / measured - 1})
+    return checks
 
 
 def gradient_leaf_bytes(config_name: str) -> list[int]:
@@ -266,21 +364,15 @@ def main(argv=None):
         network = json.loads(args.network.read_text())
         tiny_leaves = gradient_leaf_bytes("ds2_tiny")
         for rate in sorted({r["rate_bps"] for r in network["allreduce"]}):
-            points = network_points(network, rate)
-            link = fit_ring(points)
-            fits[f"network_{rate / 1e9:g}gbit"] = link.__dict__
+            records = network_records(network, rate)
+            link = fit_emulated(records, *emulation_of(network, rate))
             tcp = [t["bits_per_s"] for t in network["tcp"] if t["rate_bps"] == rate]
-            fits[f"network_{rate / 1e9:g}gbit"]["tcp_stream_Bps"] = float(np.median(tcp)) / 8
-            checks += comparison(f"cross-process ring, {rate / 1e9:g} Gbit/s links", points,
-                                 lambda b, p, link=link: ring_time(b, p, link))
-            for record in network["train"]:
-                if record["rate_bps"] != rate or record["nodes"] == 1:
-                    continue
-                buckets = bucket_sizes(tiny_leaves, record.get("bucket_bytes", 1 << 20))
-                predicted = sum(ring_time(b, record["nodes"], link) for b in buckets)
-                checks.append({"what": f"ds2_tiny sync, {rate / 1e9:g} Gbit/s", "bytes": sum(tiny_leaves),
-                               "ranks": record["nodes"], "measured_s": record["allreduce_s"],
-                               "predicted_s": predicted, "error": predicted / record["allreduce_s"] - 1})
+            fits[f"network_{rate / 1e9:g}gbit"] = {**link.__dict__, "tcp_stream_Bps": float(np.median(tcp)) / 8}
+            checks += [{"what": f"cross-process leg, {rate / 1e9:g} Gbit/s links", "bytes": r["bytes"],
+                        "ranks": r["n_procs"], "measured_s": r["median_s"],
+                        "predicted_s": (t := link.time(r["bytes"], r["n_procs"], r["ops_per_program"])),
+                        "error": t / r["median_s"] - 1} for r in records]
+            checks += weak_scaling_checks(network, rate, link, tiny_leaves)
     print(f"{'what':44} {'bytes':>10} {'ranks':>5} {'measured ms':>11} {'model ms':>9} {'error':>7}")
     for c in checks:
         print(f"{c['what']:44} {c['bytes']:>10} {c['ranks']:>5} {c['measured_s'] * 1e3:>11.3f} "

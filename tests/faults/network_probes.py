@@ -257,7 +257,8 @@ PROBES = {
     "link cut mid-checkpoint, then --resume": cut_mid_checkpoint,
     "4 nodes at 10 Gbit/s, stopped and resumed": lambda tmp, cache, t, rng: resume_is_bitwise(tmp, cache, t),
 }
-REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)", "link cut mid-checkpoint, then --resume")
+REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)", "rank killed (SIGKILL)",
+            "link cut mid-checkpoint, then --resume")
 
 
 def main(argv=None):

@@ -34,6 +34,14 @@ def test_a_cut_link_ends_every_process_naming_the_unreachable_rank(tmp_path):
     assert outcome == "ended" and "Open MPI" not in detail, detail
 
 
+def test_a_killed_node_is_named_by_rank_at_once(tmp_path):
+    """Its daemon and rank SIGKILLed: under the cluster's `mpirun --with-ft ulfm` the others' leg names rank 1."""
+    outcome, detail = network_probes.worker_fault(tmp_path, 60, "node", random.Random(2))
+    assert outcome == "ended" and "Open MPI" not in detail, detail
+    seconds = float(detail.split(" s after")[0].split()[-1])
+    assert seconds < 30, detail  # MPI's report, not the 60 s timeout
+
+
 def test_a_node_starting_late_within_the_timeout_is_waited_for(tmp_path):
     outcome, detail = network_probes.worker_runs_through(tmp_path, "late", 20, 4099, late_s=3)
     assert outcome == "correct", detail
