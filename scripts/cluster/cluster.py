@@ -54,11 +54,6 @@ KEEPALIVE = {"oob_tcp_keepalive_time": "10", "oob_tcp_keepalive_intvl": "5", "oo
 # ending the job with Open MPI's "Connection timed out" naming a host before
 # jaxring's timeout names the missing rank.
 LAUNCH_NODE_TCP_RETRIES2 = 5
-# Open MPI's fault tolerance (ULFM): a process or node that dies is reported to
-# the others as an MPI error instead of the launcher killing the job at once, so
-# jaxring's leg names the failed rank and the job ends through its abort
-# (csrc/mpi_host_ring.cc; docs/TRAINING.md, "Multi-node, emulated here").
-FAULT_TOLERANCE = ["--with-ft", "ulfm"]
 
 
 def parse_rate(text: str) -> float:
@@ -223,8 +218,8 @@ class Cluster:
         mpirun = mpirun or str(Path(sys.executable).parent / "mpirun")
         settings = {"plm_ssh_agent": str(AGENT), "plm_ssh_no_tree_spawn": "1", "oob_tcp_if_include": SUBNET,
                     **KEEPALIVE}
-        launch = [mpirun, "--allow-run-as-root", *FAULT_TOLERANCE,
-                  "--host", ",".join(f"{self.nodes[i]}:1" for i in nodes), "-np", str(len(nodes))]
+        launch = [mpirun, "--allow-run-as-root", "--host", ",".join(f"{self.nodes[i]}:1" for i in nodes),
+                  "-np", str(len(nodes))]
         for name, value in settings.items():
             launch += ["--prtemca", name, value]
         launch += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", SUBNET,

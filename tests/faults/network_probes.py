@@ -64,7 +64,7 @@ def skip_reason() -> str | None:
 class Job:
     """mpirun across `cluster`, output to a file (a pipe would be held open by the cut-off node's daemon)."""
 
-    def __init__(self, cluster, command, timeout_s: int | None, log: Path):
+    def __init__(self, cluster, command, timeout_s: int | None, log: Path, mpirun_args=()):
         """timeout_s: JAXRING_TIMEOUT_S of the processes; None: jaxring's default."""
         self.log, self.timeout_s = log, timeout_s
         # mpirun's own environment, not this process's: pytest runs the other tests on 8 host devices
@@ -73,7 +73,8 @@ class Job:
         if timeout_s is not None:
             env["JAXRING_TIMEOUT_S"] = str(timeout_s)
         with open(log, "w") as out:
-            self.process = subprocess.Popen(cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"], env=env), stdout=out,
+            self.process = subprocess.Popen(cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"], env=env,
+                                                           extra=mpirun_args), stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def output(self) -> str:
@@ -124,10 +125,15 @@ def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
     return "ended", f"ended {seconds:.1f} s after the fault, exit {code}"
 
 
-def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random) -> tuple[str, str]:
+# Open MPI's fault tolerance: a dead process is reported to the others as an MPI error naming it.
+ULFM = ("--with-ft", "ulfm")
+
+
+def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random, mpirun_args=()) -> tuple[str, str]:
     """2 nodes, all-reduces of 1 MiB in a loop; `fault` ("cut", "node", "rank") on node 1 after a random number."""
     with Cluster(2, "1gbit") as cluster:
-        job = Job(cluster, [sys.executable, str(WORKER), "100000", "262144"], timeout_s, tmp / f"{fault}.log")
+        job = Job(cluster, [sys.executable, str(WORKER), "100000", "262144"], timeout_s, tmp / f"{fault}.log",
+                  mpirun_args)
         after = rng.randint(2, 20)
         if not job.wait_for(lambda: job.output().count("rank 0 iteration") >= after):
             return "cryptic", f"never reached iteration {after}: {job.output()[-300:]}"
@@ -250,6 +256,9 @@ PROBES = {
     "link cut mid-all-reduce": lambda tmp, cache, t, rng: worker_fault(tmp, t, "cut", rng),
     "node killed (daemon and rank, SIGKILL)": lambda tmp, cache, t, rng: worker_fault(tmp, t, "node", rng),
     "rank killed (SIGKILL)": lambda tmp, cache, t, rng: worker_fault(tmp, t, "rank", rng),
+    "rank killed (SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(tmp, t, "rank", rng, ULFM),
+    "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(
+        tmp, t, "node", rng, ULFM),
     "node started 5 s late": lambda tmp, cache, t, rng: worker_runs_through(tmp, "late", t, 262144, late_s=5),
     "link at 10 Mbit/s, 4 MiB, default timeout": lambda tmp, cache, t, rng: worker_runs_through(
         tmp, "slow", None, 1 << 20, rate="10mbit"),
@@ -258,6 +267,7 @@ PROBES = {
     "4 nodes at 10 Gbit/s, stopped and resumed": lambda tmp, cache, t, rng: resume_is_bitwise(tmp, cache, t),
 }
 REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)", "rank killed (SIGKILL)",
+            "rank killed (SIGKILL), mpirun --with-ft ulfm", "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm",
             "link cut mid-checkpoint, then --resume")
 
 

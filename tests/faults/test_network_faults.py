@@ -34,9 +34,9 @@ def test_a_cut_link_ends_every_process_naming_the_unreachable_rank(tmp_path):
     assert outcome == "ended" and "Open MPI" not in detail, detail
 
 
-def test_a_killed_node_is_named_by_rank_at_once(tmp_path):
-    """Its daemon and rank SIGKILLed: under the cluster's `mpirun --with-ft ulfm` the others' leg names rank 1."""
-    outcome, detail = network_probes.worker_fault(tmp_path, 60, "node", random.Random(2))
+def test_a_killed_rank_is_named_at_once_under_ulfm(tmp_path):
+    """SIGKILLed on a live node, under `mpirun --with-ft ulfm`: the other's leg names rank 1, the job exits non-zero."""
+    outcome, detail = network_probes.worker_fault(tmp_path, 60, "rank", random.Random(2), network_probes.ULFM)
     assert outcome == "ended" and "Open MPI" not in detail, detail
     seconds = float(detail.split(" s after")[0].split()[-1])
     assert seconds < 30, detail  # MPI's report, not the 60 s timeout
