@@ -96,3 +96,14 @@ def test_jax_distributed_axis_spanning_processes_works_as_processes_true(n_procs
 def test_jax_distributed_process_ids_other_than_mpi_ranks_are_refused():
     output = run_workers("distributed.py", ["swapped"], 2, 2)
     assert_passed(output, ["distributed-swapped"], range(2))
+
+
+def test_a_world_of_one_reports_no_failed_process():
+    """abort.py's fault-tolerance path stays out of the way where MPI reports no failure."""
+    from mpi4py import MPI
+
+    from jaxring.collectives import abort
+
+    assert abort.failed_ranks() == []
+    assert abort.process_failure(ValueError("not MPI's")) is None
+    assert abort.process_failure(MPI.Exception(MPI.ERR_OTHER)) is None
