@@ -226,7 +226,11 @@ def _lowering(ctx, x, *, timeout_ms, what):
         f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
-    lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True)
+    # The ring sums in place (csrc/mpi_host_ring.cc): its output may be its input's buffer, which XLA
+    # then reuses where the input dies here, instead of a fresh buffer whose pages the transfer faults in.
+    # One-shot sends its input while it sums: it needs both.
+    lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True,
+                                 operand_output_aliases=None if one_shot else {0: 0})
     return lower(ctx, x, tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
                  one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements))
 

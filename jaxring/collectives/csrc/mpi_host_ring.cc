@@ -197,6 +197,13 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
   const auto theirs = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right, piece, 1);
   const int64_t stages = mine.StageCount();
   const int64_t slices = mine.slices;
+  // The left's partial sums land in one slot per receive posted ahead (a
+  // step's worth), not in the output: the output may be the input itself
+  // (mpi.py aliases them for the ring), and the slots, kept by this thread
+  // from call to call, are pages already mapped, where a fresh output has
+  // its pages faulted in under the transfer.
+  thread_local std::vector<T> slots;
+  if (slots.size() < static_cast<size_t>(slices * mine.slice_len)) slots.resize(slices * mine.slice_len);
   std::vector<MPI_Request> receives(stages, MPI_REQUEST_NULL), sends(stages, MPI_REQUEST_NULL);
   const std::vector<int> lefts(stages, left), rights(stages, right);
   int64_t received = 0, sent = 0, done = 0;  // stages posted, posted, summed
@@ -211,10 +218,11 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
       MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right, leg.tag,
                 leg.comm, &sends[sent]);
     }
-    // Received straight into the output: a stage's destination is never what
-    // a pending send reads (the ring_schedule.h schedule: the left sends a
-    // slice of the all-gather only after the right took this rank's partial
-    // sum of it), however early the receive is posted. Posted as far ahead
+    // The all-gather's slices are received straight into the output: a
+    // stage's destination is never what a pending send reads (the
+    // ring_schedule.h schedule: the left sends a slice of the all-gather only
+    // after the right took this rank's partial sum of it, or, at its first
+    // step, this rank's input of it), however early the receive is posted. Posted as far ahead
     // as the left posts its sends (a step): a send that finds no receive
     // posted goes through Open MPI's unexpected-message path, which halved
     // the ring's throughput over TCP once a step held more than the 8
@@ -222,8 +230,9 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
     for (; received < stages && received < done + slices; ++received) {
       const Stage st = mine.StageAt(received);
       if (st.count == 0) continue;
-      MPI_Irecv(out + st.dst, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag,
-                leg.comm, &receives[received]);
+      T* into = st.kind == StageKind::kCopy ? out + st.dst : slots.data() + (received % slices) * mine.slice_len;
+      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag, leg.comm,
+                &receives[received]);
     }
     if (receives[done] != MPI_REQUEST_NULL) {
       int rc = MPI_SUCCESS;
@@ -233,8 +242,9 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
       if (rc != MPI_SUCCESS) return Failed(leg, rc, left, "for a chunk");
     }
     const Stage st = mine.StageAt(done);
-    if (st.kind != StageKind::kCopy) {
-      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], out[st.dst + j]);
+    if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
+      const T* partial = slots.data() + (done % slices) * mine.slice_len;
+      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], partial[j]);
     }
     ++done;
   }
@@ -248,7 +258,7 @@ std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
 template <typename T>
 std::string Run(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
-    std::memcpy(out, in, elements * sizeof(T));
+    if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return "";
   }
   return RunRing(in, out, elements, leg);
