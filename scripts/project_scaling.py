@@ -37,6 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 CALIBRATION = ROOT / "docs" / "calibration" / "h100-2026-11-22.json"
 CPU_RING = ROOT / "docs" / "bench" / "allreduce-cpu8-2026-11-25-late-run1.json"
@@ -165,15 +166,14 @@ def fit_linear(rows, times) -> np.ndarray:
     return nnls(rows / times[:, None], np.ones(len(times)))[0]
 
 
-def fit_ring(points: list[tuple[int, int, float]], with_call: bool = True, terms=None) -> Link:
-    """call, alpha, beta >= 0 minimising the relative error of ring_time (or of the schedule whose
-    `terms(bytes, ranks)` are (steps, bytes per link), e.g. leg_terms) over (bytes, ranks, seconds) points.
+def fit_ring(points: list[tuple[int, int, float]], with_call: bool = True) -> Link:
+    """call, alpha, beta >= 0 minimising the relative error of ring_time over (bytes, ranks, seconds) points.
 
     Without several rank counts a call and a step cannot be told apart: then alpha alone.
     """
-    terms = terms or (lambda b, p: (2 * (p - 1), sum(ring_step_bytes(b, p))))
     with_call = with_call and len({p for _, p, _ in points}) > 1
-    coef = fit_linear([[1.0] * with_call + list(terms(b, p)) for b, p, _ in points], [t for *_, t in points])
+    rows = [[1.0] * with_call + [2 * (p - 1), sum(ring_step_bytes(b, p))] for b, p, _ in points]
+    coef = fit_linear(rows, [t for *_, t in points])
     call = coef[0] if with_call else 0.0
     alpha, inv_beta = coef[-2], max(coef[-1], 1e-15)
     return Link(float(alpha), float(1 / inv_beta), float(call))
@@ -214,14 +214,11 @@ class EmulatedLink:
     cores: int
     burst: float
 
-    def terms(self, nbytes: int, p: int, ops: int | None = None) -> list[float]:
-        """The terms of one op; `ops`: the op measured as bench_allreduce_mpi.py does, in programs of 1
-        and `ops` back-to-back ops after an idle gap that refills the bucket (None: steady state)."""
-        return emulated_terms(nbytes, p, ops, self.burst, self.cores)
-
     def time(self, nbytes: int, p: int, ops: int | None = None) -> float:
+        """One op; `ops`: the op measured as bench_allreduce_mpi.py does, in programs of 1 and `ops`
+        back-to-back ops after an idle gap that refills the bucket (None: steady state)."""
         coef = (self.call, self.alpha, 1 / self.beta, 1 / self.machine_beta)
-        return float(np.dot(coef, self.terms(nbytes, p, ops)))
+        return float(np.dot(coef, emulated_terms(nbytes, p, ops, self.burst, self.cores)))
 
 
 def emulated_terms(nbytes, p, ops, burst, cores) -> list[float]:
@@ -247,7 +244,6 @@ def network_records(network, rate_bps) -> list[dict]:
 
 def emulation_of(network, rate_bps) -> tuple[float, int]:
     """(tbf bucket bytes, cores of the machine) of a bench_network.py run."""
-    sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
     from cluster import tbf_arguments
 
     shape = tbf_arguments(rate_bps)
@@ -258,12 +254,14 @@ def weak_scaling_checks(network, rate_bps, link: EmulatedLink, leaf_bytes: list[
     """ds2_tiny over the emulated nodes: its sync (each bucket's leg, one after another) and its
     step. Weak scaling keeps each node's compute, but here the n nodes' compute shares the one
     machine that a single process already keeps busy: n times the one-node compute, plus the sync."""
+    from jaxring.collectives.fusion import default_bucket_bytes
+
     runs = {r["nodes"]: r for r in network["train"] if r["rate_bps"] == rate_bps}
     checks = []
     for n, record in sorted(runs.items()):
         if n == 1 or 1 not in runs:
             continue
-        buckets = bucket_sizes(leaf_bytes, record.get("bucket_bytes") or (1 << 20))
+        buckets = bucket_sizes(leaf_bytes, record.get("bucket_bytes") or default_bucket_bytes("cpu"))
         sync = sum(link.time(b, n) for b in buckets)
         step = n * (runs[1]["step_s"] - runs[1]["allreduce_s"]) + sync
         for what, measured, predicted in (("sync", record["allreduce_s"], sync), ("step", record["step_s"], step)):

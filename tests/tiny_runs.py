@@ -34,6 +34,10 @@ def tiny_overrides(cache_dir, batch_size=8, **values):
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={'null' if value is None else value}")]
 
 
+# Open MPI's fault tolerance: a dead process is reported to the others as an MPI error naming it.
+ULFM = ("--with-ft", "ulfm")
+
+
 def mpirun(n_procs, script_and_args, env=(), with_mpi4py=False, devices_per_proc=2, mpirun_args=()):
     """The Popen of `mpirun [MPIRUN_ARGS] -np N python [-m mpi4py] SCRIPT ARGS`, in a session of its own, output piped."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}

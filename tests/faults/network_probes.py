@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 from cluster import Cluster, interrupt_on_termination  # noqa: E402
 from tests.faults.probes import report  # noqa: E402
-from tests.tiny_runs import CONFIG, TRAIN, tiny_overrides  # noqa: E402
+from tests.tiny_runs import CONFIG, TRAIN, ULFM, tiny_overrides  # noqa: E402
 
 WORKER = Path(__file__).with_name("network_worker.py")
 # After the fault: the roll call naming the missing rank (up to the timeout), the
@@ -123,10 +123,6 @@ def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
     if not named:
         return "cryptic", f"ended {seconds:.1f} s after the fault, exit {code}: {output.strip()[-400:]!r}"
     return "ended", f"ended {seconds:.1f} s after the fault, exit {code}"
-
-
-# Open MPI's fault tolerance: a dead process is reported to the others as an MPI error naming it.
-ULFM = ("--with-ft", "ulfm")
 
 
 def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random, mpirun_args=()) -> tuple[str, str]:

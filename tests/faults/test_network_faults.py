@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from tests.faults import network_probes
+from tests.tiny_runs import ULFM
 
 REASON = network_probes.skip_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
@@ -36,7 +37,7 @@ def test_a_cut_link_ends_every_process_naming_the_unreachable_rank(tmp_path):
 
 def test_a_killed_rank_is_named_at_once_under_ulfm(tmp_path):
     """SIGKILLed on a live node, under `mpirun --with-ft ulfm`: the other's leg names rank 1, the job exits non-zero."""
-    outcome, detail = network_probes.worker_fault(tmp_path, 60, "rank", random.Random(2), network_probes.ULFM)
+    outcome, detail = network_probes.worker_fault(tmp_path, 60, "rank", random.Random(2), ULFM)
     assert outcome == "ended" and "Open MPI" not in detail, detail
     seconds = float(detail.split(" s after")[0].split()[-1])
     assert seconds < 30, detail  # MPI's report, not the 60 s timeout

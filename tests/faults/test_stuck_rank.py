@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_runs import CONFIG, TRAIN, finish, mpirun, rank_pid, tiny_overrides
+from tests.tiny_runs import CONFIG, TRAIN, ULFM, finish, mpirun, rank_pid, tiny_overrides
 
 TIMEOUT_S = 3
 # The roll call after the timeout (up to TIMEOUT_S), the abort and mpirun's teardown on a
@@ -48,7 +48,7 @@ def test_a_rank_killed_in_the_exchange_is_named_at_once_under_ulfm(n_procs, algo
     worker = Path(__file__).with_name("stopping_worker.py")
     timeout_s = 120  # far longer than the job may take: the failure must be reported, not timed out
     job = mpirun(n_procs, [worker, "KILL", algorithm], env={"JAXRING_TIMEOUT_S": str(timeout_s)}, with_mpi4py=True,
-                 devices_per_proc=1, mpirun_args=["--with-ft", "ulfm"])
+                 devices_per_proc=1, mpirun_args=ULFM)
     started = time.monotonic()
     code, output = finish(job, MARGIN_S)
     assert code is not None, f"the job still ran {MARGIN_S} s after rank 1 was killed:\n{output}"

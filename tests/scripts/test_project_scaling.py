@@ -79,8 +79,8 @@ def test_the_leg_is_one_shot_up_to_the_threshold_and_the_ring_above():
     assert model.leg_time(large, p, link) == pytest.approx(model.ring_time(large, p, link))
     assert model.leg_time(large, 1, link) == 0
     points = [(b, q, model.leg_time(b, q, link)) for b in (4096, small, large, 1 << 22) for q in (2, 4)]
-    fitted = model.fit_ring(points, terms=model.leg_terms)
-    assert (fitted.alpha, fitted.beta, fitted.call) == pytest.approx((link.alpha, link.beta, link.call), rel=1e-6)
+    call, alpha, inv_beta = model.fit_linear([[1.0, *model.leg_terms(b, q)] for b, q, _ in points], [t for *_, t in points])
+    assert (alpha, 1 / inv_beta, call) == pytest.approx((link.alpha, link.beta, link.call), rel=1e-6)
 
 
 def test_the_emulated_link_charges_the_tbf_bucket_the_shared_cores_and_the_machine():
