@@ -1,19 +1,26 @@
 """All-reduce benchmark on the devices of one process: jaxring's allreduce against lax.psum.
 
-All implementations run in the same process, size by size, their timed calls
+Each implementation is timed per op inside a compiled program, as a training
+step runs it (scripts/ops_in_program.py): a pmapped program of K chained ops
+against the same program of one op, their difference over K - 1. The
+program of one op, on the program's argument, is recorded too
+(`one_op_program_s`): it includes what a lone call pays, such as XLA's copy
+of the argument that an in-place op sums over (csrc/cpu_engine.h).
+
+All implementations run in the same process, size by size, their programs
 interleaved call by call (one of each in turn), so the ratios are measured
-under the same load. Prints a table and writes JSON records: impl, n_devices,
-n_procs, bytes, dtype, median_s, algbw_GBps, busbw_GBps, ratio_to_psum (time
-of psum / time of this impl: > 1 means faster than psum) and
-paired_ratio_to_psum (the median over rounds of psum's time over this
-impl's in the same round).
+under the same load. Prints a table and writes JSON records: impl,
+n_devices, n_procs, bytes, dtype, ops_per_program, median_s (per op in a
+program), algbw_GBps, busbw_GBps, ratio_to_psum (psum's time per op / this
+impl's: > 1 means faster than psum), paired_ratio_to_psum (the median over
+rounds of the same ratio within each round), one_op_program_s and
+one_op_ratio_to_psum.
 
 impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
-engine's push path up to its threshold, the ring above); "elementwise" is no
-collective but `x * 3` over the same buffers, the floor that a program
-reading and writing the bytes once pays; with --paths,
+engine's push path up to its threshold, the ring above); with --paths,
 "ring", "one_shot" and "push" force each of the CPU engine's paths, which
-measures the crossover (csrc/cpu_engine.h).
+measures the crossover (csrc/cpu_engine.h; ring and one-shot read a copy of
+an in-place op's input, a copy the default path does not make).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
     python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths
@@ -28,6 +35,7 @@ import sys
 import time
 
 from byte_sizes import parse_bytes
+from ops_in_program import BASE_OPS, chained, ops_per_program, per_op
 
 
 def parse_args():
@@ -55,14 +63,10 @@ import numpy as np  # noqa: E402
 from jaxring.collectives import _ffi  # noqa: E402
 
 CPU_ENGINE = _ffi.cpu_module()
-# name -> (body, the CPU engine's path while it runs)
+# name -> (op, the CPU engine's path while it runs)
 IMPLS = {
     "jaxring": (lambda x: jaxring.allreduce(x, "i"), "auto"),
     "psum": (lambda x: jax.lax.psum(x, "i"), "auto"),
-    # No collective: one elementwise pass that reads every input and writes a
-    # new output of the same size, the floor of any all-reduce in XLA (the
-    # output's allocation and first touch included).
-    "elementwise": (lambda x: x * 3, "auto"),
 }
 FORCED_PATHS = {
     "ring": (lambda x: jaxring.allreduce(x, "i"), "ring"),
@@ -79,17 +83,17 @@ def bus_bandwidth(nbytes, seconds, n):
 
 def time_interleaved(programs, x, repeats):
     """Seconds of each timed call of each program, one call of each in turn (after two
-    untimed calls each, which compile and warm up)."""
-    times = {name: [] for name in programs}
+    untimed calls each, which compile and warm up). `programs`: {key: (function, path)}."""
+    times = {key: [] for key in programs}
     for round_ in range(2 + repeats):
-        for name, (fn, path) in programs.items():
+        for key, (fn, path) in programs.items():
             CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
             start = time.perf_counter()
             jax.block_until_ready(fn(x))
             if round_ >= 2:
-                times[name].append(time.perf_counter() - start)
+                times[key].append(time.perf_counter() - start)
     CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
-    return {name: np.array(t) for name, t in times.items()}
+    return {key: np.array(t) for key, t in times.items()}
 
 
 def main():
@@ -105,31 +109,35 @@ def main():
         dtype = jnp.dtype(dtype_name)
         for nbytes in sizes:
             elements = nbytes // dtype.itemsize
+            k = ops_per_program(nbytes)
             repeats = args.repeats if nbytes < (16 << 20) else max(5, args.repeats // 3)
             x = jax.pmap(lambda s: jnp.full((elements,), s, dtype), devices=devices)(
                 jnp.arange(1, n + 1, dtype=dtype)
             )
             impls = dict(IMPLS, **(FORCED_PATHS if args.paths else {}))
-            programs = {name: (jax.pmap(body, axis_name="i", devices=devices), path)
-                        for name, (body, path) in impls.items()}
+            programs = {(name, ops): (jax.pmap(chained(op, ops), axis_name="i", devices=devices), path)
+                        for name, (op, path) in impls.items() for ops in (BASE_OPS, k)}
             times = time_interleaved(programs, x, repeats)
-            for impl, seconds in times.items():
-                median = float(np.median(seconds))
-                algbw, busbw = bus_bandwidth(nbytes, median, n)
+            per_op_s = {name: float(per_op(np.median(times[name, k]), np.median(times[name, BASE_OPS]), k))
+                        for name in impls}
+            # round by round, so that the paired ratio compares ops timed under the same load
+            rounds = {name: per_op(times[name, k], times[name, BASE_OPS], k) for name in impls}
+            one_op_s = {name: float(np.median(times[name, BASE_OPS])) for name in impls}
+            for impl in impls:
+                algbw, busbw = bus_bandwidth(nbytes, per_op_s[impl], n)
                 records.append(
-                    dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name,
-                         median_s=median, algbw_GBps=algbw, busbw_GBps=busbw,
-                         ratio_to_psum=float(np.median(times["psum"])) / median,
-                         # the same rounds' psum call over this call, the median of those:
-                         # steadier than the ratio of medians when the machine's speed drifts
-                         paired_ratio_to_psum=float(np.median(times["psum"] / seconds)))
+                    dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name, ops_per_program=k,
+                         median_s=per_op_s[impl], algbw_GBps=algbw, busbw_GBps=busbw,
+                         ratio_to_psum=per_op_s["psum"] / per_op_s[impl],
+                         paired_ratio_to_psum=float(np.median(rounds["psum"] / rounds[impl])),
+                         one_op_program_s=one_op_s[impl], one_op_ratio_to_psum=one_op_s["psum"] / one_op_s[impl])
                 )
             del x
     print_table(records)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine(), records=records), f, indent=1)
+            json.dump(dict(machine=machine(), method="per op in a program", records=records), f, indent=1)
     return 0
 
 
@@ -139,10 +147,12 @@ def machine():
 
 
 def print_table(records):
-    print(f"{'dtype':>8} {'bytes':>10} {'impl':>11} {'median_ms':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} {'psum/impl':>9} {'paired':>6}")
+    print(f"{'dtype':>8} {'bytes':>10} {'impl':>11} {'ms per op':>10} {'busbw GB/s':>10} {'psum/impl':>9} "
+          f"{'paired':>6} {'1-op ms':>9} {'psum/impl':>9}")
     for r in records:
         print(f"{r['dtype']:>8} {r['bytes']:>10} {r['impl']:>11} {r['median_s'] * 1e3:>10.3f} "
-              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f} {r['paired_ratio_to_psum']:>6.2f}")
+              f"{r['busbw_GBps']:>10.3f} {r['ratio_to_psum']:>9.2f} {r['paired_ratio_to_psum']:>6.2f} "
+              f"{r['one_op_program_s'] * 1e3:>9.3f} {r['one_op_ratio_to_psum']:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from byte_sizes import parse_bytes
+from ops_in_program import BASE_OPS, chained, ops_per_program, per_op
 
 OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
 DISTRIBUTED_IMPLS = ("jax_gloo", "jaxring_global")  # in a jax.distributed job of their own
@@ -56,18 +57,6 @@ def sizes(max_bytes):
     while size <= max_bytes:
         yield size
         size *= 4
-
-
-# The programs timed against each other hold BASE_OPS and K ops, not 0 and K:
-# a program of no ops copies its input into a new output, which the program
-# of K ops does not, so their difference was K ops less a copy (at 64 MiB,
-# most of an op). Both programs end in an op that writes their output.
-BASE_OPS = 1
-
-
-def ops_per_program(nbytes):
-    """K: enough chained ops that the difference to the program of BASE_OPS dominates its noise."""
-    return BASE_OPS + int(np.clip((4 << 20) // nbytes, 2, 20))
 
 
 # --- inside an mpirun job ----------------------------------------------------
@@ -96,7 +85,7 @@ def run_job(args):
             steps.update(make_steps(impl, nbytes // 4, k, world))
         times = time_steps(steps, comm, args.min_time)
         for impl in impls:
-            seconds = (times[impl, k] - times[impl, BASE_OPS]) / (k - BASE_OPS)
+            seconds = per_op(times[impl, k], times[impl, BASE_OPS], k)
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
                                 dtype="float32", ops_per_program=k, median_s=seconds,
                                 **(leg if impl == "jaxring" else {})))
@@ -130,13 +119,6 @@ def make_steps(impl, elements, k, world):
     from mpi4py import MPI
 
     rows = np.random.default_rng(world.rank).standard_normal((len(world.local_devices), elements), np.float32)
-
-    def chained(reduce, ops):
-        def program(x):
-            for _ in range(ops):
-                x = reduce(x)
-            return x
-        return program
 
     if impl == "mpi_bare":
         send, receive = rows[0], np.empty_like(rows[0])

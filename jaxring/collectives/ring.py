@@ -345,7 +345,8 @@ def _emit(ctx, x, *, mode, ordinals, op_id, timeout_ms, platform):
     full = x_aval.shape[0] * (ring if mode == ALL_GATHER else 1)
     workspace_elements = _workspace_elements(x_aval.dtype, full, mode, platform)
     workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
-    lower = jax.ffi.ffi_lowering(_ffi.target_name())
+    in_place = platform == "cpu" and _ffi.cpu_module().runs_in_place(mode, ring)
+    lower = jax.ffi.ffi_lowering(_ffi.target_name(), operand_output_aliases={0: 0} if in_place else None)
     out, _ = lower(
         ctx.replace(avals_out=[out_aval, workspace]),
         x,

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <map>
@@ -307,6 +308,10 @@ CpuPath PathFor(const RingCall& call, xla::ffi::DataType type) {
 
 }  // namespace
 
+bool RunsInPlace(Mode mode, int64_t ranks) {
+  return mode == Mode::kAllReduce && ranks <= kMaxDeviceRanks;
+}
+
 int64_t CpuPushMaxBytes() { return push_max_bytes.load(std::memory_order_relaxed); }
 void SetCpuPushMaxBytes(int64_t bytes) { push_max_bytes.store(bytes); }
 CpuPath CpuForcedPath() { return static_cast<CpuPath>(forced_path.load(std::memory_order_relaxed)); }
@@ -322,6 +327,12 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   if (ring_ == nullptr) return;
   epoch_ = ring_->states[call.rank].calls.fetch_add(1, std::memory_order_acq_rel) + 1;
   me_ = me;
+  if (me.in == me.out && path_ != CpuPath::kPush) {
+    const size_t bytes = static_cast<size_t>(call.elements) * ElementBytes(type);
+    input_copy_.reset(new char[bytes]);
+    std::memcpy(input_copy_.get(), me.in, bytes);
+    me_.in = input_copy_.get();
+  }
   deadline_ = DeadlineFor(call.timeout_ms);
 }
 

@@ -20,7 +20,8 @@
 //   takes it at every size; the ring
 //   runs when forced and for rings of more ranks than the one-shot lanes
 //   hold (kMaxDeviceRanks). One-shot (every rank sums every input) gives the
-//   push path's bits and runs when forced.
+//   push path's bits and runs when forced. All-reduces the push path serves
+//   sum in place (RunsInPlace).
 // - A rank that does not arrive or stops fails the call on every rank within
 //   its timeout, naming it; the ring is then broken for that execution (a rank
 //   that arrives late fails at once) and starts afresh at the next one.
@@ -28,6 +29,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "rendezvous.h"
@@ -46,6 +48,14 @@ void SetCpuPushMaxBytes(int64_t bytes);
 // What every call takes; kAuto unless a benchmark forces a path.
 CpuPath CpuForcedPath();
 void SetCpuForcedPath(CpuPath path);
+
+// Whether a call's output is its input (the lowering aliases them, ring.py):
+// all-reduces of rings the push path serves. The push path writes only the
+// chunk that its own rank reads of every buffer, so it sums in place, and an
+// all-reduce inside a program then writes no fresh output pages (XLA first
+// copies an input that is still live). The other paths read a peer's input
+// while that peer writes its output: on an in-place call they read a copy.
+bool RunsInPlace(Mode mode, int64_t ranks);
 
 struct CpuRing;
 struct RingSlot;
@@ -83,6 +93,7 @@ class CpuCall {
   std::string error_;
   uint64_t epoch_ = 0;
   RankBuffers me_{};
+  std::unique_ptr<char[]> input_copy_;  // what peers read on an in-place ring or one-shot call
   bool begun_ = false;
   Clock::time_point deadline_;
 };

@@ -16,23 +16,58 @@ struct Bf16 {
   uint16_t bits;
 };
 
-inline float ToAcc(float v) { return v; }
-inline int32_t ToAcc(int32_t v) { return v; }
-inline float ToAcc(_Float16 v) { return static_cast<float>(v); }
-inline float ToAcc(Bf16 v) {
-  uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+inline float FloatOfBits(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+inline uint32_t BitsOfFloat(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+inline float ToAcc(float v) { return v; }
+inline int32_t ToAcc(int32_t v) { return v; }
+// float16 by its bits: a cast compiles to a library call per element on x86
+// without F16C (0.5x lax.psum, docs/PERFORMANCE.md); this vectorises. The
+// exponent is rebiased (15 -> 127); infinities and NaNs take the top
+// exponent; a subnormal m * 2^-24 is read as the normal 2^-14 + m * 2^-24
+// and 2^-14 taken off, exactly, with no subnormal float arithmetic (which
+// XLA's threads may flush to zero).
+inline float ToAcc(_Float16 v) {
+  uint16_t h;
+  std::memcpy(&h, &v, sizeof h);
+  const uint32_t magnitude = h & 0x7fffu;
+  uint32_t bits = (magnitude << 13) + (112u << 23);
+  bits += magnitude >= 0x7c00u ? 112u << 23 : 0u;
+  const float subnormal = FloatOfBits(bits + (1u << 23)) - FloatOfBits(113u << 23);
+  const uint32_t unsigned_bits = magnitude < 0x0400u ? BitsOfFloat(subnormal) : bits;
+  return FloatOfBits(unsigned_bits | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+inline float ToAcc(Bf16 v) { return FloatOfBits(static_cast<uint32_t>(v.bits) << 16); }
 
 // Stores an accumulated value in the output type.
 inline void Store(float v, float* out) { *out = v; }
 inline void Store(int32_t v, int32_t* out) { *out = v; }
-inline void Store(float v, _Float16* out) { *out = static_cast<_Float16>(v); }
+// Round to nearest even, by the bits as ToAcc(_Float16) reads them: from
+// 65520 (halfway past the largest, 65504) infinity; a NaN stays NaN, quiet,
+// with its payload's top bits (as F16C's conversion does);
+// below 2^-14 the float addition of 0.5 rounds to a multiple of 2^-24 (its
+// unit in the last place there), whose count is the subnormal's bits.
+inline void Store(float v, _Float16* out) {
+  const uint32_t bits = BitsOfFloat(v);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  const uint32_t normal = (magnitude + 0xfffu + ((magnitude >> 13) & 1u) - (112u << 23)) >> 13;
+  const uint32_t subnormal = BitsOfFloat(FloatOfBits(magnitude) + 0.5f) - BitsOfFloat(0.5f);
+  uint32_t h = magnitude < (113u << 23) ? subnormal : normal;
+  h = magnitude >= 0x477ff000u ? 0x7c00u : h;
+  h = magnitude > 0x7f800000u ? 0x7e00u | ((magnitude >> 13) & 0x3ffu) : h;
+  const uint16_t half = static_cast<uint16_t>(h | ((bits >> 16) & 0x8000u));
+  std::memcpy(out, &half, sizeof half);
+}
 inline void Store(float v, Bf16* out) {  // round to nearest even; NaN stays NaN
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
+  uint32_t bits = BitsOfFloat(v);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {
     out->bits = static_cast<uint16_t>((bits >> 16) | 0x40);
     return;

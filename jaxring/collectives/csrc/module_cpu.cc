@@ -50,6 +50,10 @@ NB_MODULE(_jaxring_cpu, m) {
   }, nb::arg("mode"), nb::arg("element_bytes"), nb::arg("elements"), nb::arg("slice_bytes"),
      nb::arg("staging_slice"),
      "4-byte elements of the workspace a call needs (ring_handler_common.h's WorkspaceFor).");
+  m.def("runs_in_place", [](int64_t mode, int64_t ranks) {
+    return jaxring::RunsInPlace(static_cast<jaxring::Mode>(mode), ranks);
+  }, nb::arg("mode"), nb::arg("ranks"),
+     "Whether the CPU handler's output aliases its input for this op (cpu_engine.h's RunsInPlace).");
   // The CPU engine's path (cpu_engine.h): benchmarks force one to measure the crossover.
   nb::dict paths;
   paths["auto"] = static_cast<int64_t>(jaxring::CpuPath::kAuto);

@@ -156,6 +156,28 @@ def test_a_rank_that_never_arrives_times_out_naming_it(path, absent_from_call):
     assert_close(outputs[:absent_from_call], ALLREDUCE, inputs[:absent_from_call])
 
 
+@pytest.mark.parametrize("dtype", (np.dtype(np.float16), BFLOAT16), ids=lambda d: d.name)
+def test_16_bit_floats_convert_and_round_as_numpy_for_every_bit_pattern(dtype):
+    """Every 16-bit pattern (subnormals, the largest finite values, infinities, NaNs) read into
+    float32 and every rank-order sum rounded back once, against numpy's conversions: each
+    pattern is added to a shuffled one, to itself negated (sums of zero, subnormal differences)
+    and to a copy scaled by 1 + 2^-11 (sums that round, overflow to infinity at the top)."""
+    patterns = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    shuffled = patterns[np.random.default_rng(21).permutation(1 << 16)]
+    partners = (shuffled, -patterns, (patterns.astype(np.float32) * (1 + 2.0**-11)).astype(dtype))
+    for partner in partners:
+        inputs = np.stack([patterns, partner])[None]
+        outputs, errors = run(ALLREDUCE, "push", inputs, lanes=1, max_delay_us=0)
+        assert errors == [""] * 2
+        with np.errstate(over="ignore", invalid="ignore"):  # infinities and NaNs are the point
+            reference = rank_order_sum(inputs)[0]
+        nan = np.isnan(reference.astype(np.float32))
+        for out in outputs[0]:
+            assert (np.isnan(out.astype(np.float32)) == nan).all(), "a NaN lost or made"
+            assert (out.view(np.uint16)[~nan] == reference.view(np.uint16)[~nan]).all(), \
+                f"{int((out.view(np.uint16)[~nan] != reference.view(np.uint16)[~nan]).sum())} sums differ from numpy's"
+
+
 def test_bad_arguments_say_what_is_wrong():
     inputs = np.ones((1, 2, 4), np.float32)
     with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int32, got 'float64'"):

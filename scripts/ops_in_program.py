@@ -1,0 +1,37 @@
+"""The time of one collective inside a compiled program, as the benchmarks measure it.
+
+A collective in a training step reduces values the step computed; timed
+alone on a jit's argument it pays what no step pays (an in-place op's input
+copied first, a fresh output for every call). So the benchmarks time two
+programs of the same op chained, one of BASE_OPS ops and one of K, and take
+their difference over K - BASE_OPS: the program of K ops holds exactly
+K - BASE_OPS more ops, each on the last one's output.
+
+BASE_OPS is 1, not 0: a program of no ops copies its input into a new
+output, which the program of K ops does not, so the difference of 0 and K
+was K ops less a copy (at 64 MiB, most of an op). Both programs end in an
+op that writes their output.
+"""
+
+import numpy as np
+
+BASE_OPS = 1
+
+
+def ops_per_program(nbytes):
+    """K: enough chained ops that the difference to the program of BASE_OPS dominates its noise."""
+    return BASE_OPS + int(np.clip((4 << 20) // nbytes, 2, 20))
+
+
+def chained(op, ops):
+    """A function applying `op` `ops` times, each to the last one's result."""
+    def program(x):
+        for _ in range(ops):
+            x = op(x)
+        return x
+    return program
+
+
+def per_op(seconds_of_k_ops, seconds_of_base, k):
+    """Seconds per op from the times of the programs of k and BASE_OPS ops."""
+    return (seconds_of_k_ops - seconds_of_base) / (k - BASE_OPS)
