@@ -52,9 +52,19 @@ class Sync:
         return jax.pmap(lambda state, batch: finish(state, self.mean(local(state, batch))), axis_name=AXIS, donate_argnums=0)
 
     def time_mean(self, tree, repeats: int) -> float:
-        """Median seconds of the mean of `tree` (replicated over the local devices)."""
-        mean = jax.pmap(self.mean, axis_name=AXIS)
-        return median_seconds(lambda: mean(tree), repeats)
+        """Seconds of the mean of `tree` (replicated over the local devices) as a step pays it.
+
+        A step reduces values its program computed, so the mean is timed over
+        `tree` doubled inside the program, less the program that only doubles
+        it: over the program's arguments themselves, XLA would first copy the
+        leaves an in-place all-reduce sums over (docs/USAGE.md).
+        """
+        def doubled(t):
+            return jax.tree_util.tree_map(lambda leaf: leaf * 2, t)
+
+        with_mean = jax.pmap(lambda t: self.mean(doubled(t)), axis_name=AXIS)
+        alone = jax.pmap(doubled, axis_name=AXIS)
+        return max(0.0, median_seconds(lambda: with_mean(tree), repeats) - median_seconds(lambda: alone(tree), repeats))
 
 
 def make_sync(world_size: int, method: str, bucket_bytes: int) -> Sync:
