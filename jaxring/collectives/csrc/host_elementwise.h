@@ -29,8 +29,9 @@ inline uint32_t BitsOfFloat(float f) {
 
 inline float ToAcc(float v) { return v; }
 inline int32_t ToAcc(int32_t v) { return v; }
-// float16 by its bits: a cast compiles to a library call per element on x86
-// without F16C (0.5x lax.psum, docs/PERFORMANCE.md); this vectorises. The
+// float16 by its bits: a cast compiles to a library call per element on an
+// x86 build not made for F16C (0.4-0.8x lax.psum, docs/PERFORMANCE.md); this
+// vectorises. The
 // exponent is rebiased (15 -> 127); infinities and NaNs take the top
 // exponent; a subnormal m * 2^-24 is read as the normal 2^-14 + m * 2^-24
 // and 2^-14 taken off, exactly, with no subnormal float arithmetic (which
