@@ -75,13 +75,14 @@ def _canonical_axis(axis, ndim, what):
     return int(axis) % ndim
 
 
-def _ring(flat, *, mode, names, timeout_ms):
-    """Binds one ring op on a 1-D array."""
+def _ring(flat, *, mode, names, timeout_ms, in_place=False):
+    """Binds one ring op on a 1-D array; `in_place`: its output may take the array's buffer."""
     _ffi.register()
     if _jax_compat.checking_varying_axes():
         flat = _varying_over_all(flat, names) if mode == ALLREDUCE else _auto_pcast(flat, names)
     return ring_p.bind(
-        flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms
+        flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms,
+        in_place=in_place,
     )
 
 
@@ -155,7 +156,11 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
             return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
         if x.size == 0:
             return lax_op()
-        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
+        # In place over a value the program computed; over its own input XLA would copy the
+        # input first, which costs more than the fresh output it saves (docs/PERFORMANCE.md).
+        in_place = not _jax_compat.is_input_of_traced_function(x)
+        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms,
+                      in_place=in_place).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
@@ -272,7 +277,7 @@ def _out_varying(x, mode, axis_name):
     return varying  # each device still holds its own block
 
 
-def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms):
+def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
     if mode == REDUCE_SCATTER and x.shape[0] % ranks:
         raise ValueError(f"reduce_scatter input of {x.shape[0]} elements is not a multiple of {ranks}")
     shape = (_out_elements(x.shape[0], mode, ranks),)
@@ -318,7 +323,7 @@ def _ordinals(rings):
     return np.vectorize(device_ordinal, otypes=[np.int64])(rings)
 
 
-def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
+def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place, platform):
     rings, mesh = _rings(ctx, axis_name)
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
@@ -334,18 +339,19 @@ def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, platform):
 
         return mpi.lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms)
     return _emit(ctx, x, mode=mode, ordinals=_ordinals(rings), op_id=op_id,
-                 timeout_ms=timeout_ms, platform=platform)
+                 timeout_ms=timeout_ms, in_place=in_place, platform=platform)
 
 
-def _emit(ctx, x, *, mode, ordinals, op_id, timeout_ms, platform):
-    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals)."""
+def _emit(ctx, x, *, mode, ordinals, op_id, timeout_ms, in_place, platform):
+    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals);
+    its output takes its input's buffer where `in_place` and the CPU handler runs in place."""
     (x_aval,) = ctx.avals_in
     (out_aval,) = ctx.avals_out
     ring = ordinals.shape[1]
     full = x_aval.shape[0] * (ring if mode == ALL_GATHER else 1)
     workspace_elements = _workspace_elements(x_aval.dtype, full, mode, platform)
     workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
-    in_place = platform == "cpu" and _ffi.cpu_module().runs_in_place(mode, ring)
+    in_place = in_place and platform == "cpu" and _ffi.cpu_module().runs_in_place(mode, ring)
     lower = jax.ffi.ffi_lowering(_ffi.target_name(), operand_output_aliases={0: 0} if in_place else None)
     out, _ = lower(
         ctx.replace(avals_out=[out_aval, workspace]),
@@ -374,7 +380,7 @@ def _device_rings_abstract_eval(x, *, mode, rings, timeout_ms):
 
 def _device_rings_lowering(ctx, x, *, mode, rings, timeout_ms, platform):
     return _emit(ctx, x, mode=mode, ordinals=_ordinals(np.array(rings, dtype=object)),
-                 op_id=next(_op_ids), timeout_ms=timeout_ms, platform=platform)
+                 op_id=next(_op_ids), timeout_ms=timeout_ms, in_place=False, platform=platform)
 
 
 device_rings_p.def_abstract_eval(_device_rings_abstract_eval)
@@ -383,7 +389,7 @@ for _platform in ("cpu", "cuda"):
                            platform=_platform)
 
 
-def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):
+def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
     if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
@@ -396,12 +402,13 @@ def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms):
     transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
     return [
         ring_p.bind(
-            cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids), timeout_ms=timeout_ms
+            cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids),
+            timeout_ms=timeout_ms, in_place=not _jax_compat.is_input_of_traced_function(cotangent),
         )
     ]
 
 
-def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
+def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
     if axis_data.name in axis_name:
         raise ValueError(
             f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
@@ -413,7 +420,7 @@ def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms):
     (x,), (dim,) = args, dims
     x = jnp.moveaxis(x, dim, 0)
     batch, length = x.shape
-    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms)
+    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
     if mode == REDUCE_SCATTER:
         x = x.reshape(batch, ranks, length // ranks).transpose(1, 0, 2)
         return ring_p.bind(x.reshape(-1), **params).reshape(batch, length // ranks), 0

@@ -109,39 +109,59 @@ def test_by_default_every_size_takes_the_push_path(path):
     assert MODULE.cpu_push_max_bytes() >= 1 << 40
 
 
-def test_allreduces_of_rings_the_push_path_serves_write_their_output_over_their_input():
+def in_place_calls(program, x):
+    """Whether each jaxring custom call of the lowered program writes its output over its input."""
+    hlo = program.lower(x).as_text()
+    return [("output_operand_aliases" in line) for line in hlo.splitlines() if "custom_call @jaxring_ring" in line]
+
+
+def test_allreduces_of_computed_values_on_rings_the_push_path_serves_write_over_their_input():
     modes = _ffi.cpu_module().MODES
     assert MODULE.runs_in_place(modes["allreduce"], _jaxring_protocol.MAX_RANKS)
     assert not MODULE.runs_in_place(modes["allreduce"], _jaxring_protocol.MAX_RANKS + 1)
     assert not MODULE.runs_in_place(modes["reduce_scatter"], 4)
     assert not MODULE.runs_in_place(modes["all_gather"], 4)
     x = random_array(np.random.default_rng(12), (4, 64), jnp.float32)
-    hlo = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(v, "i", tiled=True)), 4).lower(x).as_text()
-    calls = [line for line in hlo.splitlines() if "custom_call" in line and "jaxring" in line]
-    assert len(calls) == 2 and sum("output_operand_aliases" in line for line in calls) == 1, calls
+    computed = pmapped(lambda v: (jaxring.allreduce(v * 2, "i"), jaxring.reduce_scatter(v * 2, "i", tiled=True)), 4)
+    assert in_place_calls(computed, x) == [True, False]
+    # the program's own input (XLA would copy it first), also reshaped, and a captured constant: not in place
+    constant = np.ones(64, np.float32)
+    inputs = pmapped(lambda v: (jaxring.allreduce(v, "i"), jaxring.allreduce(v.reshape(8, 8), "i"),
+                                jaxring.allreduce(jnp.asarray(constant) + 0 * v, "i"),
+                                jaxring.allreduce(jnp.asarray(constant), "i")), 4)
+    assert in_place_calls(inputs, x) == [False, False, True, False]
+    chained = pmapped(lambda v: jaxring.allreduce(jaxring.allreduce(v, "i"), "i"), 4)
+    assert in_place_calls(chained, x) == [False, True]
+    fused = pmapped(lambda v: jaxring.tree_allreduce({"a": v, "b": v * 2}, "i", op="mean", bucket_bytes=1 << 20), 4)
+    assert in_place_calls(fused, x) == [True]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("name", PATHS)
 def test_in_place_allreduces_leave_a_live_input_whole_and_chain(path, name, dtype):
-    """An input still used after the op (XLA copies it first) and a chain of ops, each summing
-    the last one's output in place, on every path (ring and one-shot read a copy of the input)."""
+    """A computed input still used after the op (XLA copies it first) and a chain of ops, each
+    summing the last one's output in place, on every path (ring and one-shot read a copy)."""
     path(name)
     ranks = 5
     x = random_array(np.random.default_rng(13), (ranks, 4099), dtype)
-    twice, kept, once = pmapped(lambda v: (jaxring.allreduce(jaxring.allreduce(v, "i") * 0.5, "i") if dtype != jnp.int32
-                                            else jaxring.allreduce(jaxring.allreduce(v, "i") // 2, "i"),
-                                            v, jaxring.allreduce(v, "i")), ranks)(x)
-    assert same_bits(kept, x), "the op wrote over an input the program still uses"
+
+    def program(v):
+        doubled = v * 2  # exact in every dtype here
+        halve = (lambda a: a // 2) if dtype == jnp.int32 else (lambda a: a * 0.5)
+        once = jaxring.allreduce(doubled, "i")
+        return jaxring.allreduce(halve(once), "i"), doubled, halve(once)
+
+    assert in_place_calls(pmapped(program, ranks), x) == [True, True]
+    twice, kept, once = pmapped(program, ranks)(x)
+    assert same_bits(kept, np.asarray(x) * 2), "the op wrote over an input the program still uses"
     total = np.asarray(x, np.float64).sum(0)
     if dtype == jnp.int32:
-        expected = ranks * (np.asarray(once[0], np.int64) // 2)
-        assert same_bits(once[0], total.astype(np.int32)) and (np.asarray(twice[0]) == expected).all()
+        assert same_bits(once[0], total.astype(np.int32)) and (np.asarray(twice[0]) == ranks * total).all()
     else:
         eps = {jnp.float32: 2e-7 * ranks, jnp.bfloat16: 2.0**-8, jnp.float16: 2.0**-11}[dtype]
         scale = np.abs(total).max()
         np.testing.assert_allclose(np.asarray(once[0], np.float64), total, atol=2 * eps * scale)
-        np.testing.assert_allclose(np.asarray(twice[0], np.float64), ranks * 0.5 * np.asarray(once[0], np.float64),
+        np.testing.assert_allclose(np.asarray(twice[0], np.float64), ranks * np.asarray(once[0], np.float64),
                                    atol=2 * eps * ranks * scale)
     for r in range(ranks):
         assert same_bits(twice[r], twice[0]) and same_bits(once[r], once[0]), "replicas differ"
