@@ -4,12 +4,13 @@ Each implementation is timed per op inside a compiled program, as a training
 step runs it (scripts/ops_in_program.py): a pmapped program of K chained ops
 against the same program of one op, their difference over K - 1. The
 program of one op, on the program's argument, is recorded too
-(`one_op_program_s`): it includes what a lone call pays, such as XLA's copy
-of the argument that an in-place op sums over (csrc/cpu_engine.h).
+(`one_op_program_s`): what a lone call pays, a fresh output included (an
+all-reduce sums in place only over values its program computed,
+csrc/cpu_engine.h).
 
 All implementations run in the same process, size by size, their programs
-interleaved call by call (one of each in turn), so the ratios are measured
-under the same load. Prints a table and writes JSON records: impl,
+interleaved call by call (one of each per round, in a random order), so the
+ratios are measured under the same load. Prints a table and writes JSON records: impl,
 n_devices, n_procs, bytes, dtype, ops_per_program, median_s (per op in a
 program), algbw_GBps, busbw_GBps, ratio_to_psum (psum's time per op / this
 impl's: > 1 means faster than psum), paired_ratio_to_psum (the median over
@@ -82,11 +83,15 @@ def bus_bandwidth(nbytes, seconds, n):
 
 
 def time_interleaved(programs, x, repeats):
-    """Seconds of each timed call of each program, one call of each in turn (after two
-    untimed calls each, which compile and warm up). `programs`: {key: (function, path)}."""
+    """Seconds of each timed call of each program, one call of each in turn, in a new random
+    order every round (after two untimed calls each, which compile and warm up): what one
+    program leaves in the allocator (freed or kept pages) changes the next one's cost, most
+    at the largest sizes. `programs`: {key: (function, path)}."""
     times = {key: [] for key in programs}
+    order = np.random.default_rng(0)
     for round_ in range(2 + repeats):
-        for key, (fn, path) in programs.items():
+        for i in order.permutation(len(programs)):
+            key, (fn, path) = list(programs.items())[i]
             CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
             start = time.perf_counter()
             jax.block_until_ready(fn(x))
@@ -110,7 +115,7 @@ def main():
         for nbytes in sizes:
             elements = nbytes // dtype.itemsize
             k = ops_per_program(nbytes)
-            repeats = args.repeats if nbytes < (16 << 20) else max(5, args.repeats // 3)
+            repeats = args.repeats
             x = jax.pmap(lambda s: jnp.full((elements,), s, dtype), devices=devices)(
                 jnp.arange(1, n + 1, dtype=dtype)
             )

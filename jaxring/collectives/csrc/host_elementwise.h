@@ -67,14 +67,13 @@ inline void Store(float v, _Float16* out) {
   const uint16_t half = static_cast<uint16_t>(h | ((bits >> 16) & 0x8000u));
   std::memcpy(out, &half, sizeof half);
 }
-inline void Store(float v, Bf16* out) {  // round to nearest even; NaN stays NaN
-  uint32_t bits = BitsOfFloat(v);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    out->bits = static_cast<uint16_t>((bits >> 16) | 0x40);
-    return;
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  out->bits = static_cast<uint16_t>(bits >> 16);
+// Round to nearest even; a NaN stays NaN, quiet. Without a branch, so that
+// the compiler vectorises it.
+inline void Store(float v, Bf16* out) {
+  const uint32_t bits = BitsOfFloat(v);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  out->bits = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // ring_protocol.h's elementwise operations on one host thread.
