@@ -56,8 +56,8 @@ class Sync:
 
         A step reduces values its program computed, so the mean is timed over
         `tree` doubled inside the program, less the program that only doubles
-        it: over the program's arguments themselves, XLA would first copy the
-        leaves an in-place all-reduce sums over (docs/USAGE.md).
+        it: over the program's arguments themselves the all-reduce would not
+        run in place as it does in a step (docs/USAGE.md).
         """
         def doubled(t):
             return jax.tree_util.tree_map(lambda leaf: leaf * 2, t)
