@@ -88,10 +88,11 @@ def time_interleaved(programs, x, repeats):
     program leaves in the allocator (freed or kept pages) changes the next one's cost, most
     at the largest sizes. `programs`: {key: (function, path)}."""
     times = {key: [] for key in programs}
+    items = list(programs.items())
     order = np.random.default_rng(0)
     for round_ in range(2 + repeats):
-        for i in order.permutation(len(programs)):
-            key, (fn, path) = list(programs.items())[i]
+        for i in order.permutation(len(items)):
+            key, (fn, path) = items[i]
             CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
             start = time.perf_counter()
             jax.block_until_ready(fn(x))

@@ -49,12 +49,13 @@ void SetCpuPushMaxBytes(int64_t bytes);
 CpuPath CpuForcedPath();
 void SetCpuForcedPath(CpuPath path);
 
-// Whether a call's output is its input (the lowering aliases them, ring.py):
-// all-reduces of rings the push path serves. The push path writes only the
-// chunk that its own rank reads of every buffer, so it sums in place, and an
-// all-reduce inside a program then writes no fresh output pages (XLA first
-// copies an input that is still live). The other paths read a peer's input
-// while that peer writes its output: on an in-place call they read a copy.
+// Whether the lowering may alias a call's output to its input (ring.py does
+// for values the program computed): all-reduces of rings the push path
+// serves. The push path writes only the chunk that its own rank reads of
+// every buffer, so it sums in place, and the all-reduce then writes no fresh
+// output pages (XLA first copies an input that is still live). The other
+// paths read a peer's input while that peer writes its output: on an
+// in-place call they read a copy.
 bool RunsInPlace(Mode mode, int64_t ranks);
 
 struct CpuRing;
