@@ -84,19 +84,22 @@ def bus_bandwidth(nbytes, seconds, n):
 
 def time_interleaved(programs, x, repeats):
     """Seconds of each timed call of each program, one call of each in turn, in a new random
-    order every round (after two untimed calls each, which compile and warm up): what one
-    program leaves in the allocator (freed or kept pages) changes the next one's cost, most
-    at the largest sizes. `programs`: {key: (function, path)}."""
+    order every round (after an untimed round, which compiles). Every timed call follows an
+    untimed call of the same program, as a training loop runs its step back to back: what
+    another program leaves in the allocator (freed or kept pages, another footprint) changed
+    the next one's cost by up to 2.5x at 64 MiB (docs/PERFORMANCE.md). `programs`:
+    {key: (function, path)}."""
     times = {key: [] for key in programs}
     items = list(programs.items())
     order = np.random.default_rng(0)
-    for round_ in range(2 + repeats):
+    for round_ in range(1 + repeats):
         for i in order.permutation(len(items)):
             key, (fn, path) = items[i]
             CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
-            start = time.perf_counter()
             jax.block_until_ready(fn(x))
-            if round_ >= 2:
+            if round_ >= 1:
+                start = time.perf_counter()
+                jax.block_until_ready(fn(x))
                 times[key].append(time.perf_counter() - start)
     CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
     return {key: np.array(t) for key, t in times.items()}
