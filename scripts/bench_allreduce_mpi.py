@@ -156,24 +156,32 @@ def make_steps(impl, elements, k, world):
 def time_steps(steps, comm, min_time):
     """Median over rounds of the slowest rank's time, per step.
 
-    Each round runs every step once, so that all of them meet the same load
-    on a shared machine; every rank runs the same number of rounds.
+    Each round runs every step once, in a new random order (the same on
+    every rank), so that all of them meet the same load on a shared machine;
+    every rank runs the same number of rounds. Each timed call follows an
+    untimed call of the same step, as a training loop runs its step back to
+    back: what another step leaves behind (freed pages, another footprint)
+    otherwise decides the largest sizes (docs/PERFORMANCE.md).
     """
     from mpi4py import MPI
 
     def timed(step):
+        step()
         comm.Barrier()
         start = time.perf_counter()
         step()
         return time.perf_counter() - start
 
-    for step in steps.values():
-        step()  # compile
-    first = comm.allreduce(sum(timed(step) for step in steps.values()), op=MPI.MAX)
+    keys = list(steps)
+    first = comm.allreduce(sum(timed(steps[key]) for key in keys), op=MPI.MAX)  # compiles too
     rounds = int(np.clip(min_time / max(first, 1e-9), 5, 200))
-    times = [[timed(step) for step in steps.values()] for _ in range(rounds)]
+    order = np.random.default_rng(0)
+    times = np.zeros((rounds, len(keys)))
+    for round_ in range(rounds):
+        for i in order.permutation(len(keys)):
+            times[round_, i] = timed(steps[keys[i]])
     slowest = np.max(comm.allgather(times), axis=0)  # [round, step]
-    return dict(zip(steps, np.median(slowest, axis=0).tolist()))
+    return dict(zip(keys, np.median(slowest, axis=0).tolist()))
 
 
 # --- the launcher -----------------------------------------------------------

@@ -1,10 +1,12 @@
 // CPU handler of the cross-process leg of jaxring.allreduce(..., processes=True):
-// mpi_host_ring.h's legs straight on XLA's buffers. The ring runs on a thread
-// of its own (task_threads.h): XLA's worker thread returns at once with a
-// future. A one-shot leg starts on XLA's thread and finishes there if it can
-// within a few tens of microseconds (a thread hand-off costs as much as the
-// exchange), else on a task thread too.
-#include <algorithm>
+// mpi_host_ring.h's legs straight on XLA's buffers. A leg starts on XLA's
+// thread and goes on there for as long as the other processes keep it
+// waiting no longer than kDefaultLegPatienceUs (mpi_ring.h) at a time (they are in step); else a
+// task thread (task_threads.h) takes it over, and XLA's thread returns with a
+// future. A hand-off costs as much as a small exchange, and at 4 MiB on 2
+// processes the ring ran at 1.2-2.0x the speed with it on XLA's thread
+// (docs/PERFORMANCE.md).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -23,8 +25,8 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-// How long a one-shot leg may wait on XLA's thread before a task thread takes it.
-constexpr auto kInlineWait = std::chrono::microseconds(50);
+std::atomic<int64_t> patience_us{kDefaultLegPatienceUs};
+std::atomic<int64_t> finished_on_xla_thread{0}, handed_off{0};
 
 ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                        int64_t tag, int64_t timeout_ms, std::string_view what, int64_t one_shot,
@@ -39,36 +41,36 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
     return future;
   }
   AdviseHugePages(out->untyped_data(), out->size_bytes());
-  if (leg.one_shot && leg.size > 1) {
-    // Posted here, on XLA's thread, and finished here when the other
-    // processes' buffers arrive within kInlineWait (they are in step); else
-    // on a task thread, so XLA's thread never waits on a peer for long.
-    auto shot = std::make_shared<OneShot>(x.element_type(), x.untyped_data(), out->untyped_data(),
-                                          static_cast<int64_t>(x.element_count()), leg);
-    std::string error;
-    if (shot->Finish(std::min(Clock::now() + kInlineWait, leg.deadline), &error)) {
-      if (error.empty()) {
-        promise.SetAvailable();
-      } else {
-        promise.SetError(ffi::Error::Internal(error));
-      }
-      return future;
+  std::shared_ptr<LegInFlight> started = StartLeg(
+      x.element_type(), x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()), leg);
+  std::string error;
+  const auto patience = std::chrono::microseconds(patience_us.load(std::memory_order_relaxed));
+  if (started->Finish(patience, &error)) {
+    finished_on_xla_thread.fetch_add(1, std::memory_order_relaxed);
+    if (error.empty()) {
+      promise.SetAvailable();
+    } else {
+      promise.SetError(ffi::Error::Internal(error));
     }
-    CompleteOnTaskThread(promise, [shot, deadline = leg.deadline] {
-      std::string error;
-      shot->Finish(deadline, &error);
-      return error;
-    });
     return future;
   }
-  CompleteOnTaskThread(promise, [type = x.element_type(), in = x.untyped_data(), result = out->untyped_data(),
-                                 elements = static_cast<int64_t>(x.element_count()), leg] {
-    return RunHostRing(type, in, result, elements, leg);
+  handed_off.fetch_add(1, std::memory_order_relaxed);
+  CompleteOnTaskThread(promise, [started] {
+    std::string error;
+    started->Finish(Clock::duration::max(), &error);
+    return error;
   });
   return future;
 }
 
 }  // namespace
+
+void SetLegPatienceUs(int64_t us) { patience_us.store(us, std::memory_order_relaxed); }
+
+LegThreads CpuLegThreads() {
+  return {finished_on_xla_thread.load(std::memory_order_relaxed),
+          handed_off.load(std::memory_order_relaxed)};
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCpu, MpiRingCpu, JAXRING_MPI_LEG_BINDING(ffi::Ffi::Bind()));
 

@@ -19,5 +19,14 @@ NB_MODULE(_jaxring_mpi, m) {
     return handlers;
   });
   m.def("set_device_comm", &jaxring::SetDeviceComm, nb::arg("device_ordinal"), nb::arg("handle"));
+  m.attr("DEFAULT_LEG_PATIENCE_US") = jaxring::kDefaultLegPatienceUs;
+  m.def("set_leg_patience_us", &jaxring::SetLegPatienceUs, nb::arg("us"));
+  m.def("leg_threads", []() {
+    const jaxring::LegThreads counts = jaxring::CpuLegThreads();
+    nb::dict threads;
+    threads["finished_on_xla_thread"] = counts.finished_on_xla_thread;
+    threads["handed_off"] = counts.handed_off;
+    return threads;
+  });
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
 }

@@ -177,91 +177,248 @@ inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
-template <typename T>
-void SumInRankOrder(const T* in, const std::vector<char>& others, T* out, int64_t elements,
-                    const Leg& leg) {
-  const T* theirs = reinterpret_cast<const T*>(others.data());
-  std::memcpy(out, leg.rank == 0 ? in : theirs, elements * sizeof(T));
-  for (int p = 1; p < leg.size; ++p) {
-    const T* term = p == leg.rank ? in : theirs + p * elements;
-    for (int64_t j = 0; j < elements; ++j) out[j] = Add(out[j], term[j]);
-  }
+// The end of a wait that may last `patience`, at most the leg's deadline.
+Clock::time_point WaitUntil(Clock::duration patience, const Leg& leg) {
+  const auto now = Clock::now();
+  return leg.deadline - now < patience ? leg.deadline : now + patience;
 }
 
+// Buffers for the other processes' messages, kept from call to call: their
+// pages are mapped already, where a fresh allocation has its pages faulted
+// in under the transfer. A leg takes one for as long as it is in flight (it
+// may move to another thread meanwhile).
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      if (!kept().empty()) {
+        bytes_ = std::move(kept().back());
+        kept().pop_back();
+      }
+    }
+    if (bytes_.size() < bytes) bytes_.resize(bytes);
+  }
+  // Given back only by a leg that finished cleanly: after a failure a message
+  // may still land in it.
+  void GiveBack() {
+    std::lock_guard<std::mutex> lock(mu());
+    kept().push_back(std::move(bytes_));
+  }
+  char* data() { return bytes_.data(); }
+
+ private:
+  static std::mutex& mu() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::vector<std::vector<char>>& kept() {
+    static auto* k = new std::vector<std::vector<char>>();
+    return *k;
+  }
+  std::vector<char> bytes_;
+};
+
+// One-shot: every process sends its whole buffer to every other at once and
+// sums all of them in rank order.
 template <typename T>
-std::string RunRing(const T* in, T* out, int64_t elements, const Leg& leg) {
-  const int left = static_cast<int>(Mod(leg.rank - 1, leg.size));
-  const int right = static_cast<int>(Mod(leg.rank + 1, leg.size));
-  const int64_t piece = Max(leg.piece_elements, 1);
-  const auto mine = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank, piece, 1);
-  const auto theirs = SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right, piece, 1);
-  const int64_t stages = mine.StageCount();
-  const int64_t slices = mine.slices;
+class OneShot final : public LegInFlight {
+ public:
+  OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
+      : in_(in), out_(out), elements_(elements), leg_(leg),
+        others_(static_cast<size_t>(elements) * leg.size * sizeof(T)),
+        receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
+    const int bytes = static_cast<int>(elements * sizeof(T));
+    for (int p = 0; p < leg.size; ++p) {
+      peers_[p] = p;
+      if (p == leg.rank) continue;
+      MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag,
+                leg.comm, &receives_[p]);
+    }
+    for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
+      const int p = (leg.rank + i) % leg.size;
+      MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
+    }
+  }
+
+  bool Finish(Clock::duration patience, std::string* error) override {
+    int rc = MPI_SUCCESS;
+    if (!summed_) {
+      const auto until = WaitUntil(patience, leg_);
+      if (!PollUntil(until, [&] { return AllTested(receives_, &rc); })) {
+        if (until < leg_.deadline) return false;
+        *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+        return true;
+      }
+      if (rc != MPI_SUCCESS) {
+        *error = Failed(leg_, rc, -1, "for their buffers");
+        return true;
+      }
+      Sum();
+      summed_ = true;
+    }
+    const auto until = WaitUntil(patience, leg_);
+    if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
+      if (until < leg_.deadline) return false;
+      *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
+      return true;
+    }
+    if (rc != MPI_SUCCESS) {
+      *error = Failed(leg_, rc, -1, "for its buffer to be taken");
+      return true;
+    }
+    others_.GiveBack();
+    *error = "";
+    return true;
+  }
+
+ private:
+  // Rank 0's + rank 1's + ...: every process rounds the same terms in the
+  // same order and ends with the same bits.
+  void Sum() {
+    const T* theirs = reinterpret_cast<const T*>(others_.data());
+    std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
+    for (int p = 1; p < leg_.size; ++p) {
+      const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
+      for (int64_t j = 0; j < elements_; ++j) out_[j] = Add(out_[j], term[j]);
+    }
+  }
+
+  const T* in_;
+  T* out_;
+  int64_t elements_;
+  Leg leg_;
+  Scratch others_;  // every other process' buffer, by rank
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> peers_;
+  bool summed_ = false;
+};
+
+// The ring (file comment).
+template <typename T>
+class Ring final : public LegInFlight {
+ public:
+  Ring(const T* in, T* out, int64_t elements, const Leg& leg)
+      : in_(in), out_(out), leg_(leg),
+        left_(static_cast<int>(Mod(leg.rank - 1, leg.size))),
+        right_(static_cast<int>(Mod(leg.rank + 1, leg.size))),
+        mine_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank,
+                                 Max(leg.piece_elements, 1), 1)),
+        theirs_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right_,
+                                   Max(leg.piece_elements, 1), 1)),
+        stages_(mine_.StageCount()), slices_(mine_.slices),
+        slots_(static_cast<size_t>(slices_ * mine_.slice_len) * sizeof(T)),
+        receives_(stages_, MPI_REQUEST_NULL), sends_(stages_, MPI_REQUEST_NULL),
+        lefts_(stages_, left_), rights_(stages_, right_) {
+    Post();
+  }
+
+  bool Finish(Clock::duration patience, std::string* error) override {
+    int rc = MPI_SUCCESS;
+    while (done_ < stages_) {
+      Post();
+      if (receives_[done_] != MPI_REQUEST_NULL) {
+        const auto until = WaitUntil(patience, leg_);
+        if (!PollUntil(until, [&] { return Tested(&receives_[done_], &rc); })) {
+          if (until < leg_.deadline) return false;
+          *error = TimedOut(receives_, lefts_, sends_, rights_, leg_);
+          return true;
+        }
+        if (rc != MPI_SUCCESS) {
+          *error = Failed(leg_, rc, left_, "for a chunk");
+          return true;
+        }
+      }
+      const Stage st = mine_.StageAt(done_);
+      if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
+        const T* partial = Slot(done_);
+        for (int64_t j = 0; j < st.count; ++j) out_[st.dst + j] = Add(in_[st.src + j], partial[j]);
+      }
+      ++done_;
+    }
+    const auto until = WaitUntil(patience, leg_);
+    if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
+      if (until < leg_.deadline) return false;
+      *error = TimedOut(receives_, lefts_, sends_, rights_, leg_);
+      return true;
+    }
+    if (rc != MPI_SUCCESS) {
+      *error = Failed(leg_, rc, right_, "for its chunks to be taken");
+      return true;
+    }
+    slots_.GiveBack();
+    *error = "";
+    return true;
+  }
+
+ private:
   // The left's partial sums land in one slot per receive posted ahead (a
   // step's worth), not in the output: the output may be the input itself
-  // (mpi.py aliases them for the ring), and the slots, kept by this thread
-  // from call to call, are pages already mapped, where a fresh output has
-  // its pages faulted in under the transfer.
-  thread_local std::vector<T> slots;
-  if (slots.size() < static_cast<size_t>(slices * mine.slice_len)) slots.resize(slices * mine.slice_len);
-  std::vector<MPI_Request> receives(stages, MPI_REQUEST_NULL), sends(stages, MPI_REQUEST_NULL);
-  const std::vector<int> lefts(stages, left), rights(stages, right);
-  int64_t received = 0, sent = 0, done = 0;  // stages posted, posted, summed
-  while (done < stages) {
+  // (mpi.py aliases them for the ring).
+  T* Slot(int64_t stage) {
+    return reinterpret_cast<T*>(slots_.data()) + (stage % slices_) * mine_.slice_len;
+  }
+
+  // Posts the sends and receives that may go now.
+  void Post() {
     // Stage i of the right reads this rank's input in step 0, else what this
     // rank's stage i - slices (the same slice, one step earlier) wrote.
-    for (; sent < stages && (sent < slices || sent - slices < done); ++sent) {
-      const Stage rt = theirs.StageAt(sent);
+    for (; sent_ < stages_ && (sent_ < slices_ || sent_ - slices_ < done_); ++sent_) {
+      const Stage rt = theirs_.StageAt(sent_);
       if (rt.count == 0) continue;
       const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
-      const T* source = (from_input ? in : out) + rt.src;
-      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right, leg.tag,
-                leg.comm, &sends[sent]);
+      const T* source = (from_input ? in_ : out_) + rt.src;
+      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right_, leg_.tag,
+                leg_.comm, &sends_[sent_]);
     }
     // The all-gather's slices are received straight into the output: a
     // stage's destination is never what a pending send reads (the
     // ring_schedule.h schedule: the left sends a slice of the all-gather only
     // after the right took this rank's partial sum of it, or, at its first
-    // step, this rank's input of it), however early the receive is posted. Posted as far ahead
-    // as the left posts its sends (a step): a send that finds no receive
-    // posted goes through Open MPI's unexpected-message path, which halved
-    // the ring's throughput over TCP once a step held more than the 8
-    // slices then posted ahead (docs/PERFORMANCE.md, "Over the network").
-    for (; received < stages && received < done + slices; ++received) {
-      const Stage st = mine.StageAt(received);
+    // step, this rank's input of it), however early the receive is posted.
+    // Posted as far ahead as the left posts its sends (a step): a send that
+    // finds no receive posted goes through Open MPI's unexpected-message
+    // path, which halved the ring's throughput over TCP once a step held more
+    // than the 8 slices then posted ahead (docs/PERFORMANCE.md, "Over the
+    // network").
+    for (; received_ < stages_ && received_ < done_ + slices_; ++received_) {
+      const Stage st = mine_.StageAt(received_);
       if (st.count == 0) continue;
-      T* into = st.kind == StageKind::kCopy ? out + st.dst : slots.data() + (received % slices) * mine.slice_len;
-      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left, leg.tag, leg.comm,
-                &receives[received]);
+      T* into = st.kind == StageKind::kCopy ? out_ + st.dst : Slot(received_);
+      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left_, leg_.tag,
+                leg_.comm, &receives_[received_]);
     }
-    if (receives[done] != MPI_REQUEST_NULL) {
-      int rc = MPI_SUCCESS;
-      if (!PollUntil(leg.deadline, [&] { return Tested(&receives[done], &rc); })) {
-        return TimedOut(receives, lefts, sends, rights, leg);
-      }
-      if (rc != MPI_SUCCESS) return Failed(leg, rc, left, "for a chunk");
-    }
-    const Stage st = mine.StageAt(done);
-    if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
-      const T* partial = slots.data() + (done % slices) * mine.slice_len;
-      for (int64_t j = 0; j < st.count; ++j) out[st.dst + j] = Add(in[st.src + j], partial[j]);
-    }
-    ++done;
   }
-  int rc = MPI_SUCCESS;
-  if (!PollUntil(leg.deadline, [&] { return AllTested(sends, &rc); })) {
-    return TimedOut(receives, lefts, sends, rights, leg);
+
+  const T* in_;
+  T* out_;
+  Leg leg_;
+  int left_, right_;
+  SchedulePlan mine_, theirs_;
+  int64_t stages_, slices_;
+  Scratch slots_;
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> lefts_, rights_;
+  int64_t sent_ = 0, received_ = 0, done_ = 0;  // stages posted, posted, summed
+};
+
+// A leg of one process: its own buffer is the sum.
+class Alone final : public LegInFlight {
+ public:
+  bool Finish(Clock::duration, std::string* error) override {
+    *error = "";
+    return true;
   }
-  return rc == MPI_SUCCESS ? "" : Failed(leg, rc, right, "for its chunks to be taken");
-}
+};
 
 template <typename T>
-std::string Run(const T* in, T* out, int64_t elements, const Leg& leg) {
+std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
-    return "";
+    return std::make_unique<Alone>();
   }
-  return RunRing(in, out, elements, leg);
+  if (leg.one_shot) return std::make_unique<OneShot<T>>(in, out, elements, leg);
+  return std::make_unique<Ring<T>>(in, out, elements, leg);
 }
 
 }  // namespace
@@ -295,63 +452,19 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int6
   return ffi::Error::Success();
 }
 
-OneShot::OneShot(ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg)
-    : type_(type), in_(in), out_(out), elements_(elements), leg_(leg),
-      others_(static_cast<size_t>(elements) * leg.size * ffi::ByteWidth(type)),
-      receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
-  const int bytes = static_cast<int>(elements * ffi::ByteWidth(type));
-  for (int p = 0; p < leg.size; ++p) {
-    peers_[p] = p;
-    if (p == leg.rank) continue;
-    MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag, leg.comm,
-              &receives_[p]);
+std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
+                                      int64_t elements, const Leg& leg) {
+  if (type == ffi::DataType::F32) {
+    return Start(static_cast<const float*>(in), static_cast<float*>(out), elements, leg);
   }
-  for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
-    const int p = (leg.rank + i) % leg.size;
-    MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
-  }
-}
-
-bool OneShot::Finish(Clock::time_point until, std::string* error) {
-  int rc = MPI_SUCCESS;
-  if (!summed_) {
-    if (!PollUntil(until, [&] { return AllTested(receives_, &rc); })) {
-      if (until < leg_.deadline) return false;
-      *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
-      return true;
-    }
-    if (rc != MPI_SUCCESS) {
-      *error = Failed(leg_, rc, -1, "for their buffers");
-      return true;
-    }
-    if (type_ == ffi::DataType::F32) {
-      SumInRankOrder(static_cast<const float*>(in_), others_, static_cast<float*>(out_), elements_,
-                     leg_);
-    } else {
-      SumInRankOrder(static_cast<const int32_t*>(in_), others_, static_cast<int32_t*>(out_),
-                     elements_, leg_);
-    }
-    summed_ = true;
-  }
-  if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
-    if (until < leg_.deadline) return false;
-    *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
-    return true;
-  }
-  *error = rc == MPI_SUCCESS ? "" : Failed(leg_, rc, -1, "for its buffer to be taken");
-  return true;
+  return Start(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
 }
 
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg) {
-  if (leg.one_shot && leg.size > 1) {
-    std::string error;
-    OneShot(type, in, out, elements, leg).Finish(leg.deadline, &error);
-    return error;
-  }
-  return type == ffi::DataType::F32
-             ? Run(static_cast<const float*>(in), static_cast<float*>(out), elements, leg)
-             : Run(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
+  std::string error;
+  StartLeg(type, in, out, elements, leg)->Finish(Clock::duration::max(), &error);
+  return error;
 }
 
 void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {

@@ -6,9 +6,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "rendezvous.h"
 #include "xla/ffi/api/ffi.h"
@@ -40,35 +40,28 @@ xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t
                         int64_t timeout_ms, std::string_view what, int64_t one_shot,
                         int64_t piece_elements, Leg* leg);
 
+// A leg in flight. StartLeg posts its first messages; `in` and `out` must
+// outlive it.
+class LegInFlight {
+ public:
+  virtual ~LegInFlight() = default;
+  // Carries the leg on until it is done or one wait for the other processes
+  // lasts longer than `patience`: false in the latter case (before the leg's
+  // deadline), and Finish may be called again, on any thread; true when done,
+  // with *error "" or the message naming the process that did not answer by
+  // the deadline.
+  virtual bool Finish(Clock::duration patience, std::string* error) = 0;
+};
+
 // Sums the `elements` values of `type` at `in` over the leg's processes into
-// `out` (host memory, not overlapping `in`); blocks until done or the leg's
-// deadline. "" or the message naming the process that did not answer.
+// `out` (host memory; `out` may be `in` for the ring, not for one-shot).
+std::unique_ptr<LegInFlight> StartLeg(xla::ffi::DataType type, const void* in, void* out,
+                                      int64_t elements, const Leg& leg);
+
+// StartLeg's leg, waited for until done or the leg's deadline: "" or the
+// message naming the process that did not answer.
 std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
                         const Leg& leg);
-
-// A one-shot leg (Leg::one_shot, more than one process) in flight: the
-// constructor posts every message; the object owns the other processes'
-// buffers until it is finished, and `in` and `out` must outlive it.
-class OneShot {
- public:
-  OneShot(xla::ffi::DataType type, const void* in, void* out, int64_t elements, const Leg& leg);
-  // Waits for the messages until `until` and sums them into `out`: false if
-  // `until` (before the leg's deadline) came first, and Finish may be called
-  // again; true when done, with *error "" or the message naming the process
-  // that did not answer by the deadline.
-  bool Finish(Clock::time_point until, std::string* error);
-
- private:
-  xla::ffi::DataType type_;
-  const void* in_;
-  void* out_;
-  int64_t elements_;
-  Leg leg_;
-  std::vector<char> others_;  // every other process' buffer, by rank
-  std::vector<MPI_Request> receives_, sends_;
-  std::vector<int> peers_;
-  bool summed_ = false;
-};
 
 }  // namespace jaxring
 

@@ -14,6 +14,21 @@ inline constexpr char kMpiRingTargetName[] = "jaxring_mpi_ring";
 void SetDeviceComm(int64_t device_ordinal, uintptr_t handle);
 
 extern "C" XLA_FFI_Error* kMpiRingCpu(XLA_FFI_CallFrame*);
+
+// How long a CPU leg may wait for the other processes, at a time, on XLA's
+// thread before a task thread takes it over (cpu_mpi_ring.cc); settable for
+// tests and benchmarks.
+inline constexpr int64_t kDefaultLegPatienceUs = 50;
+void SetLegPatienceUs(int64_t us);
+
+// How many of this process' CPU legs finished on XLA's thread, and how many a
+// task thread took over because another process kept them waiting
+// (cpu_mpi_ring.cc).
+struct LegThreads {
+  int64_t finished_on_xla_thread;
+  int64_t handed_off;
+};
+LegThreads CpuLegThreads();
 // Built only with a CUDA toolkit (JAXRING_MPI_CUDA).
 extern "C" XLA_FFI_Error* kMpiRingCuda(XLA_FFI_CallFrame*);
 

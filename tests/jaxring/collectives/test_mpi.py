@@ -44,6 +44,11 @@ def test_a_process_that_never_arrives_times_out_the_others():
     assert_passed(output, ["straggler"], [0, 2])
 
 
+def test_processes_that_arrive_late_hand_legs_to_task_threads_and_sum_right():
+    output = run_workers("late_peers.py", [], 3, 1)
+    assert_passed(output, ["late_peers"], range(3))
+
+
 # --- one process: launched without mpirun, the world is this process ---------
 
 
