@@ -21,15 +21,20 @@ For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it t
               (an axis spanning jax.distributed processes: local ring, MPI leg,
               local ring), in jax_gloo's job
 
-Each time is the slowest rank's, median over interleaved rounds. Records carry
+Each time is the slowest rank's, median over interleaved rounds (each
+timed call right after an untimed call of the same program, as a training
+loop runs its step). Records carry
 impl, n_devices, n_procs, bytes (per device), dtype, median_s (per op),
 algbw_GBps, busbw_GBps = algbw * 2(N-1)/N with N = n_devices, and
 speedup_vs_mpi_allreduce (mpi_bare's time / this time, same process count and
-size). `launch(parse_args([...]))` and `run_job` are the entry points;
+size) and paired_speedup_vs_mpi_allreduce (the median over rounds of the same
+ratio within each round; only where mpi_bare ran in the same job). `launch(parse_args([...]))` and `run_job` are the entry points;
 --mpirun-args passes options to mpirun (e.g. "--mca btl tcp,self" to cross
 processes over TCP, as on an emulated network); --one-shot-max-bytes and
 --piece-bytes set the MPI leg's algorithm limits (jaxring/collectives/mpi.py)
-for the run, and jaxring's records carry the values used.
+and --leg-patience-us how long a leg may wait at a time on XLA's thread before
+a task thread takes it over (csrc/cpu_mpi_ring.cc), for the run; jaxring's
+records carry the values used.
 """
 
 import argparse
@@ -75,7 +80,12 @@ def run_job(args):
         mpi.ONE_SHOT_MAX_BYTES = args.one_shot_max_bytes
     if args.piece_bytes is not None:
         mpi.PIECE_BYTES = args.piece_bytes
-    leg = dict(one_shot_max_bytes=mpi.ONE_SHOT_MAX_BYTES, piece_bytes=mpi.PIECE_BYTES)
+    from jaxring.collectives import _jaxring_mpi
+
+    if args.leg_patience_us is not None:
+        _jaxring_mpi.set_leg_patience_us(args.leg_patience_us)
+    patience_us = _jaxring_mpi.DEFAULT_LEG_PATIENCE_US if args.leg_patience_us is None else args.leg_patience_us
+    leg = dict(one_shot_max_bytes=mpi.ONE_SHOT_MAX_BYTES, piece_bytes=mpi.PIECE_BYTES, leg_patience_us=patience_us)
     impls = [i for i in args.impls if not (i in ONE_DEVICE_IMPLS and len(world.local_devices) > 1)]
     records = []
     for nbytes in sizes(args.max_bytes):
@@ -83,12 +93,15 @@ def run_job(args):
         steps = {}
         for impl in impls:
             steps.update(make_steps(impl, nbytes // 4, k, world))
-        times = time_steps(steps, comm, args.min_time)
+        rounds = time_steps(steps, comm, args.min_time)
+        per_round = {impl: per_op(rounds[impl, k], rounds[impl, BASE_OPS], k) for impl in impls}
         for impl in impls:
-            seconds = per_op(times[impl, k], times[impl, BASE_OPS], k)
+            seconds = per_op(np.median(rounds[impl, k]), np.median(rounds[impl, BASE_OPS]), k)
+            # round by round: the bare call's time over this impl's under the same load
+            paired = float(np.median(per_round["mpi_bare"] / per_round[impl])) if "mpi_bare" in per_round else None
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
-                                dtype="float32", ops_per_program=k, median_s=seconds,
-                                **(leg if impl == "jaxring" else {})))
+                                dtype="float32", ops_per_program=k, median_s=float(seconds),
+                                paired_speedup_vs_mpi_allreduce=paired, **(leg if impl == "jaxring" else {})))
             if world.rank == 0:
                 print(f"  {impl:14s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
     if world.rank == 0:
@@ -154,7 +167,7 @@ def make_steps(impl, elements, k, world):
 
 
 def time_steps(steps, comm, min_time):
-    """Median over rounds of the slowest rank's time, per step.
+    """The slowest rank's time of each round, per step (an array over rounds).
 
     Each round runs every step once, in a new random order (the same on
     every rank), so that all of them meet the same load on a shared machine;
@@ -181,7 +194,7 @@ def time_steps(steps, comm, min_time):
         for i in order.permutation(len(keys)):
             times[round_, i] = timed(steps[keys[i]])
     slowest = np.max(comm.allgather(times), axis=0)  # [round, step]
-    return dict(zip(keys, np.median(slowest, axis=0).tolist()))
+    return dict(zip(keys, slowest.T))
 
 
 # --- the launcher -----------------------------------------------------------
@@ -218,7 +231,7 @@ def run_mpirun(args, n_procs, impls):
         command += [sys.executable, "-m", "mpi4py", __file__, "--job-json", str(job_json)]
         command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
                     "--coordinator-host", args.coordinator_host]
-        command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes")
+        command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes", "leg-patience-us")
                     if getattr(args, name.replace("-", "_")) is not None]
         subprocess.run(command, env=env, check=True)
         return json.loads(job_json.read_text())
@@ -239,11 +252,12 @@ def add_bandwidths(records):
 
 def print_table(records):
     print(f"\n{'procs':>5} {'devs':>4} {'bytes':>10} {'impl':>14} {'median ms':>10} {'algbw GB/s':>10} "
-          f"{'busbw GB/s':>10} {'vs MPI':>7}")
+          f"{'busbw GB/s':>10} {'vs MPI':>7} {'paired':>7}")
     for r in sorted(records, key=lambda r: (r["n_procs"], r["bytes"], r["impl"])):
         ratio = f"{r['speedup_vs_mpi_allreduce']:.2f}x" if r["speedup_vs_mpi_allreduce"] else "-"
+        paired = f"{r['paired_speedup_vs_mpi_allreduce']:.2f}x" if r.get("paired_speedup_vs_mpi_allreduce") else "-"
         print(f"{r['n_procs']:>5} {r['n_devices']:>4} {r['bytes']:>10} {r['impl']:>14} {r['median_s'] * 1e3:>10.3f} "
-              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7}")
+              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7} {paired:>7}")
 
 
 def parse_args(argv=None):
@@ -259,6 +273,8 @@ def parse_args(argv=None):
     parser.add_argument("--one-shot-max-bytes", type=parse_bytes,
                         help="jaxring's leg: largest buffer sent one-shot (default: mpi.ONE_SHOT_MAX_BYTES)")
     parser.add_argument("--piece-bytes", type=parse_bytes, help="jaxring's leg: ring piece size (default: mpi.PIECE_BYTES)")
+    parser.add_argument("--leg-patience-us", type=int,
+                        help="jaxring's leg: how long it may wait at a time on XLA's thread (default: csrc/mpi_ring.h's)")
     parser.add_argument("--coordinator-host", default="127.0.0.1",
                         help="jax_gloo: rank 0's address that every rank reaches (on an emulated network, node 0's)")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs

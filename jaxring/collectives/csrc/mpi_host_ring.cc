@@ -39,6 +39,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #if __has_include(<mpi-ext.h>)
@@ -183,6 +184,53 @@ Clock::time_point WaitUntil(Clock::duration patience, const Leg& leg) {
   return leg.deadline - now < patience ? leg.deadline : now + patience;
 }
 
+// A leg's last messages: an empty one to every process it sent to, once its
+// own sends completed, and one from every process it received from. A
+// receive may complete before the send it matched does (the sender may
+// still wait for an answer that only the receiver's next MPI call delivers),
+// so a process that finished its leg and then left MPI (for JAX's gloo psum,
+// say) could hold its left neighbour's leg until it came back: 4 processes
+// hung so, one in a gloo psum, one in the leg (docs/PERFORMANCE.md). Waiting
+// for these keeps every process calling MPI until every send to it completed.
+class Farewells {
+ public:
+  void Post(std::vector<int> to, std::vector<int> from, const Leg& leg) {
+    to_ = std::move(to);
+    from_ = std::move(from);
+    receives_.assign(from_.size(), MPI_REQUEST_NULL);
+    sends_.assign(to_.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < from_.size(); ++i) {
+      MPI_Irecv(&nothing_, 0, MPI_BYTE, from_[i], leg.tag, leg.comm, &receives_[i]);
+    }
+    for (size_t i = 0; i < to_.size(); ++i) {
+      MPI_Isend(&nothing_, 0, MPI_BYTE, to_[i], leg.tag, leg.comm, &sends_[i]);
+    }
+    posted_ = true;
+  }
+  bool posted() const { return posted_; }
+  // As LegInFlight::Finish.
+  bool Finish(Clock::duration patience, const Leg& leg, std::string* error) {
+    int rc = MPI_SUCCESS;
+    const auto until = WaitUntil(patience, leg);
+    const auto all_done = [&] {
+      return AllTested(receives_, &rc) && (rc != MPI_SUCCESS || AllTested(sends_, &rc));
+    };
+    if (!PollUntil(until, all_done)) {
+      if (until < leg.deadline) return false;
+      *error = TimedOut(receives_, from_, sends_, to_, leg);
+      return true;
+    }
+    *error = rc == MPI_SUCCESS ? "" : Failed(leg, rc, -1, "for the end of the exchange");
+    return true;
+  }
+
+ private:
+  std::vector<int> to_, from_;
+  std::vector<MPI_Request> receives_, sends_;
+  char nothing_ = 0;
+  bool posted_ = false;
+};
+
 // Buffers for the other processes' messages, kept from call to call: their
 // pages are mapped already, where a fresh allocation has its pages faulted
 // in under the transfer. A leg takes one for as long as it is in flight (it
@@ -267,8 +315,15 @@ class OneShot final : public LegInFlight {
       *error = Failed(leg_, rc, -1, "for its buffer to be taken");
       return true;
     }
-    others_.GiveBack();
-    *error = "";
+    if (!farewells_.posted()) {
+      std::vector<int> others;
+      for (int p = 0; p < leg_.size; ++p) {
+        if (p != leg_.rank) others.push_back(p);
+      }
+      farewells_.Post(others, others, leg_);
+    }
+    if (!farewells_.Finish(patience, leg_, error)) return false;
+    if (error->empty()) others_.GiveBack();
     return true;
   }
 
@@ -292,6 +347,7 @@ class OneShot final : public LegInFlight {
   std::vector<MPI_Request> receives_, sends_;
   std::vector<int> peers_;
   bool summed_ = false;
+  Farewells farewells_;
 };
 
 // The ring (file comment).
@@ -346,8 +402,9 @@ class Ring final : public LegInFlight {
       *error = Failed(leg_, rc, right_, "for its chunks to be taken");
       return true;
     }
-    slots_.GiveBack();
-    *error = "";
+    if (!farewells_.posted()) farewells_.Post({right_}, {left_}, leg_);
+    if (!farewells_.Finish(patience, leg_, error)) return false;
+    if (error->empty()) slots_.GiveBack();
     return true;
   }
 
@@ -400,6 +457,7 @@ class Ring final : public LegInFlight {
   std::vector<MPI_Request> receives_, sends_;
   std::vector<int> lefts_, rights_;
   int64_t sent_ = 0, received_ = 0, done_ = 0;  // stages posted, posted, summed
+  Farewells farewells_;
 };
 
 // A leg of one process: its own buffer is the sum.
