@@ -259,8 +259,10 @@ def _batch(args, dims, *, timeout_ms, what):
 mpi_ring_p.def_abstract_eval(_abstract_eval)
 ad.deflinear2(mpi_ring_p, _transpose)
 batching.primitive_batchers[mpi_ring_p] = _batch
-mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu")
-mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda")
+# Not cached: JAX would otherwise lower equal legs of one program (two buckets
+# of one size) once, and they would share a tag, and so each other's messages.
+mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu", cacheable=False)
+mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda", cacheable=False)
 
 
 def _invariant_abstract_eval(x, *, names):

@@ -385,8 +385,9 @@ def _device_rings_lowering(ctx, x, *, mode, rings, timeout_ms, platform):
 
 device_rings_p.def_abstract_eval(_device_rings_abstract_eval)
 for _platform in ("cpu", "cuda"):
+    # Not cached: equal rings of one program would share the op id drawn here, and so their ring state.
     mlir.register_lowering(device_rings_p, functools.partial(_device_rings_lowering, platform=_platform),
-                           platform=_platform)
+                           platform=_platform, cacheable=False)
 
 
 def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):

@@ -16,7 +16,7 @@ from tests.tiny_runs import finish, mpirun
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 CHECKS = ["topology", "allreduce", "algorithms", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
-          "host_leaf_divergence"]
+          "host_leaf_divergence", "equal_legs"]
 
 
 def run_workers(worker, args, n_procs, devices_per_proc, env=(), timeout_s=240):
