@@ -178,10 +178,15 @@ inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
-// The end of a wait that may last `patience`, at most the leg's deadline.
-Clock::time_point WaitUntil(Clock::duration patience, const Leg& leg) {
+enum class Waited { kDone, kOutOfPatience, kTimedOut };
+
+// Polls `done` for at most `patience`, and never past the leg's deadline.
+template <typename Done>
+Waited WaitFor(Clock::duration patience, const Leg& leg, Done done) {
   const auto now = Clock::now();
-  return leg.deadline - now < patience ? leg.deadline : now + patience;
+  const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
+  if (PollUntil(until, done)) return Waited::kDone;
+  return until < leg.deadline ? Waited::kOutOfPatience : Waited::kTimedOut;
 }
 
 // A leg's last messages: an empty one to every process it sent to, once its
@@ -211,16 +216,13 @@ class Farewells {
   // As LegInFlight::Finish.
   bool Finish(Clock::duration patience, const Leg& leg, std::string* error) {
     int rc = MPI_SUCCESS;
-    const auto until = WaitUntil(patience, leg);
-    const auto all_done = [&] {
+    const Waited waited = WaitFor(patience, leg, [&] {
       return AllTested(receives_, &rc) && (rc != MPI_SUCCESS || AllTested(sends_, &rc));
-    };
-    if (!PollUntil(until, all_done)) {
-      if (until < leg.deadline) return false;
-      *error = TimedOut(receives_, from_, sends_, to_, leg);
-      return true;
-    }
-    *error = rc == MPI_SUCCESS ? "" : Failed(leg, rc, -1, "for the end of the exchange");
+    });
+    if (waited == Waited::kOutOfPatience) return false;
+    *error = waited == Waited::kTimedOut ? TimedOut(receives_, from_, sends_, to_, leg)
+             : rc != MPI_SUCCESS         ? Failed(leg, rc, -1, "for the end of the exchange")
+                                         : "";
     return true;
   }
 
@@ -290,31 +292,14 @@ class OneShot final : public LegInFlight {
   }
 
   bool Finish(Clock::duration patience, std::string* error) override {
-    int rc = MPI_SUCCESS;
     if (!summed_) {
-      const auto until = WaitUntil(patience, leg_);
-      if (!PollUntil(until, [&] { return AllTested(receives_, &rc); })) {
-        if (until < leg_.deadline) return false;
-        *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
-        return true;
-      }
-      if (rc != MPI_SUCCESS) {
-        *error = Failed(leg_, rc, -1, "for their buffers");
-        return true;
-      }
+      if (!Await(receives_, patience, "for their buffers", error)) return false;
+      if (!error->empty()) return true;
       Sum();
       summed_ = true;
     }
-    const auto until = WaitUntil(patience, leg_);
-    if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
-      if (until < leg_.deadline) return false;
-      *error = TimedOut(receives_, peers_, sends_, peers_, leg_);
-      return true;
-    }
-    if (rc != MPI_SUCCESS) {
-      *error = Failed(leg_, rc, -1, "for its buffer to be taken");
-      return true;
-    }
+    if (!Await(sends_, patience, "for its buffer to be taken", error)) return false;
+    if (!error->empty()) return true;
     if (!farewells_.posted()) {
       std::vector<int> others;
       for (int p = 0; p < leg_.size; ++p) {
@@ -328,6 +313,18 @@ class OneShot final : public LegInFlight {
   }
 
  private:
+  // Waits for `requests` as Finish does: false if out of patience, else *error.
+  bool Await(std::vector<MPI_Request>& requests, Clock::duration patience, const char* waiting_for,
+             std::string* error) {
+    int rc = MPI_SUCCESS;
+    const Waited waited = WaitFor(patience, leg_, [&] { return AllTested(requests, &rc); });
+    if (waited == Waited::kOutOfPatience) return false;
+    *error = waited == Waited::kTimedOut ? TimedOut(receives_, peers_, sends_, peers_, leg_)
+             : rc != MPI_SUCCESS         ? Failed(leg_, rc, -1, waiting_for)
+                                         : "";
+    return true;
+  }
+
   // Rank 0's + rank 1's + ...: every process rounds the same terms in the
   // same order and ends with the same bits.
   void Sum() {
@@ -374,14 +371,11 @@ class Ring final : public LegInFlight {
     while (done_ < stages_) {
       Post();
       if (receives_[done_] != MPI_REQUEST_NULL) {
-        const auto until = WaitUntil(patience, leg_);
-        if (!PollUntil(until, [&] { return Tested(&receives_[done_], &rc); })) {
-          if (until < leg_.deadline) return false;
-          *error = TimedOut(receives_, lefts_, sends_, rights_, leg_);
-          return true;
-        }
-        if (rc != MPI_SUCCESS) {
-          *error = Failed(leg_, rc, left_, "for a chunk");
+        const Waited waited = WaitFor(patience, leg_, [&] { return Tested(&receives_[done_], &rc); });
+        if (waited == Waited::kOutOfPatience) return false;
+        if (waited == Waited::kTimedOut || rc != MPI_SUCCESS) {
+          *error = waited == Waited::kTimedOut ? TimedOut(receives_, lefts_, sends_, rights_, leg_)
+                                               : Failed(leg_, rc, left_, "for a chunk");
           return true;
         }
       }
@@ -392,14 +386,11 @@ class Ring final : public LegInFlight {
       }
       ++done_;
     }
-    const auto until = WaitUntil(patience, leg_);
-    if (!PollUntil(until, [&] { return AllTested(sends_, &rc); })) {
-      if (until < leg_.deadline) return false;
-      *error = TimedOut(receives_, lefts_, sends_, rights_, leg_);
-      return true;
-    }
-    if (rc != MPI_SUCCESS) {
-      *error = Failed(leg_, rc, right_, "for its chunks to be taken");
+    const Waited waited = WaitFor(patience, leg_, [&] { return AllTested(sends_, &rc); });
+    if (waited == Waited::kOutOfPatience) return false;
+    if (waited == Waited::kTimedOut || rc != MPI_SUCCESS) {
+      *error = waited == Waited::kTimedOut ? TimedOut(receives_, lefts_, sends_, rights_, leg_)
+                                           : Failed(leg_, rc, right_, "for its chunks to be taken");
       return true;
     }
     if (!farewells_.posted()) farewells_.Post({right_}, {left_}, leg_);
