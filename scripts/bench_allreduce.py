@@ -36,7 +36,7 @@ import sys
 import time
 
 from byte_sizes import parse_bytes
-from ops_in_program import BASE_OPS, chained, ops_per_program, per_op
+from ops_in_program import BASE_OPS, chained, ops_per_program, per_op, time_in_steady_state
 
 
 def parse_args():
@@ -83,26 +83,21 @@ def bus_bandwidth(nbytes, seconds, n):
 
 
 def time_interleaved(programs, x, repeats):
-    """Seconds of each timed call of each program, one call of each in turn, in a new random
-    order every round (after an untimed round, which compiles). Every timed call follows an
-    untimed call of the same program, as a training loop runs its step back to back: what
-    another program leaves in the allocator (freed or kept pages, another footprint) changed
-    the next one's cost by up to 2.5x at 64 MiB (docs/PERFORMANCE.md). `programs`:
-    {key: (function, path)}."""
-    times = {key: [] for key in programs}
-    items = list(programs.items())
-    order = np.random.default_rng(0)
-    for round_ in range(1 + repeats):
-        for i in order.permutation(len(items)):
-            key, (fn, path) = items[i]
+    """Seconds of each timed call of each program (ops_in_program.time_in_steady_state), after an
+    untimed call of each, which compiles. `programs`: {key: (function, path)}."""
+    def call(fn, path):
+        def run():
             CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS[path])
             jax.block_until_ready(fn(x))
-            if round_ >= 1:
-                start = time.perf_counter()
-                jax.block_until_ready(fn(x))
-                times[key].append(time.perf_counter() - start)
-    CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
-    return {key: np.array(t) for key, t in times.items()}
+        return run
+
+    calls = {key: call(fn, path) for key, (fn, path) in programs.items()}
+    for run in calls.values():
+        run()
+    try:
+        return time_in_steady_state(calls, repeats)
+    finally:
+        CPU_ENGINE.set_cpu_path(CPU_ENGINE.CPU_PATHS["auto"])
 
 
 def main():

@@ -45,12 +45,11 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 from byte_sizes import parse_bytes
-from ops_in_program import BASE_OPS, chained, ops_per_program, per_op
+from ops_in_program import BASE_OPS, chained, ops_per_program, per_op, time_in_steady_state
 
 OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
 DISTRIBUTED_IMPLS = ("jax_gloo", "jaxring_global")  # in a jax.distributed job of their own
@@ -167,34 +166,17 @@ def make_steps(impl, elements, k, world):
 
 
 def time_steps(steps, comm, min_time):
-    """The slowest rank's time of each round, per step (an array over rounds).
-
-    Each round runs every step once, in a new random order (the same on
-    every rank), so that all of them meet the same load on a shared machine;
-    every rank runs the same number of rounds. Each timed call follows an
-    untimed call of the same step, as a training loop runs its step back to
-    back: what another step leaves behind (freed pages, another footprint)
-    otherwise decides the largest sizes (docs/PERFORMANCE.md).
-    """
+    """The slowest rank's time of each round, per step (an array over rounds): every step's
+    calls timed in their steady state (ops_in_program.time_in_steady_state), the ranks meeting
+    at a barrier before each timed call; every rank runs the same number of rounds."""
     from mpi4py import MPI
 
-    def timed(step):
-        step()
-        comm.Barrier()
-        start = time.perf_counter()
-        step()
-        return time.perf_counter() - start
-
-    keys = list(steps)
-    first = comm.allreduce(sum(timed(steps[key]) for key in keys), op=MPI.MAX)  # compiles too
+    first = time_in_steady_state(steps, 1, comm.Barrier)  # compiles too
+    first = comm.allreduce(sum(t[0] for t in first.values()), op=MPI.MAX)
     rounds = int(np.clip(min_time / max(first, 1e-9), 5, 200))
-    order = np.random.default_rng(0)
-    times = np.zeros((rounds, len(keys)))
-    for round_ in range(rounds):
-        for i in order.permutation(len(keys)):
-            times[round_, i] = timed(steps[keys[i]])
-    slowest = np.max(comm.allgather(times), axis=0)  # [round, step]
-    return dict(zip(keys, slowest.T))
+    times = time_in_steady_state(steps, rounds, comm.Barrier)
+    slowest = np.max(comm.allgather(np.stack([times[key] for key in steps], axis=1)), axis=0)  # [round, step]
+    return dict(zip(steps, slowest.T))
 
 
 # --- the launcher -----------------------------------------------------------

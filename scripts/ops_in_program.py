@@ -11,7 +11,15 @@ BASE_OPS is 1, not 0: a program of no ops copies its input into a new
 output, which the program of K ops does not, so the difference of 0 and K
 was K ops less a copy (at 64 MiB, most of an op). Both programs end in an
 op that writes their output.
+
+Both benchmarks time their programs in their steady state
+(`time_in_steady_state`): each timed call right after an untimed call of the
+same program, as a training loop runs its step, because what another program
+leaves in the allocator (freed or kept pages, another footprint) changed the
+next one's cost by up to 2.5x at 64 MiB (docs/PERFORMANCE.md).
 """
+
+import time
 
 import numpy as np
 
@@ -35,3 +43,21 @@ def chained(op, ops):
 def per_op(seconds_of_k_ops, seconds_of_base, k):
     """Seconds per op from the times of the programs of k and BASE_OPS ops."""
     return (seconds_of_k_ops - seconds_of_base) / (k - BASE_OPS)
+
+
+def time_in_steady_state(calls, rounds, before_timed=lambda: None):
+    """Seconds of each of `rounds` timed calls of each of `calls` ({key: function of no arguments
+    that waits for its result}): one call of each per round, in a new random order each round (the
+    same sequence in every process), each timed call right after an untimed call of the same
+    function and `before_timed()` (a barrier, across processes). {key: array over rounds}."""
+    keys = list(calls)
+    order = np.random.default_rng(0)
+    times = np.zeros((rounds, len(keys)))
+    for round_ in range(rounds):
+        for i in order.permutation(len(keys)):
+            calls[keys[i]]()
+            before_timed()
+            start = time.perf_counter()
+            calls[keys[i]]()
+            times[round_, i] = time.perf_counter() - start
+    return {key: times[:, i] for i, key in enumerate(keys)}
