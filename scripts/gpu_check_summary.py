@@ -33,6 +33,7 @@ TARGETS = [
     ("jax checks, host engine", 2, ("stage", "jax-host")),
     ("jax checks, device engine", 2, ("stage", "jax-device")),
     ("a misspelt engine refused with the fix", 2, ("stage", "jax-bad-engine")),
+    ("MPI leg's CUDA handler: 2 processes, float64 and bitwise checks", 2, ("stage", "mpi-cuda-leg")),
     ("correctness: k=2,8, sizes to 64M, float32 and bfloat16", 2, ("cases", "correctness-large")),
     ("ds2_paper_projected_ms<=2", 2, ("bench", "bench-buckets")),
 ]

@@ -40,11 +40,16 @@ def modes() -> dict:
 
 @functools.cache
 def register():
-    """Registers every compiled target once per process; returns the platforms."""
+    """Registers every compiled target once per process; returns the platforms.
+
+    Refuses a misspelt JAXRING_CUDA_ENGINE here, at the first collective, rather
+    than at the first ring of several GPUs, which a one-GPU job never runs."""
     platforms = []
     for platform, module in (("cpu", cpu_module()), ("CUDA", cuda_module())):
         if module is None:
             continue
+        if platform == "CUDA" and (error := module.engine_choice_error()):
+            raise ValueError(error)
         for name, capsule in module.registrations().items():
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
         platforms.append(platform)

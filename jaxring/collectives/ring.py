@@ -77,7 +77,6 @@ def _canonical_axis(axis, ndim, what):
 
 def _ring(flat, *, mode, names, timeout_ms, in_place=False):
     """Binds one ring op on a 1-D array; `in_place`: its output may take the array's buffer."""
-    _ffi.register()
     if _jax_compat.checking_varying_axes():
         flat = _varying_over_all(flat, names) if mode == ALLREDUCE else _auto_pcast(flat, names)
     return ring_p.bind(
@@ -140,6 +139,7 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     Every process must run the same program. With one process it is
     processes=False.
     """
+    _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     names = _axis_names(axis_name)
@@ -198,6 +198,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
     dropped); tiled, it must be a multiple of N and the device gets the r-th
     of N equal blocks along it.
     """
+    _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
@@ -227,6 +228,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     Tiled, the blocks are concatenated along the existing `axis` instead.
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     """
+    _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     x = _as_supported_array(x, "all_gather")
     timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)

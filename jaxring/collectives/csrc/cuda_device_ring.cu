@@ -401,16 +401,19 @@ int DeviceRingBlocksPerSm(ffi::DataType type) {
   return blocks;
 }
 
+std::string EngineChoiceError() {
+  const std::string& engine = EngineName();
+  if (engine == "host" || engine == "device" || engine == "device-any-link") return "";
+  return "jaxring: JAXRING_CUDA_ENGINE is '" + engine +
+         "'; use 'host' (the host-staged engine, the default), 'device' (the "
+         "device-synchronised engine where the ring's GPUs are NVLink-connected) or "
+         "'device-any-link' (the device engine over PCIe too)";
+}
+
 std::string RunCudaCollective(const RingCall& call, ffi::DataType type, const CudaRank& me,
                               const std::vector<int>& devices) {
-  const std::string& engine = EngineName();
-  if (engine == "host") return RunCudaRing(call, type, me);
-  if (engine != "device" && engine != "device-any-link") {
-    return "jaxring: JAXRING_CUDA_ENGINE is '" + engine +
-           "'; use 'host' (the host-staged engine, the default), 'device' (the "
-           "device-synchronised engine where the ring's GPUs are NVLink-connected) or "
-           "'device-any-link' (the device engine over PCIe too)";
-  }
+  if (auto error = EngineChoiceError(); !error.empty()) return error;
+  if (EngineName() == "host") return RunCudaRing(call, type, me);
   return RunDeviceRing(call, type, me, devices, DevicePath::kAuto);
 }
 

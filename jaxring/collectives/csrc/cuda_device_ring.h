@@ -40,6 +40,10 @@ int64_t DeviceLanes(const RingCall& call, xla::ffi::DataType type, bool one_shot
 // How many blocks of the device ring's kernel fit on one SM of `device`.
 int DeviceRingBlocksPerSm(xla::ffi::DataType type);
 
+// "" where JAXRING_CUDA_ENGINE names an engine, else what to write instead;
+// free of CUDA calls, so it can be asked before any device is touched.
+std::string EngineChoiceError();
+
 // What the XLA handler runs: the engine JAXRING_CUDA_ENGINE names ("host",
 // the default; "device", where the ring's GPUs are NVLink-connected, else
 // host-staged, logged; "device-any-link", over PCIe too).

@@ -1,6 +1,8 @@
 // Python module of the CUDA handlers: their FFI capsules and the runtime knobs.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
+#include "cuda_device_ring.h"
 #include "rendezvous.h"
 #include "ring_handler_common.h"
 #include "xla/ffi/api/ffi.h"
@@ -17,6 +19,7 @@ NB_MODULE(_jaxring_cuda, m) {
     targets[jaxring::kTargetName] = nb::capsule(reinterpret_cast<void*>(jaxring::kRingCuda));
     return targets;
   });
+  m.def("engine_choice_error", &jaxring::EngineChoiceError);
   m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds);
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
 }
