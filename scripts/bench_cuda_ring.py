@@ -271,6 +271,7 @@ def main():
     result["date"] = datetime.date.today().isoformat()
     result["command"] = " ".join(sys.argv)
     device = result["device"]["name"].lower().replace("nvidia ", "").split()[0]
+    os.makedirs(args.json_dir, exist_ok=True)
     path = os.path.join(args.json_dir, f"gpu-{device}-{result['date']}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)

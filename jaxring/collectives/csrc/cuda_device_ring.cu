@@ -352,10 +352,13 @@ DeviceEngine& Engine() {
 }  // namespace
 
 int64_t OneShotMaxBytes(int64_t ranks) {
-  // Provisional, the same for every ring size, until scripts/gpu_check.sh has
-  // measured the crossover per k (docs/CUDA_RING.md).
-  constexpr int64_t kProvisionalOneShotMaxBytes = 256 << 10;
-  return ranks > 1 ? kProvisionalOneShotMaxBytes : 0;
+  // The largest size at which one-shot beat the ring, virtual ranks on one H200
+  // (scripts/bench_cuda_ring.py, sizes 4 KiB x 4^i; docs/CUDA_RING.md): k = 2
+  // in 3 of 4 runs 256 KiB (1 MiB a tie), k = 8 1 MiB in all 4. Its k extra
+  // reads per rank cost more as k grows, its 2 hand-offs against the ring's
+  // 2(k-1) less: the ring's latency wins out from k = 3 on.
+  if (ranks < 2) return 0;
+  return ranks == 2 ? 256 << 10 : 1 << 20;
 }
 
 std::string RunDeviceRing(const RingCall& call, ffi::DataType type, const CudaRank& me,
