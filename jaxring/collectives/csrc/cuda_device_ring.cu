@@ -353,10 +353,9 @@ DeviceEngine& Engine() {
 
 int64_t OneShotMaxBytes(int64_t ranks) {
   // The largest size at which one-shot beat the ring, virtual ranks on one H200
-  // (scripts/bench_cuda_ring.py, sizes 4 KiB x 4^i; docs/CUDA_RING.md): k = 2
-  // in 3 of 4 runs 256 KiB (1 MiB a tie), k = 8 1 MiB in all 4. Its k extra
-  // reads per rank cost more as k grows, its 2 hand-offs against the ring's
-  // 2(k-1) less: the ring's latency wins out from k = 3 on.
+  // (scripts/bench_cuda_ring.py, sizes 4 KiB x 4^i; docs/PERFORMANCE.md): k = 2
+  // 256 KiB in 6 of 7 runs; k = 3, 4, 6 and 8 1 MiB in every run; k = 5 4 MiB
+  // in 2 of 2, by 8%. k = 7 and k > 8 not measured.
   if (ranks < 2) return 0;
   return ranks == 2 ? 256 << 10 : 1 << 20;
 }
