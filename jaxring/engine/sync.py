@@ -51,8 +51,9 @@ class Sync:
         """(state, device batch) -> finish(state, mean of local(state, batch)); `state` is donated."""
         return jax.pmap(lambda state, batch: finish(state, self.mean(local(state, batch))), axis_name=AXIS, donate_argnums=0)
 
-    def time_mean(self, tree, repeats: int) -> float:
-        """Seconds of the mean of `tree` (replicated over the local devices) as a step pays it.
+    def time_mean(self, tree, repeats: int, warmup: int = 1) -> float:
+        """Seconds of the mean of `tree` (replicated over the local devices) as a step pays it:
+        the median of `repeats` calls after `warmup` untimed ones.
 
         A step reduces values its program computed, so the mean is timed over
         `tree` doubled inside the program, less the program that only doubles
@@ -64,7 +65,8 @@ class Sync:
 
         with_mean = jax.pmap(lambda t: self.mean(doubled(t)), axis_name=AXIS)
         alone = jax.pmap(doubled, axis_name=AXIS)
-        return max(0.0, median_seconds(lambda: with_mean(tree), repeats) - median_seconds(lambda: alone(tree), repeats))
+        return max(0.0, median_seconds(lambda: with_mean(tree), repeats, warmup)
+                   - median_seconds(lambda: alone(tree), repeats, warmup))
 
 
 def make_sync(world_size: int, method: str, bucket_bytes: int) -> Sync:

@@ -37,8 +37,12 @@ from jaxring.engine.task import AXIS, SOURCES, Shard, Task
 
 # Timings of the sync alone at start-up, of which the median is kept: the
 # all-reduce share of a step is that over the measured step time, with no
-# extra collectives in the training loop.
-SYNC_TIMING_REPEATS = 3
+# extra collectives in the training loop. The share is the steady state's:
+# across processes the first 15-30 calls of the program after it compiled
+# ran 10-20 ms in one of three against 2 ms after (ds2_tiny, 2 processes,
+# docs/PERFORMANCE.md), so many untimed calls come first.
+SYNC_TIMING_WARMUP = 20
+SYNC_TIMING_REPEATS = 10
 
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
@@ -233,7 +237,7 @@ class Trainer:
 
     def time_sync(self, state: TrainState) -> float:
         """Median seconds of the sync alone on a tree shaped like the gradients (collective)."""
-        return self.sync.time_mean(state.params, SYNC_TIMING_REPEATS)
+        return self.sync.time_mean(state.params, SYNC_TIMING_REPEATS, SYNC_TIMING_WARMUP)
 
     # -- evaluation and checkpoints
 

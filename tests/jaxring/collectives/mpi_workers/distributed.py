@@ -112,6 +112,25 @@ for axes, (out_spec, expected) in expectations.items():
         np.testing.assert_allclose(np.asarray(shard.data).reshape(4), expected(*position[shard.device]), rtol=1e-5, atol=1e-5)
 print(f"rank {rank}: 2-D mesh over the process axis and over both", flush=True)
 
+# Equal all-reduces of one program: JAX lowers equal equations once unless told
+# not to, and these would then share their rings' op id and their leg's MPI tag,
+# and could take each other's data. Four legs of one shape, other values each.
+legs = [rows_of(rank, 1001, np.float32) * np.float32(i + 1) for i in range(4)]
+equal = jax.jit(jax.shard_map(lambda *vs: tuple(jaxring.allreduce(v, "x") for v in vs), mesh=mesh,
+                              in_specs=(P("x"),) * 4, out_specs=(P(),) * 4))
+leg_inputs = [jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), leg) for leg in legs]
+text = equal.lower(*leg_inputs).as_text()
+tags = [line.split("tag = ")[1].split(" ")[0] for line in text.splitlines() if "jaxring_mpi_ring" in line]
+op_ids = [line.split("op_id = ")[1].split(" ")[0] for line in text.splitlines() if "op_id = " in line]
+assert len(tags) == len(set(tags)) == 4, tags
+assert len(op_ids) == len(set(op_ids)) == (0 if L == 1 else 8), op_ids  # a reduce-scatter and an all-gather per leg
+exact = [sum((rows_of(p, 1001, np.float32) * np.float32(i + 1)).astype(np.float64).sum(0) for p in range(size))
+         for i in range(4)]
+for _ in range(30):
+    for i, out in enumerate(equal(*leg_inputs)):
+        np.testing.assert_allclose(np.asarray(out.addressable_shards[0].data)[0], exact[i], rtol=1e-5, atol=1e-5)
+print(f"rank {rank}: equal all-reduces of one program, each its own tag and op ids", flush=True)
+
 
 # What the leg cannot serve is refused while compiling, far below any timeout.
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows_of(rank, 4 * L * size, np.float32))
