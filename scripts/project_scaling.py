@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/project_scaling.py \\
         --network docs/bench/network-cpu2-2026-11-25.json --plot docs/images/scaling-ds2_paper.png \\
-        --json docs/bench/scaling-projection-2026-11-25.json
+        --json docs/bench/scaling-projection-2026-11-26.json
 
 The schedules (docs/ARCHITECTURE.md):
   ring of p ranks     2(p-1) steps, each moving one chunk (the largest of p near-equal chunks):
@@ -20,7 +20,8 @@ The schedules (docs/ARCHITECTURE.md):
 
 Fits (least squares on each measured point's time): the in-process CPU ring
 (docs/bench/allreduce-cpu8-2026-11-25-late-run1.json), the host-staged CUDA ring's
-per-call time on one H100 (docs/calibration/h100-2026-11-22.json), and, with
+per-call time on one H100 (docs/calibration/h100-2026-11-22.json), the device engine's
+ring up to 1 MiB on one H200 (docs/bench/gpu-h200-2026-11-26-run*.json), and, with
 --network, the cross-process ring over emulated links and ds2_tiny's
 all-reduce there (scripts/cluster/bench_network.py). Then ds2_paper on 8 to
 1024 H100s, 8 per node, NVLink inside, 400 Gb/s InfiniBand between.
@@ -41,6 +42,10 @@ sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 CALIBRATION = ROOT / "docs" / "calibration" / "h100-2026-11-22.json"
 CPU_RING = ROOT / "docs" / "bench" / "allreduce-cpu8-2026-11-25-late-run1.json"
+# scripts/bench_cuda_ring.py on one H200, 7 runs (docs/PERFORMANCE.md, "CUDA ring on one GPU").
+H200_RUNS = sorted((ROOT / "docs" / "bench").glob("gpu-h200-2026-11-26-run*.json"))
+# Virtual ranks share one GPU's memory: above this the device ring's time is that sharing, not a link.
+H200_LATENCY_BOUND_BYTES = 1 << 20
 MIB = 1 << 20
 
 
@@ -195,6 +200,19 @@ def h100_host_staged_points(calibration) -> list[tuple[int, int, float]]:
     return [(int(r["MiB"] * MIB), r["k"], r["us"] * 1e-6) for r in calibration["latency_us"] if r["dtype"] == "f32"]
 
 
+def h200_device_ring_points() -> list[tuple[int, int, float]]:
+    """The device engine's ring path per call up to H200_LATENCY_BOUND_BYTES, k virtual ranks on
+    one H200 (float32, the sizes 4 KiB x 4^i), the median over the runs."""
+    times = {}
+    for path in H200_RUNS:
+        for r in json.loads(path.read_text())["records"]:
+            if (r.get("kind") == "per_call" and r["engine"] == "device" and r["path"] == "ring"
+                    and r["dtype"] == "float32" and r["bytes"] <= H200_LATENCY_BOUND_BYTES
+                    and math.log(r["bytes"] // 4096, 4).is_integer()):
+                times.setdefault((r["bytes"], r["ranks"]), []).append(r["device_us"] * 1e-6)
+    return [(b, k, float(np.median(t))) for (b, k), t in sorted(times.items())]
+
+
 # --- the emulated cluster (scripts/cluster/cluster.py) ------------------------------------
 # What it adds to a real cluster, which the fit must charge: every node runs on
 # one machine (more processes than cores take turns, so each message a process
@@ -298,8 +316,10 @@ NVLINK_BPS = 450e9  # H100 SXM NVLink 4, per direction per GPU
 CROSS_ALPHA_IB = 5e-6
 
 
-def platforms(calibration, host_staged_local: Link, cross_alpha: float, nics: int) -> dict[str, Platform]:
-    """The project's two CUDA engines on H100 nodes."""
+def platforms(calibration, host_staged_local: Link, device_local: Link, cross_alpha: float,
+              nics: int) -> dict[str, Platform]:
+    """The project's two CUDA engines on H100 nodes; the device engine at its target and as
+    measured (`device_local`: its ring's per-step cost on one H200)."""
     staging = Link(10e-6, PCIE_BPS)
     network = Link(cross_alpha, IB_BPS)
     # The device engine at its target: the one-kernel all-reduce's small-size time on 8 virtual
@@ -309,13 +329,14 @@ def platforms(calibration, host_staged_local: Link, cross_alpha: float, nics: in
     return {
         "host-staged": Platform("host-staged", Link(host_staged_local.alpha, NVLINK_BPS), network, nics, staging),
         "device": Platform("device", Link(device_alpha, NVLINK_BPS), network, nics, staging),
+        "device (H200)": Platform("device (H200)", Link(device_local.alpha, NVLINK_BPS), network, nics, staging),
     }
 
 
-def project(calibration, leaf_bytes, compute_s, host_staged_local, cross_alpha, nics):
+def project(calibration, leaf_bytes, compute_s, host_staged_local, device_local, cross_alpha, nics):
     rows = []
     nccl = NcclLike()
-    for name, platform in platforms(calibration, host_staged_local, cross_alpha, nics).items():
+    for name, platform in platforms(calibration, host_staged_local, device_local, cross_alpha, nics).items():
         for mib in BUCKETS_MIB:
             buckets = bucket_sizes(leaf_bytes, mib * MIB)
             for gpus in GPUS:
@@ -357,7 +378,10 @@ def main(argv=None):
     staged = fit_ring(h100_host_staged_points(calibration))
     checks += comparison("H100 host-staged ring, per call", h100_host_staged_points(calibration),
                          lambda b, p: ring_time(b, p, staged))
-    fits = {"cpu_ring": cpu.__dict__, "h100_host_staged": staged.__dict__}
+    device = fit_ring(h200_device_ring_points())
+    checks += comparison("H200 device engine ring, per call", h200_device_ring_points(),
+                         lambda b, p: ring_time(b, p, device))
+    fits = {"cpu_ring": cpu.__dict__, "h100_host_staged": staged.__dict__, "h200_device_ring": device.__dict__}
     if args.network:
         network = json.loads(args.network.read_text())
         tiny_leaves = gradient_leaf_bytes("ds2_tiny")
@@ -382,16 +406,17 @@ def main(argv=None):
              and r["batch"] == 64 and r["allreduce"] == "ring"][0]
     compute_s = (paper["step_ms"] - paper["ring_of_one_ms"]) * 1e-3
     leaves = gradient_leaf_bytes("ds2_paper")
-    rows = [row for nics in (8, 1) for row in project(calibration, leaves, compute_s, staged, args.cross_alpha_us * 1e-6, nics)]
+    rows = [row for nics in (8, 1)
+            for row in project(calibration, leaves, compute_s, staged, device, args.cross_alpha_us * 1e-6, nics)]
     print(f"\nds2_paper, bfloat16 batch 64 per GPU, compute {compute_s * 1e3:.1f} ms per step (H100, 2026-11-22), "
           f"gradients {sum(leaves) / 1e6:.0f} MB")
-    print(f"{'platform':12} {'NICs':>4} {'bucket':>6} " + " ".join(f"{g:>12}" for g in GPUS))
+    print(f"{'platform':13} {'NICs':>4} {'bucket':>6} " + " ".join(f"{g:>12}" for g in GPUS))
     for key in sorted({(r["platform"], r["nics"], r["bucket_MiB"] or 0) for r in rows},
                       key=lambda k: (-k[1], k[0], k[2])):
         line = [r for r in rows if (r["platform"], r["nics"], r["bucket_MiB"] or 0) == key]
         cells = " ".join(f"{r['step_s'] * 1e3:6.0f}ms {100 * r['efficiency']:3.0f}%" for r in line)
-        print(f"{key[0]:12} {key[1]:>4} {key[2] or '-':>6} {cells}")
-    defaults = {p: best_bucket([r for r in rows if r["nics"] == 8], p) for p in ("host-staged", "device")}
+        print(f"{key[0]:13} {key[1]:>4} {key[2] or '-':>6} {cells}")
+    defaults = {p: best_bucket([r for r in rows if r["nics"] == 8], p) for p in ("host-staged", "device", "device (H200)")}
     print(f"bucket within 5% of the best at 128 GPUs (8 NICs per node): {defaults}")
     if args.markdown:
         print(markdown(checks, rows))
@@ -409,7 +434,7 @@ def markdown(checks, rows) -> str:
               f"{c['predicted_s'] * 1e3:.3f} | {100 * c['error']:+.0f}% |" for c in checks]
     lines += ["", "| platform | bucket | " + " | ".join(f"{g} GPUs" for g in GPUS) + " |",
               "|---|---:|" + "---:|" * len(GPUS)]
-    for platform in ("host-staged", "device", "NCCL ring", "NCCL tree"):
+    for platform in ("host-staged", "device", "device (H200)", "NCCL ring", "NCCL tree"):
         for bucket in sorted({r["bucket_MiB"] or 0 for r in rows if r["platform"] == platform}):
             line = [r for r in rows if r["platform"] == platform and (r["bucket_MiB"] or 0) == bucket
                     and r["nics"] == 8]
@@ -427,10 +452,11 @@ def plot(rows, path):
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for platform, bucket in (("host-staged", 1), ("host-staged", 64), ("device", 1), ("device", 64),
-                             ("NCCL ring", None), ("NCCL tree", None)):
+                             ("device (H200)", 64), ("NCCL ring", None), ("NCCL tree", None)):
         line = [r for r in rows if r["platform"] == platform and r["bucket_MiB"] == bucket and r["nics"] == 8]
         label = platform + (f", {bucket} MiB buckets" if bucket else "")
-        axis.plot([r["gpus"] for r in line], [100 * r["efficiency"] for r in line], marker="o", label=label)
+        axis.plot([r["gpus"] for r in line], [100 * r["efficiency"] for r in line], marker="o", label=label,
+                  linestyle="--" if "H200" in platform else "-")  # it lies on the device target's line
     axis.set_xscale("log", base=2)
     axis.set_xlabel("H100 GPUs (8 per node, 8 x 400 Gb/s IB per node)")
     axis.set_ylabel("weak-scaling efficiency, %")
