@@ -1,6 +1,7 @@
 """CUDA ring benchmarks with k virtual ranks on one GPU (scripts/gpu_check.sh).
 
-In one run: the device's copy bandwidth and the reduce kernel's; per-call
+In one run: the device's copy bandwidth and the reduce kernel's; the launch
+floor per k (an empty kernel per call from each of k threads); per-call
 time of both engines (host-staged "host", device-synchronised "device" on
 its ring and one-shot paths) for k = 2, 4, 8 and 4 KiB .. 256 MiB of
 float32, device-side (first start to last end over the k streams, CUDA
@@ -137,6 +138,12 @@ def run(harness, quick, ranks_list=RANKS, sweep_buckets=True):
         us = median_us(harness.reduce_times_us(dtype, elements, 20))
         reduce_bw[dtype] = 3 * copy_bytes / (us * 1e-6)
     print(f"copy {copy_bw / 1e9:.0f} GB/s, reduce {reduce_bw['float32'] / 1e9:.0f} GB/s (f32)", flush=True)
+    # k threads launching onto one GPU, with nothing to do: the floor under every per-call time below.
+    launch_floor = {}
+    for ranks in ranks_list:
+        t = harness.launch_floor(ranks, bench.calls_for(4 * KIB), 10)
+        launch_floor[ranks] = dict(device_us=median_us(t["device_us"]), host_us=t["host_us_per_call"])
+        print(f"launch floor, k={ranks}: {launch_floor[ranks]}", flush=True)
 
     table = {}
     for ranks in ranks_list:
@@ -184,7 +191,7 @@ def run(harness, quick, ranks_list=RANKS, sweep_buckets=True):
         "ds2_paper_projected_ms<=2": projection["projected_ms"] if projection else None,
     }
     return dict(device=device, copy_GBps=copy_bw / 1e9, reduce_GBps={k: v / 1e9 for k, v in reduce_bw.items()},
-                records=bench.records, one_shot_crossover_bytes=crossover, buckets=buckets,
+                launch_floor=launch_floor, records=bench.records, one_shot_crossover_bytes=crossover, buckets=buckets,
                 projection=projection, targets=targets, bf16_256MiB_k8=dict(device=bf16, host=bf16_host))
 
 
@@ -236,6 +243,9 @@ def markdown(result):
         lines.append(f"| {ranks} | {human(nbytes)} | {cell('host/ring', 'device_us')} | {cell('host/ring', 'host_us')} "
                      f"| {cell('device/ring', 'device_us')} | {cell('device/ring', 'host_us')} "
                      f"| {cell('device/one_shot', 'device_us')} | {cell('device/one_shot', 'host_us')} |")
+    lines += ["", "Launch floor (an empty kernel per call from each of k threads, the same events): "
+              + ", ".join(f"k={k}: {v['device_us']:.1f} dev us, {v['host_us']:.1f} host us"
+                          for k, v in result["launch_floor"].items())]
     lines += ["", "One-shot beats the ring up to (bytes, per k): "
               + ", ".join(f"k={k}: {v}" for k, v in result["one_shot_crossover_bytes"].items()), ""]
     lines += ["| bucket | calls | ds2_paper all-reduce ms (k=8, sum of measured calls) |", "|---:|---:|---:|"]

@@ -63,6 +63,9 @@ class FakeHarness:
     def reduce_times_us(self, dtype, elements, calls):
         return [3 * elements * 4 / 2.8e12 * 1e6] * calls
 
+    def launch_floor(self, ranks, calls, warmup):
+        return {"device_us": [1.5 * ranks] * calls, "host_us_per_call": 1.2 * ranks}
+
     def time(self, engine, path, mode, dtype, ranks, elements, slice_bytes, calls, warmup, rotate):
         nbytes = elements * {"float32": 4, "bfloat16": 2}[dtype]
         fixed = 100.0 * ranks if engine == "host" else (2.0 if path == "one_shot" else 5.0) * ranks
@@ -74,6 +77,7 @@ class FakeHarness:
 
 def test_the_script_runs_end_to_end_on_a_fake_harness(tmp_path):
     result = bench.run(FakeHarness(), quick=True)
+    assert result["launch_floor"][8] == {"device_us": 12.0, "host_us": 9.6}
     assert result["one_shot_crossover_bytes"][8] > 0
     assert result["buckets"], "ds2_paper's buckets"
     total = sum(result["buckets"][0]["bucket_bytes_list"])

@@ -79,6 +79,21 @@ NB_MODULE(_jaxring_cuda_harness, m) {
       nb::arg("engine"), nb::arg("path"), nb::arg("mode"), nb::arg("dtype"), nb::arg("ranks"),
       nb::arg("elements"), nb::arg("slice_bytes"), nb::arg("calls"), nb::arg("warmup"),
       nb::arg("rotate"));
+  m.def(
+      "launch_floor",
+      [](int64_t ranks, int calls, int warmup) {
+        jaxring::HarnessTimes t;
+        {
+          nb::gil_scoped_release release;
+          t = jaxring::HarnessLaunchFloor(ranks, calls, warmup);
+        }
+        nb::dict out;
+        out["device_us"] = t.device_us;
+        out["host_us_per_call"] = t.host_us_per_call;
+        return out;
+      },
+      nb::arg("ranks"), nb::arg("calls"), nb::arg("warmup"),
+      "An empty kernel per call from each of `ranks` threads, timed as `time` times a collective.");
   m.def("copy_times_us", &jaxring::HarnessCopyTimesUs, nb::arg("bytes"), nb::arg("calls"));
   m.def(
       "reduce_times_us",

@@ -227,36 +227,34 @@ std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, vo
   return errors;
 }
 
-HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate) {
-  Check(cudaSetDevice(kDevice), "cudaSetDevice");
-  CheckCoResidency(c);
-  rotate = std::max(rotate, 1);
-  Buffers buffers(c, rotate);
-  for (int s = 0; s < rotate; ++s) {
-    for (int64_t r = 0; r < c.ranks; ++r) Fill(c.type, buffers.At(s, r).in, InElements(c), s * 131 + r);
-  }
-  Check(cudaDeviceSynchronize(), "preparing the buffers");
-  std::vector<cudaStream_t> streams = Streams(c.ranks);
-  std::vector<cudaEvent_t> starts(c.ranks * calls), ends(c.ranks * calls);
+namespace {
+
+__global__ void EmptyKernel() {}
+
+// k rank threads, each on its own stream, run `run(rank, call)` (what one rank
+// enqueues for one call) `warmup` times, meet, then `calls` times between CUDA
+// events: per call the first start to the last end over the streams, and the
+// wall time of all calls. `finish(rank)` runs on each rank's thread after its
+// stream drained. Throws the first rank's error.
+template <typename Run, typename Finish>
+HarnessTimes TimeRanks(int64_t ranks, int calls, int warmup, const std::vector<cudaStream_t>& streams,
+                       Run run, Finish finish) {
+  std::vector<cudaEvent_t> starts(ranks * calls), ends(ranks * calls);
   for (auto* events : {&starts, &ends}) {
     for (auto& e : *events) Check(cudaEventCreate(&e), "cudaEventCreate");
   }
-  const int64_t op_id = NextTimingOpId();
-  std::vector<std::string> errors(c.ranks);
+  std::vector<std::string> errors(ranks);
   std::mutex mu;
   std::condition_variable changed;
   int64_t ready = 0, finished = 0;
   bool go = false;
   std::vector<std::thread> threads;
-  for (int64_t r = 0; r < c.ranks; ++r) {
+  for (int64_t r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       cudaSetDevice(kDevice);
-      const RingCall call = CallOf(c, op_id, r);
-      auto run = [&](int i) {
-        const CudaRank me = buffers.At(i % rotate, r).Rank(c, call, streams[r]);
-        if (errors[r].empty()) errors[r] = RunEngine(c, call, me);
-      };
-      for (int i = 0; i < warmup; ++i) run(i);
+      for (int i = 0; i < warmup; ++i) {
+        if (errors[r].empty()) errors[r] = run(r, i);
+      }
       cudaStreamSynchronize(streams[r]);
       {
         std::unique_lock<std::mutex> lock(mu);
@@ -266,11 +264,11 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
       }
       for (int i = 0; i < calls; ++i) {
         cudaEventRecord(starts[r * calls + i], streams[r]);
-        run(i);
+        if (errors[r].empty()) errors[r] = run(r, i);
         cudaEventRecord(ends[r * calls + i], streams[r]);
       }
       cudaStreamSynchronize(streams[r]);
-      if (errors[r].empty() && c.engine == "device") errors[r] = TakeDeviceFailure(call, RingDevices(c));
+      if (errors[r].empty()) errors[r] = finish(r);
       std::lock_guard<std::mutex> lock(mu);
       ++finished;
       changed.notify_all();
@@ -279,11 +277,11 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
   std::chrono::steady_clock::time_point begin, end;
   {
     std::unique_lock<std::mutex> lock(mu);
-    changed.wait(lock, [&] { return ready == c.ranks; });
+    changed.wait(lock, [&] { return ready == ranks; });
     begin = std::chrono::steady_clock::now();
     go = true;
     changed.notify_all();
-    changed.wait(lock, [&] { return finished == c.ranks; });
+    changed.wait(lock, [&] { return finished == ranks; });
     end = std::chrono::steady_clock::now();
   }
   for (auto& t : threads) t.join();
@@ -294,7 +292,7 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
   times.host_us_per_call = std::chrono::duration<double, std::micro>(end - begin).count() / calls;
   for (int i = 0; i < calls; ++i) {
     float first = 0, last = 0;
-    for (int64_t r = 0; r < c.ranks; ++r) {
+    for (int64_t r = 0; r < ranks; ++r) {
       float start_ms = 0, end_ms = 0;
       Check(cudaEventElapsedTime(&start_ms, starts[0], starts[r * calls + i]), "cudaEventElapsedTime");
       Check(cudaEventElapsedTime(&end_ms, starts[0], ends[r * calls + i]), "cudaEventElapsedTime");
@@ -303,11 +301,54 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
     }
     times.device_us.push_back((last - first) * 1000.0);
   }
-  times.one_shot = c.engine == "device" && TakesOneShot(c);
-  times.lanes = c.engine == "device" ? DeviceLanes(CallOf(c, 0, 0), c.type, times.one_shot) : 0;
   for (auto* events : {&starts, &ends}) {
     for (auto& e : *events) cudaEventDestroy(e);
   }
+  return times;
+}
+
+}  // namespace
+
+HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate) {
+  Check(cudaSetDevice(kDevice), "cudaSetDevice");
+  CheckCoResidency(c);
+  rotate = std::max(rotate, 1);
+  Buffers buffers(c, rotate);
+  for (int s = 0; s < rotate; ++s) {
+    for (int64_t r = 0; r < c.ranks; ++r) Fill(c.type, buffers.At(s, r).in, InElements(c), s * 131 + r);
+  }
+  Check(cudaDeviceSynchronize(), "preparing the buffers");
+  std::vector<cudaStream_t> streams = Streams(c.ranks);
+  const int64_t op_id = NextTimingOpId();
+  std::vector<RingCall> rank_calls;
+  for (int64_t r = 0; r < c.ranks; ++r) rank_calls.push_back(CallOf(c, op_id, r));
+  HarnessTimes times = TimeRanks(
+      c.ranks, calls, warmup, streams,
+      [&](int64_t r, int i) {
+        return RunEngine(c, rank_calls[r], buffers.At(i % rotate, r).Rank(c, rank_calls[r], streams[r]));
+      },
+      [&](int64_t r) {
+        return c.engine == "device" ? TakeDeviceFailure(rank_calls[r], RingDevices(c)) : std::string();
+      });
+  times.one_shot = c.engine == "device" && TakesOneShot(c);
+  times.lanes = c.engine == "device" ? DeviceLanes(CallOf(c, 0, 0), c.type, times.one_shot) : 0;
+  for (auto& s : streams) cudaStreamDestroy(s);
+  return times;
+}
+
+HarnessTimes HarnessLaunchFloor(int64_t ranks, int calls, int warmup) {
+  Check(cudaSetDevice(kDevice), "cudaSetDevice");
+  std::vector<cudaStream_t> streams = Streams(ranks);
+  HarnessTimes times = TimeRanks(
+      ranks, calls, warmup, streams,
+      [&](int64_t r, int) {
+        EmptyKernel<<<1, 1, 0, streams[r]>>>();
+        const cudaError_t err = cudaGetLastError();
+        return err == cudaSuccess ? std::string() : std::string("EmptyKernel: ") + cudaGetErrorString(err);
+      },
+      [](int64_t) { return std::string(); });
+  times.one_shot = false;
+  times.lanes = 0;
   for (auto& s : streams) cudaStreamDestroy(s);
   return times;
 }

@@ -38,6 +38,11 @@ struct HarnessTimes {
 // rank so caches do not flatter repeated calls.
 HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate);
 
+// The same k threads, streams and events as HarnessTime, each call an empty
+// kernel: what launching from k threads onto one GPU costs by itself, under
+// every virtual-rank time (docs/PERFORMANCE.md).
+HarnessTimes HarnessLaunchFloor(int64_t ranks, int calls, int warmup);
+
 // Device-side microseconds of cudaMemcpyAsync of `bytes` within the GPU.
 std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls);
 
