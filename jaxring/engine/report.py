@@ -31,7 +31,8 @@ def trained_by(summary: dict, platform: str) -> str:
     share = summary.get("last_window_allreduce_share")
     if devices * processes == 1:
         return line + " over one replica (no exchange)"
-    return line + (f" {100 * share:.0f}% of the step" if share is not None else "")
+    # A tenth of a percent: a ring's share on CPU is often under 1%, which a whole percent shows as 0.
+    return line + (f" {100 * share:.1f}% of the step" if share is not None else "")
 
 
 def took(summary: dict) -> str:

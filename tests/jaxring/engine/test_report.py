@@ -22,13 +22,13 @@ def test_without_a_hook_the_line_shows_the_tasks_metrics():
     summary, line = final_report(Plain(), "CONFIG", "RUN", SUMMARY, "cpu")
     assert summary == SUMMARY
     assert line == ("test err 12.50%, miss 6.25%; dev err 25.00%, miss 50.00% (checkpoint of step 30); "
-                    "trained on 2 cpu devices x 3 processes, ring all-reduce 5% of the step; 407 s; run directory RUN")
+                    "trained on 2 cpu devices x 3 processes, ring all-reduce 5.4% of the step; 407 s; run directory RUN")
 
 
 def test_the_hooks_scores_join_the_summary_and_its_text_begins_the_line():
     summary, line = final_report(Hooked(), "CONFIG", "RUN", SUMMARY, "gpu")
     assert summary == {**SUMMARY, "test_slow_err": 0.1}
-    assert line.startswith("slow decoder: 10%; trained on 2 gpu devices x 3 processes, ring all-reduce 5% ")
+    assert line.startswith("slow decoder: 10%; trained on 2 gpu devices x 3 processes, ring all-reduce 5.4% ")
 
 
 def test_one_replica_and_a_resumed_run_without_the_earlier_time():
@@ -40,8 +40,10 @@ def test_one_replica_and_a_resumed_run_without_the_earlier_time():
                     "psum all-reduce over one replica (no exchange); 12 s since the resume; run directory RUN")
 
 
-def test_nine_replicas_are_an_exchange_and_the_share_is_rounded_to_a_whole_percent():
-    # 3 devices x 3 processes: a ratio of 1, but nine replicas; a 75% share must not read as 76%.
+def test_nine_replicas_are_an_exchange_and_the_share_is_rounded_to_a_tenth_of_a_percent():
+    # 3 devices x 3 processes: a ratio of 1, but nine replicas; a 75% share must not read as 75.1%.
     nine = {**SUMMARY, "local_devices": 3, "processes": 3, "last_window_allreduce_share": 0.75}
     _, line = final_report(Plain(), None, "RUN", nine, "gpu")
-    assert "; trained on 3 gpu devices x 3 processes, ring all-reduce 75% of the step; 407 s;" in line
+    assert "; trained on 3 gpu devices x 3 processes, ring all-reduce 75.0% of the step; 407 s;" in line
+    small = {**SUMMARY, "last_window_allreduce_share": 0.0041}
+    assert "ring all-reduce 0.4% of the step" in final_report(Plain(), None, "RUN", small, "cpu")[1]
