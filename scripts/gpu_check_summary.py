@@ -49,7 +49,9 @@ FLIPS = [
     ("one-shot threshold", ["correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes"],
      "set OneShotMaxBytes (jaxring/collectives/csrc/cuda_device_ring.cu) per k to one_shot_crossover_bytes"),
     ("GPU bucket size", ["ds2_paper_projected_ms<=2"],
-     "set DEFAULT_BUCKET_BYTES[\"gpu\"] (jaxring/collectives/fusion.py) to best_bucket_bytes"),
+     "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
+     "(jaxring/collectives/fusion.py) by the step it gives in scripts/project_scaling.py, which "
+     "chose 64 MiB: the smallest bucket within 5% of the best step (docs/SCALING.md)"),
 ]
 _BOUND = re.compile(r"(?P<name>.*?)(?P<op><=|>=)(?P<threshold>[0-9.]+)$")
 
