@@ -11,6 +11,10 @@ from pathlib import Path
 
 from jaxring.engine.task import MetricNames
 
+# What ends every finished run's last line before its directory: scripts/run_checked.py
+# looks for it in a launch's output.
+FINISHED_MARKER = "; run directory "
+
 
 def metrics_result(metrics: MetricNames, summary: dict) -> str:
     """The engine's default result text: the task's metrics on test (if scored) and dev, as percentages."""
@@ -48,4 +52,4 @@ def final_report(task, config, workdir: str | Path, summary: dict, platform: str
     hook = getattr(task, "final_report", None)
     scores, result = hook(config, workdir, summary) if hook is not None else ({}, metrics_result(task.metrics, summary))
     summary = {**summary, **scores}
-    return summary, f"{result}; {trained_by(summary, platform)}; {took(summary)}; run directory {workdir}"
+    return summary, f"{result}; {trained_by(summary, platform)}; {took(summary)}{FINISHED_MARKER}{workdir}"

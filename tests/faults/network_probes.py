@@ -39,6 +39,7 @@ from tests.faults.probes import report  # noqa: E402
 from tests.tiny_runs import CONFIG, TRAIN, ULFM, tiny_overrides  # noqa: E402
 
 WORKER = Path(__file__).with_name("network_worker.py")
+RUN_CHECKED = ROOT / "scripts" / "run_checked.py"
 # After the fault: the roll call naming the missing rank (up to the timeout), the
 # abort, and the kernel giving up the cut-off daemon's connection (cluster.TCP_RETRIES2,
 # about 13 s), on a shared 2-core machine.
@@ -64,8 +65,9 @@ def skip_reason() -> str | None:
 class Job:
     """mpirun across `cluster`, output to a file (a pipe would be held open by the cut-off node's daemon)."""
 
-    def __init__(self, cluster, command, timeout_s: int | None, log: Path, mpirun_args=()):
-        """timeout_s: JAXRING_TIMEOUT_S of the processes; None: jaxring's default."""
+    def __init__(self, cluster, command, timeout_s: int | None, log: Path, mpirun_args=(), launcher=()):
+        """timeout_s: JAXRING_TIMEOUT_S of the processes; None: jaxring's default. `launcher`: what runs
+        mpirun (e.g. scripts/run_checked.py), or nothing."""
         self.log, self.timeout_s = log, timeout_s
         # mpirun's own environment, not this process's: pytest runs the other tests on 8 host devices
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
@@ -73,8 +75,8 @@ class Job:
         if timeout_s is not None:
             env["JAXRING_TIMEOUT_S"] = str(timeout_s)
         with open(log, "w") as out:
-            self.process = subprocess.Popen(cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"], env=env,
-                                                           extra=mpirun_args), stdout=out,
+            self.process = subprocess.Popen([*launcher, *cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"],
+                                                                        env=env, extra=mpirun_args)], stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def output(self) -> str:
@@ -136,15 +138,39 @@ def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random, mpir
         time.sleep(rng.uniform(0, 0.3))
         if fault == "cut":
             cluster.cut(1)
-        else:  # "node": its daemon and its rank; the shell left is mpirun's rsh session (an ssh client's stand-in)
-            victims = ("python", "prted") if fault == "node" else ("python",)
-            for pid in subprocess.run(["ip", "netns", "pids", cluster.nodes[1]], capture_output=True,
-                                      text=True).stdout.split():
-                if Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name.startswith(victims):
-                    os.kill(int(pid), signal.SIGKILL)
+        else:
+            kill_node(cluster, 1, rank_only=fault == "rank")
         code, seconds = job.finish(timeout_s + MARGIN_S + 60)
         outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
         return outcome, f"{detail} (fault after iteration {after})"
+
+
+def kill_node(cluster, node: int, rank_only=False) -> None:
+    """SIGKILL to the node's rank, and its daemon unless `rank_only`; the shell left is mpirun's rsh
+    session (an ssh client's stand-in)."""
+    victims = ("python",) if rank_only else ("python", "prted")
+    for pid in subprocess.run(["ip", "netns", "pids", cluster.nodes[node]], capture_output=True,
+                              text=True).stdout.split():
+        if Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name.startswith(victims):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def node_killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random) -> tuple[str, str]:
+    """train.py on 2 nodes launched through scripts/run_checked.py; node 1's daemon and rank killed
+    after the first checkpoint. mpirun's own status may be 0 then (PRRTE): the launch's must not."""
+    workdir = tmp / "killed"
+    values = {"train.epochs": 40, "eval.every_steps": 0, "checkpoint.every_steps": 1}
+    with Cluster(2, "1gbit") as cluster:
+        job = Job(cluster, train_command(workdir, cache, **values), timeout_s, tmp / "killed.log",
+                  launcher=[sys.executable, str(RUN_CHECKED)])
+        if not job.wait_for(lambda: any((workdir / "checkpoints").glob("*"))):
+            return "cryptic", f"no checkpoint written: {job.output()[-300:]}"
+        time.sleep(rng.uniform(0.0, 1.0))
+        kill_node(cluster, 1)
+        code, seconds = job.finish(timeout_s + MARGIN_S + 60)
+        outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
+    said_zero = "exited with status 0, but no process printed a finished run's last line" in job.output()
+    return outcome, detail + ("; mpirun's own status was 0, run_checked.py's 1" if said_zero else "")
 
 
 def worker_runs_through(tmp: Path, name: str, timeout_s: int | None, floats: int, rate="1gbit",
@@ -255,6 +281,7 @@ PROBES = {
     "rank killed (SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(tmp, t, "rank", rng, ULFM),
     "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(
         tmp, t, "node", rng, ULFM),
+    "node killed in training, launched through run_checked.py": node_killed_in_training,
     "node started 5 s late": lambda tmp, cache, t, rng: worker_runs_through(tmp, "late", t, 262144, late_s=5),
     "link at 10 Mbit/s, 4 MiB, default timeout": lambda tmp, cache, t, rng: worker_runs_through(
         tmp, "slow", None, 1 << 20, rate="10mbit"),
@@ -264,6 +291,7 @@ PROBES = {
 }
 REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)", "rank killed (SIGKILL)",
             "rank killed (SIGKILL), mpirun --with-ft ulfm", "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm",
+            "node killed in training, launched through run_checked.py",
             "link cut mid-checkpoint, then --resume")
 
 

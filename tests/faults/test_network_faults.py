@@ -2,7 +2,8 @@
 
 A link cut in the middle of the all-reduces must end every process within
 the timeout plus a bounded margin, naming the unreachable rank; a node that
-starts late (within the timeout) must not break the job. The other probes
+starts late (within the timeout) must not break the job; a training launch
+whose node died must not end with status 0. The other probes
 and the 10-trial campaigns: `python tests/faults/network_probes.py --trials 10`.
 """
 
@@ -46,3 +47,10 @@ def test_a_killed_rank_is_named_at_once_under_ulfm(tmp_path):
 def test_a_node_starting_late_within_the_timeout_is_waited_for(tmp_path):
     outcome, detail = network_probes.worker_runs_through(tmp_path, "late", 20, 4099, late_s=3)
     assert outcome == "correct", detail
+
+
+def test_a_training_launch_whose_node_died_never_reports_success(tmp_path, corpus_cache):
+    """Node 1's daemon and rank killed mid-training, the launch through scripts/run_checked.py: it ends
+    non-zero within the margin, even where mpirun itself said 0 (PRRTE did in 2 of the first 3 trials)."""
+    outcome, detail = network_probes.node_killed_in_training(tmp_path, corpus_cache, 10, random.Random(3))
+    assert outcome == "ended", detail
