@@ -155,18 +155,19 @@ def kill_node(cluster, node: int, rank_only=False) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def node_killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random) -> tuple[str, str]:
-    """train.py on 2 nodes launched through scripts/run_checked.py; node 1's daemon and rank killed
-    after the first checkpoint. mpirun's own status may be 0 then (PRRTE): the launch's must not."""
+def node_killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random, rank_only=False,
+                            mpirun_args=()) -> tuple[str, str]:
+    """train.py on 2 nodes launched through scripts/run_checked.py; node 1's daemon and rank (or its rank
+    alone) killed after the first checkpoint. mpirun's own status may be 0 then (PRRTE): the launch's must not."""
     workdir = tmp / "killed"
     values = {"train.epochs": 40, "eval.every_steps": 0, "checkpoint.every_steps": 1}
     with Cluster(2, "1gbit") as cluster:
         job = Job(cluster, train_command(workdir, cache, **values), timeout_s, tmp / "killed.log",
-                  launcher=[sys.executable, str(RUN_CHECKED)])
+                  mpirun_args, launcher=[sys.executable, str(RUN_CHECKED)])
         if not job.wait_for(lambda: any((workdir / "checkpoints").glob("*"))):
             return "cryptic", f"no checkpoint written: {job.output()[-300:]}"
         time.sleep(rng.uniform(0.0, 1.0))
-        kill_node(cluster, 1)
+        kill_node(cluster, 1, rank_only)
         code, seconds = job.finish(timeout_s + MARGIN_S + 60)
         outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
     said_zero = "exited with status 0, but no process printed a finished run's last line" in job.output()
@@ -282,6 +283,8 @@ PROBES = {
     "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(
         tmp, t, "node", rng, ULFM),
     "node killed in training, launched through run_checked.py": node_killed_in_training,
+    "rank killed in training, mpirun --with-ft ulfm": lambda tmp, cache, t, rng: node_killed_in_training(
+        tmp, cache, t, rng, rank_only=True, mpirun_args=ULFM),
     "node started 5 s late": lambda tmp, cache, t, rng: worker_runs_through(tmp, "late", t, 262144, late_s=5),
     "link at 10 Mbit/s, 4 MiB, default timeout": lambda tmp, cache, t, rng: worker_runs_through(
         tmp, "slow", None, 1 << 20, rate="10mbit"),
@@ -291,7 +294,7 @@ PROBES = {
 }
 REPEATED = ("link cut mid-all-reduce", "node killed (daemon and rank, SIGKILL)", "rank killed (SIGKILL)",
             "rank killed (SIGKILL), mpirun --with-ft ulfm", "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm",
-            "node killed in training, launched through run_checked.py",
+            "node killed in training, launched through run_checked.py", "rank killed in training, mpirun --with-ft ulfm",
             "link cut mid-checkpoint, then --resume")
 
 
