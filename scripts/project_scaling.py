@@ -373,14 +373,15 @@ def main(argv=None):
     calibration = json.loads(CALIBRATION.read_text())
     checks = []
 
-    cpu = fit_ring(cpu_ring_points())
-    checks += comparison("CPU in-process ring, 8 host devices", cpu_ring_points(), lambda b, p: ring_time(b, p, cpu))
+    cpu_points = cpu_ring_points()
+    cpu = fit_ring(cpu_points)
+    checks += comparison("CPU in-process ring, 8 host devices", cpu_points, lambda b, p: ring_time(b, p, cpu))
     staged = fit_ring(h100_host_staged_points(calibration))
     checks += comparison("H100 host-staged ring, per call", h100_host_staged_points(calibration),
                          lambda b, p: ring_time(b, p, staged))
-    device = fit_ring(h200_device_ring_points())
-    checks += comparison("H200 device engine ring, per call", h200_device_ring_points(),
-                         lambda b, p: ring_time(b, p, device))
+    device_points = h200_device_ring_points()
+    device = fit_ring(device_points)
+    checks += comparison("H200 device engine ring, per call", device_points, lambda b, p: ring_time(b, p, device))
     fits = {"cpu_ring": cpu.__dict__, "h100_host_staged": staged.__dict__, "h200_device_ring": device.__dict__}
     if args.network:
         network = json.loads(args.network.read_text())

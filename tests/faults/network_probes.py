@@ -155,7 +155,7 @@ def kill_node(cluster, node: int, rank_only=False) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def node_killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random, rank_only=False,
+def killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random, rank_only=False,
                             mpirun_args=()) -> tuple[str, str]:
     """train.py on 2 nodes launched through scripts/run_checked.py; node 1's daemon and rank (or its rank
     alone) killed after the first checkpoint. mpirun's own status may be 0 then (PRRTE): the launch's must not."""
@@ -282,8 +282,8 @@ PROBES = {
     "rank killed (SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(tmp, t, "rank", rng, ULFM),
     "node killed (daemon and rank, SIGKILL), mpirun --with-ft ulfm": lambda tmp, cache, t, rng: worker_fault(
         tmp, t, "node", rng, ULFM),
-    "node killed in training, launched through run_checked.py": node_killed_in_training,
-    "rank killed in training, mpirun --with-ft ulfm": lambda tmp, cache, t, rng: node_killed_in_training(
+    "node killed in training, launched through run_checked.py": killed_in_training,
+    "rank killed in training, mpirun --with-ft ulfm": lambda tmp, cache, t, rng: killed_in_training(
         tmp, cache, t, rng, rank_only=True, mpirun_args=ULFM),
     "node started 5 s late": lambda tmp, cache, t, rng: worker_runs_through(tmp, "late", t, 262144, late_s=5),
     "link at 10 Mbit/s, 4 MiB, default timeout": lambda tmp, cache, t, rng: worker_runs_through(

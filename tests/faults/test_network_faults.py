@@ -52,5 +52,5 @@ def test_a_node_starting_late_within_the_timeout_is_waited_for(tmp_path):
 def test_a_training_launch_whose_node_died_never_reports_success(tmp_path, corpus_cache):
     """Node 1's daemon and rank killed mid-training, the launch through scripts/run_checked.py: it ends
     non-zero within the margin, even where mpirun itself said 0 (PRRTE did in 2 of the first 3 trials)."""
-    outcome, detail = network_probes.node_killed_in_training(tmp_path, corpus_cache, 10, random.Random(3))
+    outcome, detail = network_probes.killed_in_training(tmp_path, corpus_cache, 10, random.Random(3))
     assert outcome == "ended", detail

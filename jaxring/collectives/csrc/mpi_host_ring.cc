@@ -178,15 +178,22 @@ inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
   return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
 }
 
-enum class Waited { kDone, kOutOfPatience, kTimedOut };
-
-// Polls `done` for at most `patience`, and never past the leg's deadline.
-template <typename Done>
-Waited WaitFor(Clock::duration patience, const Leg& leg, Done done) {
+// Every wait of a leg, as LegInFlight::Finish waits: polls `done` (which sets
+// *rc) for at most `patience`, never past the leg's deadline. False when out
+// of patience; else true with *error "" once done, `timed_out()` past the
+// deadline, or `failed()` where MPI reported an error in *rc.
+template <typename Done, typename TimedOutMessage, typename FailedMessage>
+bool Await(Clock::duration patience, const Leg& leg, const int* rc, Done done, TimedOutMessage timed_out,
+           FailedMessage failed, std::string* error) {
   const auto now = Clock::now();
   const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
-  if (PollUntil(until, done)) return Waited::kDone;
-  return until < leg.deadline ? Waited::kOutOfPatience : Waited::kTimedOut;
+  if (!PollUntil(until, done)) {
+    if (until < leg.deadline) return false;
+    *error = timed_out();
+    return true;
+  }
+  *error = *rc != MPI_SUCCESS ? failed() : "";
+  return true;
 }
 
 // A leg's last messages: an empty one to every process it sent to, once its
@@ -216,14 +223,11 @@ class Farewells {
   // As LegInFlight::Finish.
   bool Finish(Clock::duration patience, const Leg& leg, std::string* error) {
     int rc = MPI_SUCCESS;
-    const Waited waited = WaitFor(patience, leg, [&] {
-      return AllTested(receives_, &rc) && (rc != MPI_SUCCESS || AllTested(sends_, &rc));
-    });
-    if (waited == Waited::kOutOfPatience) return false;
-    *error = waited == Waited::kTimedOut ? TimedOut(receives_, from_, sends_, to_, leg)
-             : rc != MPI_SUCCESS         ? Failed(leg, rc, -1, "for the end of the exchange")
-                                         : "";
-    return true;
+    return Await(
+        patience, leg, &rc,
+        [&] { return AllTested(receives_, &rc) && (rc != MPI_SUCCESS || AllTested(sends_, &rc)); },
+        [&] { return TimedOut(receives_, from_, sends_, to_, leg); },
+        [&] { return Failed(leg, rc, -1, "for the end of the exchange"); }, error);
   }
 
  private:
@@ -293,12 +297,12 @@ class OneShot final : public LegInFlight {
 
   bool Finish(Clock::duration patience, std::string* error) override {
     if (!summed_) {
-      if (!Await(receives_, patience, "for their buffers", error)) return false;
+      if (!AwaitAll(receives_, patience, "for their buffers", error)) return false;
       if (!error->empty()) return true;
       Sum();
       summed_ = true;
     }
-    if (!Await(sends_, patience, "for its buffer to be taken", error)) return false;
+    if (!AwaitAll(sends_, patience, "for its buffer to be taken", error)) return false;
     if (!error->empty()) return true;
     if (!farewells_.posted()) {
       std::vector<int> others;
@@ -313,16 +317,14 @@ class OneShot final : public LegInFlight {
   }
 
  private:
-  // Waits for `requests` as Finish does: false if out of patience, else *error.
-  bool Await(std::vector<MPI_Request>& requests, Clock::duration patience, const char* waiting_for,
-             std::string* error) {
+  // Await of every one of `requests`.
+  bool AwaitAll(std::vector<MPI_Request>& requests, Clock::duration patience, const char* waiting_for,
+                std::string* error) {
     int rc = MPI_SUCCESS;
-    const Waited waited = WaitFor(patience, leg_, [&] { return AllTested(requests, &rc); });
-    if (waited == Waited::kOutOfPatience) return false;
-    *error = waited == Waited::kTimedOut ? TimedOut(receives_, peers_, sends_, peers_, leg_)
-             : rc != MPI_SUCCESS         ? Failed(leg_, rc, -1, waiting_for)
-                                         : "";
-    return true;
+    return Await(
+        patience, leg_, &rc, [&] { return AllTested(requests, &rc); },
+        [&] { return TimedOut(receives_, peers_, sends_, peers_, leg_); },
+        [&] { return Failed(leg_, rc, -1, waiting_for); }, error);
   }
 
   // Rank 0's + rank 1's + ...: every process rounds the same terms in the
@@ -371,13 +373,13 @@ class Ring final : public LegInFlight {
     while (done_ < stages_) {
       Post();
       if (receives_[done_] != MPI_REQUEST_NULL) {
-        const Waited waited = WaitFor(patience, leg_, [&] { return Tested(&receives_[done_], &rc); });
-        if (waited == Waited::kOutOfPatience) return false;
-        if (waited == Waited::kTimedOut || rc != MPI_SUCCESS) {
-          *error = waited == Waited::kTimedOut ? TimedOut(receives_, lefts_, sends_, rights_, leg_)
-                                               : Failed(leg_, rc, left_, "for a chunk");
-          return true;
+        if (!Await(
+                patience, leg_, &rc, [&] { return Tested(&receives_[done_], &rc); },
+                [&] { return TimedOut(receives_, lefts_, sends_, rights_, leg_); },
+                [&] { return Failed(leg_, rc, left_, "for a chunk"); }, error)) {
+          return false;
         }
+        if (!error->empty()) return true;
       }
       const Stage st = mine_.StageAt(done_);
       if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
@@ -386,13 +388,13 @@ class Ring final : public LegInFlight {
       }
       ++done_;
     }
-    const Waited waited = WaitFor(patience, leg_, [&] { return AllTested(sends_, &rc); });
-    if (waited == Waited::kOutOfPatience) return false;
-    if (waited == Waited::kTimedOut || rc != MPI_SUCCESS) {
-      *error = waited == Waited::kTimedOut ? TimedOut(receives_, lefts_, sends_, rights_, leg_)
-                                           : Failed(leg_, rc, right_, "for its chunks to be taken");
-      return true;
+    if (!Await(
+            patience, leg_, &rc, [&] { return AllTested(sends_, &rc); },
+            [&] { return TimedOut(receives_, lefts_, sends_, rights_, leg_); },
+            [&] { return Failed(leg_, rc, right_, "for its chunks to be taken"); }, error)) {
+      return false;
     }
+    if (!error->empty()) return true;
     if (!farewells_.posted()) farewells_.Post({right_}, {left_}, leg_);
     if (!farewells_.Finish(patience, leg_, error)) return false;
     if (error->empty()) slots_.GiveBack();
