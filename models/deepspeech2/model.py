@@ -32,7 +32,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 class ModelConfig:
     """Shape of a Deep Speech 2 network; the `model:` section of a config YAML."""
 
-    num_features: int = 161  # spectrogram bins: 20 ms window at 16 kHz
+    num_features: int = 161  # 161: the spectrogram's bins (20 ms window at 16 kHz); fewer: mel bands
+    # (models/deepspeech2/data/features.py)
     conv_layers: int = 2  # 1 to 3, the paper's kernels and strides in order
     time_stride: int = 2  # the first convolution's stride in time (the paper: 2 for characters, 3 for bigrams)
     conv_channels: tuple[int, ...] = (32, 32)  # one entry per conv layer

@@ -25,6 +25,7 @@ from models.deepspeech2 import model as ds2
 from models.deepspeech2.augment import AugmentConfig, augment
 from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
 from models.deepspeech2.data import Problems, featurize, read_audio, read_manifest
+from models.deepspeech2.data.features import NUM_BINS
 from models.deepspeech2.data import problems as P
 from models.deepspeech2.data import voices
 from models.deepspeech2.decoding import DecodeConfig, lm_test_scores, score_manifest
@@ -138,6 +139,9 @@ class DeepSpeech2Task:
                           percent=("cer", "wer"))
 
     def __init__(self, model: ds2.ModelConfig, data: DataConfig, augmentation: AugmentConfig = AugmentConfig()):
+        if model.num_features > NUM_BINS:
+            raise ValueError(f"model.num_features must be at most {NUM_BINS} (the spectrogram's bins; fewer "
+                             f"are mel bands, models/deepspeech2/data/features.py), got {model.num_features}")
         self.model_config = model
         self.data = data
         self.augmentation = augmentation
@@ -162,8 +166,7 @@ class DeepSpeech2Task:
             if self.data.manifest_dir is not None:
                 return {s: self._split_manifest(s) for s in SPLITS}
             return {s: getattr(self.data, f"{s}_manifest") for s in SPLITS}
-        cache_dir = os.path.abspath(self.data.cache_dir)  # manifests then hold paths inside the corpus folder
-        folder = SYNTHESIZED[self.data.source](cache_dir, self.data.utterances, self.data.corpus_seed)
+        folder = SYNTHESIZED[self.data.source](self.data.cache_dir, self.data.utterances, self.data.corpus_seed)
         extra = [s for s in EXTRA_TESTS if (Path(folder) / f"{s}.jsonl").is_file()]
         return {s: str(Path(folder) / f"{s}.jsonl") for s in (*SPLITS, *extra)}
 
@@ -188,6 +191,7 @@ class DeepSpeech2Task:
             utterances[:limit], max_duration=max_duration, output_frames=output_frames, problems=problems,
             max_unusable_share=self.data.max_unusable_share, name=f"manifest {manifest}",
             entries=len(utterances[:limit]) + problems.skipped,  # lines that made no utterance count too
+            num_features=self.model_config.num_features,
         )
 
     def check_data(self) -> dict:
@@ -297,8 +301,7 @@ class DeepSpeech2Task:
 
     # -- inference on audio files
 
-    @staticmethod
-    def audio_features(path: str) -> np.ndarray:
+    def audio_features(self, path: str) -> np.ndarray:
         """The model's input for an audio file (any sample rate); DataError naming it and why it is unusable."""
         try:
             samples, _ = read_audio(path)
@@ -308,7 +311,7 @@ class DeepSpeech2Task:
             raise DataError(f"{path}: {P.UNREADABLE_AUDIO} ({e})") from None
         if not np.isfinite(samples).all():
             raise DataError(f"{path}: {P.NON_FINITE_AUDIO}")
-        return featurize(samples)
+        return featurize(samples, self.model_config.num_features)
 
     def audio_batch(self, paths: list[str]) -> dict:
         """A batch of the model's inputs for audio files (any sample rate); DataError for an unusable one."""

@@ -14,7 +14,6 @@ import threading
 
 import numpy as np
 
-from models.deepspeech2.data import features
 from models.deepspeech2.data import problems as P
 from models.deepspeech2.data.dataset import Example, SpeechDataset
 
@@ -58,7 +57,7 @@ class BatchIterator:
     """Endless (or num_epochs) iterator of batch dicts shaped for pmap over local devices.
 
     Each batch, for D = local_devices and B = per_device_batch:
-      features         float32 [D, B, T, 161]  T a multiple of pad_frames_to
+      features         float32 [D, B, T, F]  T a multiple of pad_frames_to, F the dataset's num_features
       feature_lengths  int32   [D, B]
       labels           int32   [D, B, L]       0-padded, L a multiple of pad_labels_to
       label_lengths    int32   [D, B]
@@ -221,7 +220,7 @@ class BatchIterator:
 
         n = self.process_batch
         batch = {
-            "features": np.zeros((n, frames, features.NUM_BINS), np.float32),
+            "features": np.zeros((n, frames, d.num_features), np.float32),
             "feature_lengths": np.zeros(n, np.int32),
             "labels": np.zeros((n, label_len), np.int32),
             "label_lengths": np.zeros(n, np.int32),

@@ -26,7 +26,7 @@ def ctc_min_frames(labels: np.ndarray) -> int:
 
 @dataclasses.dataclass
 class Example:
-    features: np.ndarray  # [frames, 161] float32
+    features: np.ndarray  # [frames, num_features] float32
     labels: np.ndarray  # [length] int32
     text: str
 
@@ -45,12 +45,15 @@ class SpeechDataset:
     entries: how many entries the utterances came from, counting manifest lines that made
         none (counted in `problems`); default len(utterances).
     name: what error messages call this dataset (e.g. "manifest PATH").
+    num_features: the model's input features per frame (features.featurize).
     """
 
     def __init__(self, utterances: Sequence[Utterance], *, max_duration: float | None = None,
                  output_frames: Callable[[int], int] | None = None, strict: bool = False,
                  problems: P.Problems | None = None, max_unusable_share: float | None = None,
-                 entries: int | None = None, name: str = "the dataset"):
+                 entries: int | None = None, name: str = "the dataset",
+                 num_features: int = features.NUM_BINS):
+        self.num_features = num_features
         self.problems = problems or P.Problems(strict)
         self.output_frames = output_frames
         self.total = len(utterances) if entries is None else entries
@@ -122,7 +125,7 @@ class SpeechDataset:
             return self._skip(P.NON_FINITE_AUDIO, path, f"{np.count_nonzero(~np.isfinite(samples))} samples")
         if resampled:
             self.problems.note(P.RESAMPLED)
-        spectrogram = features.featurize(samples)
+        spectrogram = features.featurize(samples, self.num_features)
         if problem := self._labels_misfit(self.labels[index], len(spectrogram)):
             return self._skip(problem[0], path, problem[1])
         return Example(spectrogram, self.labels[index], self.texts[index])

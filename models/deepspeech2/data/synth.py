@@ -175,8 +175,10 @@ def cached_corpus(cache_dir: str, name: str, utterances: int, generate) -> str:
 
     Generation goes to a temporary folder renamed into place when complete, so an
     interrupted run is never reused; a file lock lets concurrent processes (MPI ranks)
-    wait for one generator instead of racing.
+    wait for one generator instead of racing. The folder is absolute: the generator writes
+    the manifests' paths relative to the manifests' folder from where the audio lies.
     """
+    cache_dir = os.path.abspath(cache_dir)
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, name)
     with open(os.path.join(cache_dir, name + ".lock"), "w") as lock:

@@ -124,14 +124,15 @@ def test_replicas_with_synced_batch_norm_match_one_device(task, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_batches_from_a_synthetic_corpus(tmp_path):
-    task = DeepSpeech2Task(
-        config_lib.section_from_dict(ModelConfig, TINY_MODEL, "model"), DataConfig(cache_dir=str(tmp_path), utterances=30, pad_frames_to=32)
-    )
+@pytest.mark.parametrize("num_features", [161, 40])  # the spectrogram, mel bands
+def test_batches_from_a_synthetic_corpus(tmp_path, num_features):
+    model = config_lib.section_from_dict(ModelConfig, {**TINY_MODEL, "num_features": num_features}, "model")
+    task = DeepSpeech2Task(model, DataConfig(cache_dir=str(tmp_path), utterances=30, pad_frames_to=32))
     train = task.train_batches(4, Shard(0, 1), seed=0)
     assert train.steps_per_epoch == 24 // 4
     first = next(iter(train))
     assert first["features"].shape[0] == 4 and first["features"].shape[1] % 32 == 0
+    assert first["features"].shape[2] == num_features
     assert "texts" not in first and train.state() == {"epoch": 0, "index": 1}
     dev = list(task.eval_batches("dev", 2, Shard(0, 1)))
     assert sum(int(b["weights"].sum()) for b in dev) == 3  # every dev utterance once
@@ -141,6 +142,12 @@ def test_batches_from_a_synthetic_corpus(tmp_path):
     variables = task.init(jax.random.PRNGKey(0))
     texts = task.transcribe(variables, [read_manifest(task.manifests["dev"])[0].audio_filepath])
     assert len(texts) == 1 and set(texts[0]) <= set(alphabet.SYMBOLS[1:])
+
+
+def test_more_features_than_the_spectrogram_has_are_refused():
+    model = config_lib.section_from_dict(ModelConfig, {**TINY_MODEL, "num_features": 200}, "model")
+    with pytest.raises(ValueError, match="model.num_features must be at most 161"):
+        DeepSpeech2Task(model, DataConfig())
 
 
 def test_manifest_corpus_needs_its_manifests():

@@ -140,8 +140,11 @@ def test_process_pool_makes_the_same_corpus(tmp_path):
         np.testing.assert_array_equal(soundfile.read(str(path))[0], soundfile.read(str(twin))[0])
 
 
-def test_ensure_synthetic_corpus_generates_once(tmp_path, monkeypatch):
-    first = synth.ensure_synthetic_corpus(str(tmp_path), 6, seed=1)
+@pytest.mark.parametrize("relative", [False, True])
+def test_ensure_synthetic_corpus_generates_once(tmp_path, monkeypatch, relative):
+    monkeypatch.chdir(tmp_path)
+    first = synth.ensure_synthetic_corpus("cache" if relative else str(tmp_path / "cache"), 6, seed=1)
+    assert first == str(tmp_path / "cache" / os.path.basename(first))
     # Manifest paths are relative, so they survive the rename from the partial folder.
     train = SpeechDataset(manifest.read_manifest(os.path.join(first, "train.jsonl")))
     assert len(train) == 4 and not train.problems.counts
@@ -151,7 +154,7 @@ def test_ensure_synthetic_corpus_generates_once(tmp_path, monkeypatch):
         raise AssertionError("a cached corpus was generated again")
 
     monkeypatch.setattr(synth, "generate_corpus", must_not_run)
-    assert synth.ensure_synthetic_corpus(str(tmp_path), 6, seed=1) == first
+    assert synth.ensure_synthetic_corpus(str(tmp_path / "cache"), 6, seed=1) == first
 
 
 def test_interrupted_generation_is_not_reused(tmp_path, monkeypatch):
