@@ -98,6 +98,28 @@ class Job:
         return self.process.poll(), time.monotonic() - started
 
 
+def what_still_runs(cluster, job) -> str:
+    """After a hang: each node's processes, and where their threads wait (gdb's native stacks, where
+    gdb is installed), written beside the job's log; a one-line summary returned."""
+    summary, stacks = [f"mpirun {'still running' if job.process.poll() is None else 'exited'}"], []
+    for node in cluster.nodes:
+        pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                name = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name
+            except OSError:
+                continue
+            summary.append(f"{node}: {name} ({pid})")
+            if name.startswith("python") and shutil.which("gdb"):
+                bt = subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt 16"],
+                                    capture_output=True, text=True, timeout=120).stdout
+                stacks.append(f"==== {node} {name} {pid}\n{bt}")
+    where = job.log.with_suffix(".hang")
+    where.write_text("\n".join(summary) + "\n\n" + "\n".join(stacks))
+    last = (job.output().strip().splitlines() or [""])[-1]
+    return "; ".join(summary) + f"; the output's last line {last!r} (stacks: {where})"
+
+
 def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
     """The outcome of a job that had to end after a fault on `rank`'s node (hostname `node`).
 
@@ -142,6 +164,8 @@ def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random, mpir
             kill_node(cluster, 1, rank_only=fault == "rank")
         code, seconds = job.finish(timeout_s + MARGIN_S + 60)
         outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
+        if code is None:
+            detail += f": {what_still_runs(cluster, job)}"
         return outcome, f"{detail} (fault after iteration {after})"
 
 
@@ -170,6 +194,8 @@ def killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Rando
         kill_node(cluster, 1, rank_only)
         code, seconds = job.finish(timeout_s + MARGIN_S + 60)
         outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
+        if code is None:
+            detail += f": {what_still_runs(cluster, job)}"
     said_zero = "exited with status 0, but no process printed a finished run's last line" in job.output()
     return outcome, detail + ("; mpirun's own status was 0, run_checked.py's 1" if said_zero else "")
 
