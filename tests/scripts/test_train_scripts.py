@@ -160,6 +160,30 @@ def test_evaluate_prints_the_scores_of_the_best_checkpoint(run, capsys):
     assert dev["step"] == 3 and dev["cer"] == pytest.approx(summary["dev_cer"])
 
 
+def test_evaluate_by_a_manifest_field_scores_each_value_alone(run, tmp_path):
+    workdir, summary, _ = run
+    whole = evaluate.main(["--workdir", str(workdir), "--split", "dev"])
+    rows = [json.loads(line) for line in Path(whole["manifest"]).read_text().splitlines()]
+    # one value for all: the same score as the whole split
+    everyone = tmp_path / "dev.jsonl"
+    everyone.write_text("".join(json.dumps({**r, "audio_filepath": str(Path(whole["manifest"]).parent / r["audio_filepath"]),
+                                            "team": "all"}) + "\n" for r in rows))
+    one = evaluate.main(["--workdir", str(workdir), "--manifest", str(everyone), "--by", "team"])["groups"]
+    assert list(one) == ["all"] and one["all"] == {k: whole[k] for k in ("cer", "wer", "utterances")}
+    # each voice alone: as many groups as voices, each scored on the utterances it speaks (at most --per-group)
+    by_voice = evaluate.main(["--workdir", str(workdir), "--split", "dev", "--by", "voice", "--per-group", "1"])
+    assert list(by_voice["groups"]) == sorted({r["voice"] for r in rows})
+    assert {g["utterances"] for g in by_voice["groups"].values()} == {1}
+    for voice, got in by_voice["groups"].items():
+        first = next(r for r in rows if r["voice"] == voice)
+        alone = tmp_path / "alone.jsonl"
+        alone.write_text(json.dumps({**first, "audio_filepath": str(Path(whole["manifest"]).parent / first["audio_filepath"])}))
+        assert got == {k: v for k, v in evaluate.main(["--workdir", str(workdir), "--manifest", str(alone)]).items()
+                       if k in ("cer", "wer", "utterances")}
+    with pytest.raises(SystemExit, match="no JSON object with a field 'speaker' for --by"):
+        evaluate.main(["--workdir", str(workdir), "--split", "dev", "--by", "speaker"])
+
+
 def test_transcribe_prints_one_line_per_file(run, capsys):
     workdir, _, cache = run
     corpus = next(path for path in cache.glob("espeak-*") if path.is_dir())
