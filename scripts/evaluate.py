@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
                                                 for value, part in grouped(manifest, args.by, args.per_group)}}
         else:
             result = decoding.score_manifest(task, variables, manifest, batch_size, decoder, problems)
-    except (DataError, KeyError) as e:
+    except DataError as e:
         sys.exit(f"error: {e}")
     result = {**result, "step": step, "manifest": str(manifest), "skipped": len(problems.unusable), **described}
     print(json.dumps(result))
@@ -78,6 +78,8 @@ def grouped(manifest: str, field: str, per_group: int | None):
     first `per_group` utterances of each, in a temporary folder (removed once all are scored)."""
     import tempfile
 
+    from models.deepspeech2.data import DataError
+
     folder = os.path.dirname(os.path.abspath(manifest))
     groups = {}
     with open(manifest, encoding="utf-8") as f:
@@ -88,7 +90,7 @@ def grouped(manifest: str, field: str, per_group: int | None):
                 entry = json.loads(line)
                 value = entry[field]
             except (json.JSONDecodeError, TypeError, KeyError):
-                raise KeyError(f"{manifest}:{number} is no JSON object with a field {field!r} for --by") from None
+                raise DataError(f"{manifest}:{number} is no JSON object with a field {field!r} for --by") from None
             rows = groups.setdefault(str(value), [])
             if per_group is None or len(rows) < per_group:
                 if isinstance(entry.get("audio_filepath"), str):  # relative to the manifest's folder

@@ -376,9 +376,9 @@ def main(argv=None):
     cpu_points = cpu_ring_points()
     cpu = fit_ring(cpu_points)
     checks += comparison("CPU in-process ring, 8 host devices", cpu_points, lambda b, p: ring_time(b, p, cpu))
-    staged = fit_ring(h100_host_staged_points(calibration))
-    checks += comparison("H100 host-staged ring, per call", h100_host_staged_points(calibration),
-                         lambda b, p: ring_time(b, p, staged))
+    staged_points = h100_host_staged_points(calibration)
+    staged = fit_ring(staged_points)
+    checks += comparison("H100 host-staged ring, per call", staged_points, lambda b, p: ring_time(b, p, staged))
     device_points = h200_device_ring_points()
     device = fit_ring(device_points)
     checks += comparison("H200 device engine ring, per call", device_points, lambda b, p: ring_time(b, p, device))

@@ -201,6 +201,16 @@ class Cluster:
 
     # --- running -----------------------------------------------------------------
 
+    def processes(self, node: int) -> list[tuple[int, str]]:
+        """(pid, program name) of each process inside node `node`'s namespace; any that ends meanwhile left out."""
+        found = []
+        for pid in _ip("netns", "pids", self.nodes[node], check=False).stdout.split():
+            try:
+                found.append((int(pid), Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name))
+            except OSError:
+                continue
+        return found
+
     def run_in(self, namespace: str, shell: str, **kwargs):
         return subprocess.run(["ip", "netns", "exec", namespace, "sh", "-c", shell], check=kwargs.pop("check", True),
                               capture_output=kwargs.pop("capture_output", True), text=True, **kwargs)

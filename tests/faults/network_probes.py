@@ -102,22 +102,26 @@ def what_still_runs(cluster, job) -> str:
     """After a hang: each node's processes, and where their threads wait (gdb's native stacks, where
     gdb is installed), written beside the job's log; a one-line summary returned."""
     summary, stacks = [f"mpirun {'still running' if job.process.poll() is None else 'exited'}"], []
-    for node in cluster.nodes:
-        pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                name = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name
-            except OSError:
-                continue
+    for index, node in enumerate(cluster.nodes):
+        for pid, name in cluster.processes(index):
             summary.append(f"{node}: {name} ({pid})")
             if name.startswith("python") and shutil.which("gdb"):
-                bt = subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt 16"],
+                bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 16"],
                                     capture_output=True, text=True, timeout=120).stdout
                 stacks.append(f"==== {node} {name} {pid}\n{bt}")
     where = job.log.with_suffix(".hang")
     where.write_text("\n".join(summary) + "\n\n" + "\n".join(stacks))
     last = (job.output().strip().splitlines() or [""])[-1]
     return "; ".join(summary) + f"; the output's last line {last!r} (stacks: {where})"
+
+
+def end_after_fault(cluster, job, timeout_s: int) -> tuple[str, str]:
+    """Waits for `job` to end after a fault on node 1, classified (classify_end); a hang says what still runs."""
+    code, seconds = job.finish(timeout_s + MARGIN_S + 60)
+    outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
+    if code is None:
+        detail += f": {what_still_runs(cluster, job)}"
+    return outcome, detail
 
 
 def classify_end(job, code, seconds, node: str, rank=1) -> tuple[str, str]:
@@ -162,10 +166,7 @@ def worker_fault(tmp: Path, timeout_s: int, fault: str, rng: random.Random, mpir
             cluster.cut(1)
         else:
             kill_node(cluster, 1, rank_only=fault == "rank")
-        code, seconds = job.finish(timeout_s + MARGIN_S + 60)
-        outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
-        if code is None:
-            detail += f": {what_still_runs(cluster, job)}"
+        outcome, detail = end_after_fault(cluster, job, timeout_s)
         return outcome, f"{detail} (fault after iteration {after})"
 
 
@@ -173,10 +174,9 @@ def kill_node(cluster, node: int, rank_only=False) -> None:
     """SIGKILL to the node's rank, and its daemon unless `rank_only`; the shell left is mpirun's rsh
     session (an ssh client's stand-in)."""
     victims = ("python",) if rank_only else ("python", "prted")
-    for pid in subprocess.run(["ip", "netns", "pids", cluster.nodes[node]], capture_output=True,
-                              text=True).stdout.split():
-        if Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()).name.startswith(victims):
-            os.kill(int(pid), signal.SIGKILL)
+    for pid, name in cluster.processes(node):
+        if name.startswith(victims):
+            os.kill(pid, signal.SIGKILL)
 
 
 def killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Random, rank_only=False,
@@ -192,10 +192,7 @@ def killed_in_training(tmp: Path, cache: Path, timeout_s: int, rng: random.Rando
             return "cryptic", f"no checkpoint written: {job.output()[-300:]}"
         time.sleep(rng.uniform(0.0, 1.0))
         kill_node(cluster, 1, rank_only)
-        code, seconds = job.finish(timeout_s + MARGIN_S + 60)
-        outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
-        if code is None:
-            detail += f": {what_still_runs(cluster, job)}"
+        outcome, detail = end_after_fault(cluster, job, timeout_s)
     said_zero = "exited with status 0, but no process printed a finished run's last line" in job.output()
     return outcome, detail + ("; mpirun's own status was 0, run_checked.py's 1" if said_zero else "")
 
@@ -253,8 +250,7 @@ def cut_mid_checkpoint(tmp: Path, cache: Path, timeout_s: int, rng: random.Rando
             return "cryptic", f"no checkpoint written: {job.output()[-300:]}"
         time.sleep(delay_s)
         cluster.cut(1)
-        code, seconds = job.finish(timeout_s + MARGIN_S + 60)
-        outcome, detail = classify_end(job, code, seconds, cluster.nodes[1])
+        outcome, detail = end_after_fault(cluster, job, timeout_s)
     written = Checkpoints(checkpoints).steps()
     try:
         for step in written:
