@@ -4,7 +4,8 @@
 
 Stages, each timed on its own:
   synthesize   eSpeak corpus generation (utterances/s, one process)
-  featurize    log spectrogram + normalisation of in-memory audio (audio seconds/s)
+  featurize    log spectrogram (161) or log-mel bands (fewer) + normalisation of in-memory audio
+               (audio seconds/s), for each --num-features in the same run
   read+featurize  decode flac + featurize, one thread (utterances/s)
   batches      BatchIterator end to end, prefetch thread + W loader threads (utterances/s),
                with the padding fraction of its batches (time padded to 64 frames)
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", default=None, help="corpus cache folder (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the records here")
+    parser.add_argument("--num-features", type=int, nargs="+", default=[161, 40],
+                        help="featurize stage: the model's num_features to time (161: the spectrogram)")
     args = parser.parse_args()
 
     records = []
@@ -63,8 +66,10 @@ def main() -> None:
 
         clips = [audio.read_audio(path)[0] for path in dataset.paths[:500]]
         clip_seconds = sum(len(c) for c in clips) / audio.SAMPLE_RATE
-        seconds = timed(lambda: [features.featurize(c) for c in clips], args.repeats)
-        record("featurize", seconds, len(clips), clip_seconds, workers=1)
+        for num_features in args.num_features:
+            seconds = timed(lambda: [features.featurize(c, num_features) for c in clips], args.repeats)
+            record(f"featurize/{num_features}", seconds, len(clips), clip_seconds, workers=1,
+                   num_features=num_features)
 
         seconds = timed(lambda: [dataset.load(i) for i in range(len(dataset))], 1)
         record("read+featurize", seconds, len(dataset), total_audio, workers=1)
