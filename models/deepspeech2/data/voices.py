@@ -4,21 +4,25 @@
                  diphone voices kal and ked (concatenated recordings of two real speakers)
                  and Flite's diphone voice kal16 (Flite's own text analysis, which dev and
                  test share, over kal's diphones); the diphone voices at a pitch and a
-                 vocal-tract length drawn per utterance, so that two real speakers sound as many
+                 vocal-tract length drawn per utterance, so that two real speakers sound as many;
+                 and SVOX Pico's two voices (hidden-Markov-model synthesis from the recordings of
+                 a US and a British female speaker), at drawn pitches and vocal-tract lengths too
     dev          Flite's clustergen voice awb (statistical parametric synthesis from the
                  recordings of a Scottish male speaker)
     test         Flite's clustergen voices rms (US male) and slt (US female)
     test_espeak  eSpeak NG with the voice variants the eSpeak corpus holds out for test
                  (models/deepspeech2/data/synth.py), to compare with that corpus
 
-No speaker of dev or test is heard in training, nor their way of synthesis (clustergen). Every
+No speaker of dev or test is heard in training, nor their synthesizer (Flite's clustergen): Pico,
+the one other parametric synthesizer, is another system built from other speakers. Every
 utterance, in every split, then goes through what a recording does to speech
 (models/deepspeech2/data/acoustics.py): a speed change (tempo, pitch and formants
 together), a simulated room for some, noise of a colour at a signal-to-noise ratio.
-As in synth.py, every utterance is a function of (seed, index) and eSpeak is reloaded
-at the start of every block, so the corpus does not depend on how many processes made it.
+As in synth.py, every utterance is a function of (seed, index) and eSpeak and Pico are
+reloaded at the start of every block, so the corpus does not depend on how many processes made it.
 Needs Debian's flite, festival, festvox-kallpc16k and festvox-kdlpc16k (`make train-voices`
-installs them); without them synthesis stops with SynthesizerMissing saying so.
+installs them) and PyPI's ttspico (the speech extra); without them synthesis stops with
+SynthesizerMissing saying so.
 """
 
 from __future__ import annotations
@@ -27,28 +31,31 @@ import functools
 
 import numpy as np
 
-from models.deepspeech2.data import acoustics, audio, espeak, festival, flite, synth, vocabulary
+from models.deepspeech2.data import acoustics, audio, espeak, festival, flite, pico, synth, vocabulary
 from models.deepspeech2.data.synthesizers import SynthesizerMissing
 
-VERSION = 2  # bump when the generated audio or text changes, so cached corpora are regenerated
+VERSION = 3  # bump when the generated audio or text changes, so cached corpora are regenerated
 SPLITS = ("train", "dev", "test", "test_espeak")
 HELD_OUT_FRACTION = 0.1  # of the corpus, for each of dev, test and test_espeak
-TRAIN_SHARES = {"espeak": 1 / 3, "festival": 1 / 3, "flite": 1 / 3}  # of the training utterances
+TRAIN_SHARES = {"espeak": 1 / 4, "festival": 1 / 4, "flite": 1 / 4, "pico": 1 / 4}  # of the training utterances
 FLITE_VOICES = {"train": flite.DIPHONE_VOICES, "dev": ("awb",), "test": ("rms", "slt")}
 PITCH_HZ = (80.0, 230.0)  # diphone training voices: mean f0 target, from low male to female (theirs: 105)
 PITCH_STD_HZ = (8.0, 40.0)  # and its spread (theirs: 14-15)
 # Diphone training voices: a speed change of up to 1.3 (formants and pitch up to 30% higher, as a
 # shorter vocal tract has), spoken that much slower first so the tempo stays within DURATION_STRETCH / SPEED.
 VOCAL_TRACT_SPEED = (0.92, 1.3)
+# Pico's two voices are female: its pitch level and vocal-tract length drawn down to a male's as well.
+PICO_PITCH_PERCENT = (55, 130)
+PICO_VOCAL_TRACT_SPEED = (0.8, 1.1)
 ESPEAK_VARIANTS = {"train": synth.VARIANTS["train"], "test_espeak": synth.VARIANTS["test"]}
-DURATION_STRETCH = (0.8, 1.25)  # festival and flite: slower or faster than the voice's own rate
+DURATION_STRETCH = (0.8, 1.25)  # festival, flite and pico: slower or faster than the voice's own rate
 SPEED = (0.88, 1.12)  # resampling after synthesis (acoustics.change_speed)
 ROOM_SHARE = 0.5  # of utterances heard in a simulated room
 RT60_S = (0.15, 0.7)
 DIRECT_TO_REVERB_DB = (0.0, 12.0)
 SNR_DB = (10.0, 15.0, 20.0, 30.0, 40.0)
 PACKAGES = "flite festival festvox-kallpc16k festvox-kdlpc16k"  # Debian's; the Makefile's train-voices installs them
-INSTALL = f"as root: apt-get install {PACKAGES} (`make train-voices` does it)"
+INSTALL = f"as root: apt-get install {PACKAGES} (`make train-voices` does it); ttspico: pip install ttspico (the speech extra)"
 
 
 def split_sizes(utterances: int) -> dict[str, int]:
@@ -61,7 +68,7 @@ def split_sizes(utterances: int) -> dict[str, int]:
 
 def missing() -> list[str]:
     """What the corpus needs that is not installed here."""
-    return festival.missing() + ([] if flite.available() else ["flite"])
+    return festival.missing() + ([] if flite.available() else ["flite"]) + ([] if pico.available() else ["ttspico"])
 
 
 def plan(seed: int, index: int, split: str) -> dict:
@@ -73,6 +80,8 @@ def plan(seed: int, index: int, split: str) -> dict:
         fields.update(synthesizer="flite", voice=str(rng.choice(FLITE_VOICES[split])))
     elif synthesizer == "festival":
         fields.update(synthesizer="festival", voice=str(rng.choice(festival.VOICES)))
+    elif synthesizer == "pico":
+        fields.update(synthesizer="pico", voice=str(rng.choice(pico.VOICES)))
     else:
         fields.update(synthesizer="espeak", voice=f"{rng.choice(synth.ACCENTS)}+{rng.choice(ESPEAK_VARIANTS[split])}",
                       rate_wpm=int(rng.integers(*synth.RATE_WPM, endpoint=True)),
@@ -82,10 +91,16 @@ def plan(seed: int, index: int, split: str) -> dict:
     if fields["synthesizer"] != "espeak":
         stretch = float(rng.uniform(*DURATION_STRETCH))
         if split == "train":
-            vocal_tract = float(rng.uniform(*VOCAL_TRACT_SPEED))
+            vocal_tract = float(rng.uniform(*(PICO_VOCAL_TRACT_SPEED if synthesizer == "pico" else VOCAL_TRACT_SPEED)))
             stretch, speed = stretch * vocal_tract / speed, vocal_tract
-            fields["pitch_hz"] = [round(float(rng.uniform(*PITCH_HZ)), 1), round(float(rng.uniform(*PITCH_STD_HZ)), 1)]
-        fields["duration_stretch"] = round(stretch, 3)
+            if synthesizer == "pico":
+                fields["pitch_percent"] = int(rng.integers(*PICO_PITCH_PERCENT, endpoint=True))
+            else:
+                fields["pitch_hz"] = [round(float(rng.uniform(*PITCH_HZ)), 1), round(float(rng.uniform(*PITCH_STD_HZ)), 1)]
+        if synthesizer == "pico":
+            fields["rate_percent"] = round(100 / stretch)
+        else:
+            fields["duration_stretch"] = round(stretch, 3)
     fields["speed"] = round(speed, 3)
     if rng.random() < ROOM_SHARE:
         fields["rt60_s"] = round(float(rng.uniform(*RT60_S)), 3)
@@ -113,11 +128,14 @@ def _synthesize(fields: dict, festival_audio) -> tuple[np.ndarray, int]:
         return espeak.synthesize(fields["text"], fields["voice"], fields["rate_wpm"], fields["pitch"], fields["pitch_range"])
     if fields["synthesizer"] == "flite":
         return flite.synthesize(fields["text"], fields["voice"], fields["duration_stretch"], fields.get("pitch_hz"))
+    if fields["synthesizer"] == "pico":
+        return pico.synthesize(fields["text"], fields["voice"], fields["rate_percent"], fields["pitch_percent"])
     return next(festival_audio)
 
 
 def _write_block(seed: int, out_dir: str, sizes: dict[str, int], start: int) -> list[dict]:
     espeak.reset()
+    pico.reset()
     indices = range(start, min(start + synth.BLOCK, sum(sizes.values())))
     plans = [(index, synth.split_of(index, sizes)) for index in indices]
     plans = [(index, split, plan(seed, index, split)) for index, split in plans]

@@ -1,7 +1,8 @@
-"""Flite, Festival and the corpus of several synthesizers (models/deepspeech2/data/voices.py).
+"""Flite, Festival, Pico and the corpus of several synthesizers (models/deepspeech2/data/voices.py).
 
-The synthesizers come from Debian packages (`make train-voices` installs them); without
-them the tests that synthesise are skipped, saying what to install.
+Flite and Festival come from Debian packages (`make train-voices` installs them); without
+them the tests that need them are skipped, saying what to install. Pico (PyPI's ttspico)
+is in the speech extra that `make test` installs, so its tests always run.
 """
 
 import collections
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from models.deepspeech2.data import festival, flite, synth, voices
+from models.deepspeech2.data import festival, flite, pico, synth, voices
 from models.deepspeech2.data.synthesizers import SynthesizerMissing
 from models.deepspeech2.task import DataConfig
 
@@ -66,6 +67,32 @@ def test_flite_refuses_a_voice_it_does_not_have():
         flite.synthesize(TEXT, "kal_diphone")
 
 
+@pytest.mark.parametrize("voice", pico.VOICES)
+def test_pico_speaks_at_the_rate_and_pitch_asked_and_then_as_itself(voice):
+    pico.reset()
+    own, rate = pico.synthesize(TEXT, voice)
+    faster, _ = pico.synthesize(TEXT, voice, rate_percent=150)
+    lower, _ = pico.synthesize(TEXT, voice, pitch_percent=60)
+    again, _ = pico.synthesize(TEXT, voice)  # settings must not leak into the next call
+    assert rate == 16000 and own.dtype == np.float32 and 0.05 < np.max(np.abs(own)) <= 1.0
+    assert 1.5 < len(own) / rate < 4.0  # seven words
+    assert len(again) == len(own) and _median_f0(again) == pytest.approx(_median_f0(own), rel=0.05)
+    pico.reset()  # the same calls from fresh engines: the same audio
+    np.testing.assert_array_equal(pico.synthesize(TEXT, voice)[0], own)
+    np.testing.assert_array_equal(pico.synthesize(TEXT, voice, rate_percent=150)[0], faster)
+    assert len(own) / len(faster) == pytest.approx(1.5, rel=0.1)
+    assert _median_f0(lower) / _median_f0(own) == pytest.approx(0.6, rel=0.12)
+
+
+def test_pico_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="pico has no voice 'en-AU'"):
+        pico.synthesize(TEXT, "en-AU")
+    with pytest.raises(ValueError, match="pico rate 600% is outside Pico's 20-500%"):
+        pico.synthesize(TEXT, "en-US", rate_percent=600)
+    with pytest.raises(ValueError, match="pico pitch 40% is outside Pico's 50-200%"):
+        pico.synthesize(TEXT, "en-US", pitch_percent=40)
+
+
 @needs_festival
 def test_festival_in_one_batch_equals_text2wave_per_utterance(tmp_path):
     requests = [(TEXT, "ked_diphone", 1.0), ('a "quoted" word', "kal_diphone", 1.0), (TEXT, "ked_diphone", 1.4)]
@@ -112,13 +139,20 @@ def test_dev_and_test_never_share_a_synthesizer_or_a_speaker_with_training():
         assert {p["voice"] for p in plans[split]} == set(voices.FLITE_VOICES[split])
         assert not train_flite & set(voices.FLITE_VOICES[split])
         assert not any("pitch_hz" in p for p in plans[split])
-    diphone = [p for p in plans["train"] if p["synthesizer"] != "espeak"]
+    diphone = [p for p in plans["train"] if p["synthesizer"] in ("festival", "flite")]
     pitch = np.array([p["pitch_hz"][0] for p in diphone])
     assert voices.PITCH_HZ[0] <= pitch.min() and pitch.max() <= voices.PITCH_HZ[1] and np.ptp(pitch) > 100
     speed = np.array([p["speed"] for p in diphone])
     assert voices.VOCAL_TRACT_SPEED[0] - 1e-3 <= speed.min() and speed.max() <= voices.VOCAL_TRACT_SPEED[1] + 1e-3
+    picos = [p for p in plans["train"] if p["synthesizer"] == "pico"]
+    assert {p["voice"] for p in picos} == set(pico.VOICES)
+    pitch = np.array([p["pitch_percent"] for p in picos])
+    assert voices.PICO_PITCH_PERCENT[0] <= pitch.min() and pitch.max() <= voices.PICO_PITCH_PERCENT[1] and np.ptp(pitch) > 50
+    speed = np.array([p["speed"] for p in picos])
+    assert voices.PICO_VOCAL_TRACT_SPEED[0] - 1e-3 <= speed.min() and speed.max() <= voices.PICO_VOCAL_TRACT_SPEED[1] + 1e-3
     # The tempo heard (stretch / speed) stays in the range of the held-out splits'.
-    tempo = np.array([p["duration_stretch"] / p["speed"] for p in diphone])
+    stretch = np.array([p["duration_stretch"] for p in diphone] + [100 / p["rate_percent"] for p in picos])
+    tempo = stretch / np.array([p["speed"] for p in diphone + picos])
     low, high = voices.DURATION_STRETCH[0] / voices.SPEED[1], voices.DURATION_STRETCH[1] / voices.SPEED[0]
     assert low - 0.01 <= tempo.min() and tempo.max() <= high + 0.01
     assert {p["synthesizer"] for p in plans["test_espeak"]} == {"espeak"}
