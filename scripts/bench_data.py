@@ -4,6 +4,9 @@
 
 Stages, each timed on its own:
   synthesize   eSpeak corpus generation (utterances/s, one process)
+  synthesize/voices  the corpus of several synthesizers (models/deepspeech2/data/voices.py: eSpeak,
+               Festival, Flite, Pico; rooms and noise), one process; skipped, saying why, where
+               its Debian packages are missing
   featurize    log spectrogram (161) or log-mel bands (fewer) + normalisation of in-memory audio
                (audio seconds/s), for each --num-features in the same run
   read+featurize  decode flac + featurize, one thread (utterances/s)
@@ -22,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from models.deepspeech2.data import audio, features, manifest, synth  # noqa: E402
+from models.deepspeech2.data import audio, features, manifest, synth, voices  # noqa: E402
 from models.deepspeech2.data.batching import BatchIterator, epoch_batches, round_up  # noqa: E402
 from models.deepspeech2.data.dataset import SpeechDataset  # noqa: E402
 from jaxring.engine.timing import median_seconds  # noqa: E402
@@ -58,6 +61,16 @@ def main() -> None:
         spoken = sum(u.duration for split in synth.SPLITS
                      for u in manifest.read_manifest(os.path.join(out, f"{split}.jsonl")))
         record("synthesize", seconds, n_synth, spoken, workers=1)
+        absent = voices.missing()
+        if absent:
+            print(f"# synthesize/voices not timed: {', '.join(absent)} not installed ({voices.INSTALL})")
+        else:
+            n_voices = min(args.utterances, 200)
+            out = tempfile.mkdtemp(dir=scratch)
+            seconds = timed(lambda: voices.generate_corpus(out, n_voices, seed=1, workers=1), 1)
+            spoken = sum(u.duration for split in voices.SPLITS
+                         for u in manifest.read_manifest(os.path.join(out, f"{split}.jsonl")))
+            record("synthesize/voices", seconds, n_voices, spoken, workers=1)
 
         corpus = synth.ensure_synthetic_corpus(args.cache or scratch, args.utterances, seed=0)
         utterances = manifest.read_manifest(os.path.join(corpus, "train.jsonl"))
@@ -101,7 +114,7 @@ def main() -> None:
             records.append({"stage": "padding", "pad_frames_to": multiple, "batch": args.batch,
                             "padding_fraction": round(1 - real / padded, 4)})
 
-    header = f"{'stage':16} {'workers':>7} {'utt/s':>9} {'audio s/s':>10} {'padding':>8}"
+    header = f"{'stage':18} {'workers':>7} {'utt/s':>9} {'audio s/s':>10} {'padding':>8}"
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, {args.utterances} utterances")
     print(header)
     for r in records:
@@ -110,7 +123,7 @@ def main() -> None:
                   f"{r['padding_fraction']:.1%}")
             continue
         padding = f"{r['padding_fraction']:.1%}" if "padding_fraction" in r else ""
-        print(f"{r['stage']:16} {r['workers']:>7} {r['utterances_per_s']:>9.1f} "
+        print(f"{r['stage']:18} {r['workers']:>7} {r['utterances_per_s']:>9.1f} "
               f"{r['audio_s_per_s']:>10.1f} {padding:>8}")
     if args.json:
         with open(args.json, "w") as f:
