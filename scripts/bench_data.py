@@ -54,23 +54,21 @@ def main() -> None:
                         "utterances_per_s": round(utterances / seconds, 1),
                         "audio_s_per_s": round(audio_seconds / seconds, 1), **extra})
 
-    with tempfile.TemporaryDirectory() as scratch:
-        n_synth = min(args.utterances, 300)
+    def time_synthesis(stage, corpus_module, utterances, scratch):
+        """One process generating a corpus of `utterances` with corpus_module.generate_corpus."""
         out = tempfile.mkdtemp(dir=scratch)
-        seconds = timed(lambda: synth.generate_corpus(out, n_synth, seed=1, workers=1), 1)
-        spoken = sum(u.duration for split in synth.SPLITS
+        seconds = timed(lambda: corpus_module.generate_corpus(out, utterances, seed=1, workers=1), 1)
+        spoken = sum(u.duration for split in corpus_module.SPLITS
                      for u in manifest.read_manifest(os.path.join(out, f"{split}.jsonl")))
-        record("synthesize", seconds, n_synth, spoken, workers=1)
+        record(stage, seconds, utterances, spoken, workers=1)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        time_synthesis("synthesize", synth, min(args.utterances, 300), scratch)
         absent = voices.missing()
         if absent:
             print(f"# synthesize/voices not timed: {', '.join(absent)} not installed ({voices.INSTALL})")
         else:
-            n_voices = min(args.utterances, 200)
-            out = tempfile.mkdtemp(dir=scratch)
-            seconds = timed(lambda: voices.generate_corpus(out, n_voices, seed=1, workers=1), 1)
-            spoken = sum(u.duration for split in voices.SPLITS
-                         for u in manifest.read_manifest(os.path.join(out, f"{split}.jsonl")))
-            record("synthesize/voices", seconds, n_voices, spoken, workers=1)
+            time_synthesis("synthesize/voices", voices, min(args.utterances, 200), scratch)
 
         corpus = synth.ensure_synthetic_corpus(args.cache or scratch, args.utterances, seed=0)
         utterances = manifest.read_manifest(os.path.join(corpus, "train.jsonl"))
