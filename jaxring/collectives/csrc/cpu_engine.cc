@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -26,9 +27,12 @@ namespace jaxring {
 
 using Word = std::atomic<uint64_t>;
 
-// One traced op on one set of devices, until a failure breaks it.
+// One meeting of a ring: its ranks' calls in one execution. Reused for a
+// later meeting once every rank has left it; its flags are never reset, since
+// each use has a higher epoch than the last.
 struct CpuRing {
-  explicit CpuRing(int64_t ranks) : ranks(ranks), buffers(ranks), states(new RankState[ranks]) {
+  explicit CpuRing(int64_t ranks)
+      : ranks(ranks), buffers(ranks), joined(new std::atomic<bool>[ranks]) {
     // Word (writer, lane) of each rank's block, then the owner's "asleep on
     // that word" marks at the same offsets (CpuSync).
     const int64_t block = ranks * kMaxLanes;
@@ -38,36 +42,39 @@ struct CpuRing {
   }
   int64_t BlockWords() const { return ranks * kMaxLanes; }
 
-  struct alignas(64) RankState {
-    // One call of a rank at a time (they share its slot and flags): call e
-    // begins once call e - 1 has finished.
-    std::atomic<uint64_t> calls{0};
-    std::atomic<uint64_t> finished{0};
-    std::atomic<uint64_t> started{0};  // the last call it began, for the error
-    // The execution of its call e at [e % 2], written before it arrives: a
-    // peer still in call e reads it while this rank may be in call e + 1.
-    int64_t run_ids[2] = {0, 0};
-  };
-
   const int64_t ranks;
   std::unique_ptr<Word[]> flags;
   std::vector<Word*> blocks;
-  // Rank p's buffers of its current call, written before it publishes its
-  // arrival (ring_protocol.h's lanes read them only after that).
+  // Rank p's buffers, written before it publishes its arrival (ring_protocol.h's
+  // lanes read them only after that).
   std::vector<RankBuffers> buffers;
-  std::unique_ptr<RankState[]> states;
+  // The rest is set for each use under its slot's lock.
+  uint64_t epoch = 0;
+  std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to this meeting
+  int64_t left = 0;                             // the ranks done with it
   std::atomic<bool> broken{false};
   std::string broken_why;  // written before `broken` is set
 };
 
-// Every ring an op ran on: its current CpuRing and the executions that broke
-// earlier ones. Rings are never freed (a rank may still hold a broken one).
+bool Meeting::operator<(const Meeting& o) const {
+  return run_id != o.run_id ? run_id < o.run_id : occurrence < o.occurrence;
+}
+
+// Every meeting of one traced op on one set of devices. The calls of one
+// execution meet each other whatever else is in flight, as XLA's own
+// collectives meet by RunId: a rank may be in several executions at once, and
+// the ranks may start them in different orders. A meeting some rank never came
+// to stays open (broken), so a rank that comes late fails at once.
 struct RingSlot {
-  std::atomic<CpuRing*> current{nullptr};
-  std::atomic<bool> ever_failed{false};
-  std::mutex mu;  // the rest; taken only once something failed
-  std::vector<std::unique_ptr<CpuRing>> rings;
-  std::map<int64_t, std::string> failed_runs;
+  explicit RingSlot(int64_t ranks) : ranks(ranks), occurrences(ranks), last_joined(ranks) {}
+
+  const int64_t ranks;
+  std::mutex mu;  // everything below
+  std::map<Meeting, CpuRing*> open;  // joined by some rank, not yet left by all
+  std::vector<std::unique_ptr<CpuRing>> rings;  // at most the meetings ever open at once
+  std::vector<CpuRing*> idle;
+  std::vector<Occurrences> occurrences;  // by rank
+  std::vector<std::optional<Meeting>> last_joined;  // by rank, for the timeout's message
 };
 
 namespace {
@@ -168,8 +175,6 @@ struct CpuSync {
   }
 };
 
-constexpr size_t kMaxRememberedFailedRuns = 64;
-
 using RingKey = std::vector<int64_t>;  // op id, then the ring's devices
 
 RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
@@ -180,33 +185,42 @@ RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
   static auto* registry = new std::map<RingKey, std::unique_ptr<RingSlot>>();
   std::lock_guard<std::mutex> lock(registry_mu);
   auto& slot = (*registry)[key];
-  if (slot == nullptr) {
-    slot = std::make_unique<RingSlot>();
-    slot->rings.push_back(std::make_unique<CpuRing>(ranks));
-    slot->current.store(slot->rings.back().get(), std::memory_order_release);
-  }
+  if (slot == nullptr) slot = std::make_unique<RingSlot>(ranks);
   return cache[key] = slot.get();
 }
 
-// The ring this call runs on, or nullptr with *error when its execution
-// already failed.
-CpuRing* RingFor(RingSlot* slot, int64_t ranks, int64_t run_id, std::string* error) {
-  if (!slot->ever_failed.load(std::memory_order_acquire)) {
-    return slot->current.load(std::memory_order_acquire);
-  }
+// Rank `rank` comes to its meeting of execution `run_id`: the ring of that
+// meeting (opened by the first rank to come, on an idle ring or a new one),
+// and the meeting and epoch the call runs under.
+CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, uint64_t* epoch) {
   std::lock_guard<std::mutex> lock(slot->mu);
-  if (auto failed = slot->failed_runs.find(run_id); failed != slot->failed_runs.end()) {
-    *error = failed->second;
-    return nullptr;
+  *meeting = Meeting{run_id, slot->occurrences[rank].Next(run_id)};
+  CpuRing*& ring = slot->open[*meeting];
+  if (ring == nullptr) {
+    if (slot->idle.empty()) {
+      slot->rings.push_back(std::make_unique<CpuRing>(slot->ranks));
+      slot->idle.push_back(slot->rings.back().get());
+    }
+    ring = slot->idle.back();
+    slot->idle.pop_back();
+    ++ring->epoch;
+    ring->left = 0;
+    ring->broken.store(false, std::memory_order_relaxed);
+    ring->broken_why.clear();
+    for (int64_t r = 0; r < slot->ranks; ++r) ring->joined[r].store(false, std::memory_order_relaxed);
   }
-  CpuRing* ring = slot->current.load(std::memory_order_acquire);
-  if (ring->broken.load(std::memory_order_acquire)) {
-    // A new execution: every rank's first call of it comes here and finds the fresh ring.
-    slot->rings.push_back(std::make_unique<CpuRing>(ranks));
-    ring = slot->rings.back().get();
-    slot->current.store(ring, std::memory_order_release);
-  }
+  ring->joined[rank].store(true, std::memory_order_release);
+  slot->last_joined[rank] = *meeting;
+  *epoch = ring->epoch;
   return ring;
+}
+
+// The last rank to leave a meeting closes it and its ring serves another.
+void Leave(RingSlot* slot, CpuRing* ring, const Meeting& meeting) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (++ring->left < slot->ranks) return;
+  slot->open.erase(meeting);
+  slot->idle.push_back(ring);
 }
 
 std::string Describe(const RingCall& call) {
@@ -214,32 +228,42 @@ std::string Describe(const RingCall& call) {
          std::to_string(call.key.group) + ", " + std::to_string(call.ranks) + " ranks)";
 }
 
-// Why call `epoch` failed, from the whole ring: the ranks that never began
-// it, else where the peer this rank waited for stopped.
-std::string DescribeTimeout(const RingCall& call, const CpuRing& ring, uint64_t epoch,
-                            const LaneOutcome& outcome) {
-  std::string missing;
-  for (int64_t p = 0; p < ring.ranks; ++p) {
-    if (ring.states[p].started.load(std::memory_order_acquire) < epoch) {
+// Why a call failed, from the whole meeting: the ranks that never came to it
+// and what each last did with this op, else where the peer this rank waited
+// for stopped.
+std::string DescribeTimeout(const RingCall& call, RingSlot* slot, const CpuRing& ring,
+                            const Meeting& meeting, const LaneOutcome& outcome) {
+  std::string missing, doing;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    for (int64_t p = 0; p < ring.ranks; ++p) {
+      if (ring.joined[p].load(std::memory_order_acquire)) continue;
+      const std::optional<Meeting>& last = slot->last_joined[p];
       missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
+               (last ? "'s latest call of this op was in execution " + std::to_string(last->run_id) +
+                           ", call " + std::to_string(last->occurrence + 1) + " there"
+                     : std::string(" never called this op"));
     }
   }
   const std::string advice =
       ". Every device of the axis must run the same collectives in the same order; raise the "
       "timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
+  const std::string here = " in execution " + std::to_string(meeting.run_id) + " (call " +
+                           std::to_string(meeting.occurrence + 1) + " of this op there)";
   if (!missing.empty()) {
-    return Describe(call) + ": timed out waiting for rank(s) [" + missing +
-           "] that never arrived" + advice;
+    return Describe(call) + here + ": timed out waiting for rank(s) [" + missing +
+           "] that never arrived" + doing + ")" + advice;
   }
-  return Describe(call) + ": timed out waiting for rank " + std::to_string(outcome.peer) +
+  return Describe(call) + here + ": timed out waiting for rank " + std::to_string(outcome.peer) +
          " to reach stage " + std::to_string(outcome.wanted & 0xffffffffu) + " (it is at " +
-         std::to_string(outcome.seen >> 32 < epoch ? 0 : outcome.seen & 0xffffffffu) + ")" +
+         std::to_string(outcome.seen >> 32 < ring.epoch ? 0 : outcome.seen & 0xffffffffu) + ")" +
          advice;
 }
 
-// Fails `ring` (with `why`, unless it already failed) and execution `run_id`,
-// wakes every waiter and returns the ring's error.
-std::string Break(RingSlot* slot, CpuRing* ring, int64_t run_id, const std::string& why) {
+// Fails `ring`'s meeting (with `why`, unless it already failed), wakes every
+// waiter and returns the meeting's error.
+std::string Break(RingSlot* slot, CpuRing* ring, const std::string& why) {
   std::string error;
   {
     std::lock_guard<std::mutex> lock(slot->mu);
@@ -247,11 +271,6 @@ std::string Break(RingSlot* slot, CpuRing* ring, int64_t run_id, const std::stri
       ring->broken_why = why;
       ring->broken.store(true, std::memory_order_release);
     }
-    if (slot->failed_runs.size() == kMaxRememberedFailedRuns) {
-      slot->failed_runs.erase(slot->failed_runs.begin());
-    }
-    slot->failed_runs.emplace(run_id, ring->broken_why);
-    slot->ever_failed.store(true, std::memory_order_release);
     error = ring->broken_why;
   }
   for (int64_t owner = 0; owner < ring->ranks; ++owner) {
@@ -323,44 +342,19 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   RingKey key{call.key.op_id};
   key.insert(key.end(), devices.begin(), devices.end());
   slot_ = SlotFor(key, call.ranks);
-  ring_ = RingFor(slot_, call.ranks, call.key.run_id, &error_);
-  if (ring_ == nullptr) return;
-  epoch_ = ring_->states[call.rank].calls.fetch_add(1, std::memory_order_acq_rel) + 1;
-  me_ = me;
+  ring_ = Join(slot_, call.rank, call.key.run_id, &meeting_, &epoch_);
+  RankBuffers mine = me;
   if (me.in == me.out && path_ != CpuPath::kPush) {
     const size_t bytes = static_cast<size_t>(call.elements) * ElementBytes(type);
     input_copy_.reset(new char[bytes]);
     std::memcpy(input_copy_.get(), me.in, bytes);
-    me_.in = input_copy_.get();
+    mine.in = input_copy_.get();
   }
+  ring_->buffers[call.rank] = mine;
   deadline_ = DeadlineFor(call.timeout_ms);
 }
 
-bool CpuCall::PreviousFinished() const {
-  return ring_->states[call_.rank].finished.load(std::memory_order_acquire) + 1 >= epoch_;
-}
-
-// The rank's previous call of this op is over (it is, unless XLA runs one op
-// twice at once on a device, never seen): take over its slot and flags.
-void CpuCall::Begin() {
-  if (begun_) return;
-  for (int i = 0; !PreviousFinished(); ++i) {
-    if (i < kYieldsBeforeSleep) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-  CpuRing::RankState& state = ring_->states[call_.rank];
-  state.started.store(epoch_, std::memory_order_release);
-  state.run_ids[epoch_ % 2] = call_.key.run_id;
-  ring_->buffers[call_.rank] = me_;
-  begun_ = true;
-}
-
-CpuCall::~CpuCall() {
-  if (begun_) ring_->states[call_.rank].finished.store(epoch_, std::memory_order_release);
-}
+CpuCall::~CpuCall() { Leave(slot_, ring_, meeting_); }
 
 LaneCall<Word> CpuCall::Lane() const {
   return LaneCall<Word>{call_.ranks, call_.rank, 1, 0, epoch_, ring_->blocks.data(),
@@ -369,46 +363,19 @@ LaneCall<Word> CpuCall::Lane() const {
 
 bool CpuCall::EveryoneArrivedWithin(Clock::duration wait) {
   // MeetEveryone addresses at most kMaxDeviceRanks peers.
-  // Nor while the previous call still runs, which would hold XLA's thread.
-  if (ring_ == nullptr || call_.ranks > kMaxDeviceRanks || !PreviousFinished()) return false;
-  Begin();
+  if (call_.ranks > kMaxDeviceRanks) return false;
   CpuSync sync{ring_, std::min(deadline_, Clock::now() + wait), SpinsFor(call_.ranks)};
   return MeetEveryone(Lane(), sync, 0).ok;
 }
 
 std::string CpuCall::Run() {
-  if (ring_ == nullptr) return error_;
-  Begin();
   CpuSync sync{ring_, deadline_, SpinsFor(call_.ranks)};
   const SchedulePlan plan = SchedulePlan::Make(call_.mode, call_.elements, call_.ranks, call_.rank,
                                                call_.slice_elements, call_.align);
   const LaneOutcome outcome = RunLaneOf(type_, path_, plan, Lane(), sync);
-  if (outcome.ok) return CheckPeersRanSameExecution();
-  // Whoever broke the ring first, this rank's execution is failed too.
-  return Break(slot_, ring_, call_.key.run_id, DescribeTimeout(call_, *ring_, epoch_, outcome));
-}
-
-// The k-th call of a rank meets the k-th call of its peers; XLA runs the
-// executions of a program in order on each device, so those are calls of
-// one execution. Were it otherwise, the ranks would have summed other
-// executions' data: fail rather than return it.
-std::string CpuCall::CheckPeersRanSameExecution() {
-  // The ring waited for its two neighbours' progress in this call, the other
-  // paths for everyone's.
-  const int64_t left = Wrap(call_.rank - 1, call_.ranks), right = Wrap(call_.rank + 1, call_.ranks);
-  for (int64_t peer = 0; peer < call_.ranks; ++peer) {
-    if (path_ == CpuPath::kRing && peer != left && peer != right) continue;
-    const int64_t theirs = ring_->states[peer].run_ids[epoch_ % 2];
-    if (theirs != call_.key.run_id) {
-      return Break(slot_, ring_, call_.key.run_id,
-                   Describe(call_) + ": rank " + std::to_string(call_.rank) + " (execution " +
-                       std::to_string(call_.key.run_id) + ") met rank " + std::to_string(peer) +
-                       " in another execution (" + std::to_string(theirs) +
-                       "); its result mixes two executions' data. Run executions that use this "
-                       "op one after the other.");
-    }
-  }
-  return "";
+  if (outcome.ok) return "";
+  // Whoever broke the meeting first, this rank's call fails with its reason.
+  return Break(slot_, ring_, DescribeTimeout(call_, slot_, *ring_, meeting_, outcome));
 }
 
 }  // namespace jaxring

@@ -1,12 +1,14 @@
 // The CPU engine of the ring collectives: ring_protocol.h's lanes, one per
 // rank, run on the rank's handler thread over flag words in host memory.
 //
-// - The ranks of a ring (one traced op on one set of devices) share flag
-//   blocks and a slot per rank for its buffers. A rank counts its own calls
-//   (the call's epoch, ring_protocol.h), writes its buffers into its slot and
-//   then publishes its arrival, so a call needs no meeting of its own: the
-//   k-th call of a rank meets the k-th call of the others, even when a fast
-//   rank is already one execution ahead.
+// - The calls of one op in one execution (XLA's RunId, as XLA's own
+//   collectives meet) on one set of devices form a meeting: they share flag
+//   blocks and a slot per rank for its buffers. A rank may be in several
+//   executions at once and the ranks may start them in any order (JAX
+//   dispatches asynchronously): each meeting has a ring of its own, taken from
+//   the op's idle rings and given back when its last rank leaves, so no call
+//   waits for another execution and no call reads another execution's data.
+//   A reused ring's flags are never reset: each use has a higher epoch.
 // - A waiting rank spins briefly, yields its core a hundred times (the rank
 //   it waits for may be runnable there), then sleeps on the flag word (a
 //   futex on its low half, which changes at every publish) and is woken by
@@ -23,8 +25,9 @@
 //   push path's bits and runs when forced. All-reduces the push path serves
 //   sum in place (RunsInPlace).
 // - A rank that does not arrive or stops fails the call on every rank within
-//   its timeout, naming it; the ring is then broken for that execution (a rank
-//   that arrives late fails at once) and starts afresh at the next one.
+//   its timeout, naming it and its latest call of the op; the meeting is then
+//   broken (a rank that arrives late fails at once) and other executions'
+//   meetings go on.
 #pragma once
 
 #include <atomic>
@@ -60,16 +63,23 @@ bool RunsInPlace(Mode mode, int64_t ranks);
 
 struct CpuRing;
 struct RingSlot;
+// Which meeting a call belongs to: its execution, and its occurrence there (a
+// rank's k-th call of the op in that execution, for ops inside loops).
+struct Meeting {
+  int64_t run_id;
+  int64_t occurrence;
+  bool operator<(const Meeting& o) const;
+};
 
 // Rank `call.rank`'s part of one call: `devices` are the ring's device
-// ordinals in rank order (read only by the constructor). Made on the
-// handler's thread, which takes the rank's next epoch; run there or on
-// another thread.
+// ordinals in rank order (read only by the constructor), and the call meets
+// its peers' calls of the same execution (call.key.run_id). Made on the
+// handler's thread; run there or on another thread.
 class CpuCall {
  public:
   CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
           xla::ffi::Span<const int64_t> devices);
-  ~CpuCall();  // the rank's next call may begin
+  ~CpuCall();  // leaves the meeting
   CpuCall(const CpuCall&) = delete;
   CpuCall& operator=(const CpuCall&) = delete;
 
@@ -81,21 +91,16 @@ class CpuCall {
   std::string Run();
 
  private:
-  bool PreviousFinished() const;
-  void Begin();
   LaneCall<std::atomic<uint64_t>> Lane() const;
-  std::string CheckPeersRanSameExecution();
 
   const RingCall call_;
   const xla::ffi::DataType type_;
   const CpuPath path_;
   RingSlot* slot_ = nullptr;
-  CpuRing* ring_ = nullptr;  // nullptr: the call failed before it began (error_)
-  std::string error_;
+  CpuRing* ring_ = nullptr;
+  Meeting meeting_{};
   uint64_t epoch_ = 0;
-  RankBuffers me_{};
   std::unique_ptr<char[]> input_copy_;  // what peers read on an in-place ring or one-shot call
-  bool begun_ = false;
   Clock::time_point deadline_;
 };
 

@@ -23,14 +23,10 @@ std::map<RendezvousKey, std::string>& Failed() {
 }
 constexpr size_t kMaxRememberedFailures = 1024;
 
-// Per (op, group, rank): the launch it last ran in and how often it ran there.
-struct Uses {
-  int64_t run_id;
-  int64_t count;
-};
-std::map<std::tuple<int64_t, int64_t, int64_t>, Uses>& UsesByRank() {
-  static auto* uses = new std::map<std::tuple<int64_t, int64_t, int64_t>, Uses>();
-  return *uses;
+// Per (op, group, rank): its calls in each launch.
+std::map<std::tuple<int64_t, int64_t, int64_t>, Occurrences>& OccurrencesByRank() {
+  static auto* occurrences = new std::map<std::tuple<int64_t, int64_t, int64_t>, Occurrences>();
+  return *occurrences;
 }
 
 // Python sets it when it loads the module (jaxring/collectives/timeout.py owns the
@@ -149,9 +145,7 @@ RendezvousHandle::RendezvousHandle(RendezvousKey key, int64_t ranks,
                                    int64_t rank)
     : key_(key) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  Uses& uses = UsesByRank()[{key.op_id, key.group, rank}];
-  if (uses.run_id != key.run_id) uses = Uses{key.run_id, 0};
-  key_.occurrence = uses.count++;
+  key_.occurrence = OccurrencesByRank()[{key.op_id, key.group, rank}].Next(key.run_id);
   key = key_;
   auto failed = Failed().find(key);
   if (failed != Failed().end()) join_error_ = failed->second;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +34,25 @@ struct RendezvousKey {
     if (group != o.group) return group < o.group;
     return occurrence < o.occurrence;
   }
+};
+
+// How many calls of one op a rank has made in each execution (RunId), so that
+// its k-th call in an execution meets the k-th call of its peers there, however
+// the executions in flight interleave. Bounded: the oldest runs are forgotten
+// past kRemembered (XLA keeps far fewer executions in flight). Not
+// thread-safe: its owner's lock guards it.
+class Occurrences {
+ public:
+  int64_t Next(int64_t run_id) {
+    auto [it, inserted] = counts_.try_emplace(run_id, 0);
+    const int64_t occurrence = it->second++;
+    if (inserted && counts_.size() > kRemembered) counts_.erase(counts_.begin());
+    return occurrence;
+  }
+
+ private:
+  static constexpr size_t kRemembered = 1024;
+  std::map<int64_t, int64_t> counts_;
 };
 
 class Rendezvous {
