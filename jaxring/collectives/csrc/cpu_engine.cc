@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <limits>
@@ -52,6 +53,10 @@ struct CpuRing {
   uint64_t epoch = 0;
   std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to this meeting
   int64_t left = 0;                             // the ranks done with it
+  // The ranks that may still read or write a peer's buffers (in their lanes):
+  // a rank that gives up waits until none is left before it returns, since
+  // XLA frees its buffers then.
+  int64_t running = 0;
   std::atomic<bool> broken{false};
   std::string broken_why;  // written before `broken` is set
 };
@@ -70,6 +75,7 @@ struct RingSlot {
 
   const int64_t ranks;
   std::mutex mu;  // everything below
+  std::condition_variable lanes_ended;  // a meeting's `running` went down
   std::map<Meeting, CpuRing*> open;  // joined by some rank, not yet left by all
   std::vector<std::unique_ptr<CpuRing>> rings;  // at most the meetings ever open at once
   std::vector<CpuRing*> idle;
@@ -191,10 +197,14 @@ RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
 
 // Rank `rank` comes to its meeting of execution `run_id`: the ring of that
 // meeting (opened by the first rank to come, on an idle ring or a new one),
-// and the meeting and epoch the call runs under.
-CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, uint64_t* epoch) {
+// and the meeting and epoch the call runs under; or nullptr with *error when
+// the meeting already failed (the rank came too late: it must not touch its
+// peers' buffers, which XLA may have freed).
+CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, uint64_t* epoch,
+              std::string* error) {
   std::lock_guard<std::mutex> lock(slot->mu);
   *meeting = Meeting{run_id, slot->occurrences[rank].Next(run_id)};
+  slot->last_joined[rank] = *meeting;
   CpuRing*& ring = slot->open[*meeting];
   if (ring == nullptr) {
     if (slot->idle.empty()) {
@@ -205,12 +215,20 @@ CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, ui
     slot->idle.pop_back();
     ++ring->epoch;
     ring->left = 0;
+    ring->running = 0;
     ring->broken.store(false, std::memory_order_relaxed);
     ring->broken_why.clear();
     for (int64_t r = 0; r < slot->ranks; ++r) ring->joined[r].store(false, std::memory_order_relaxed);
+  } else if (ring->broken.load(std::memory_order_acquire)) {
+    *error = ring->broken_why;
+    if (++ring->left == slot->ranks) {  // the last of the meeting: close it
+      slot->idle.push_back(ring);
+      slot->open.erase(*meeting);
+    }
+    return nullptr;
   }
   ring->joined[rank].store(true, std::memory_order_release);
-  slot->last_joined[rank] = *meeting;
+  ++ring->running;
   *epoch = ring->epoch;
   return ring;
 }
@@ -247,8 +265,12 @@ std::string DescribeTimeout(const RingCall& call, RingSlot* slot, const CpuRing&
     }
   }
   const std::string advice =
-      ". Every device of the axis must run the same collectives in the same order; raise the "
-      "timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
+      ". Either those devices run other collectives or in another order (every device of the "
+      "axis must run the same ones in the same order), or the runtime never started this "
+      "execution on them: XLA's CPU client can leave a device's execution unstarted when more "
+      "than about 32 executions are queued without a block, and jax.lax's collectives hang "
+      "there too (docs/USAGE.md, \"Steps in flight\"): block on a result every few steps. "
+      "Raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
   const std::string here = " in execution " + std::to_string(meeting.run_id) + " (call " +
                            std::to_string(meeting.occurrence + 1) + " of this op there)";
   if (!missing.empty()) {
@@ -342,7 +364,8 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   RingKey key{call.key.op_id};
   key.insert(key.end(), devices.begin(), devices.end());
   slot_ = SlotFor(key, call.ranks);
-  ring_ = Join(slot_, call.rank, call.key.run_id, &meeting_, &epoch_);
+  ring_ = Join(slot_, call.rank, call.key.run_id, &meeting_, &epoch_, &error_);
+  if (ring_ == nullptr) return;
   RankBuffers mine = me;
   if (me.in == me.out && path_ != CpuPath::kPush) {
     const size_t bytes = static_cast<size_t>(call.elements) * ElementBytes(type);
@@ -354,7 +377,9 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   deadline_ = DeadlineFor(call.timeout_ms);
 }
 
-CpuCall::~CpuCall() { Leave(slot_, ring_, meeting_); }
+CpuCall::~CpuCall() {
+  if (ring_ != nullptr) Leave(slot_, ring_, meeting_);
+}
 
 LaneCall<Word> CpuCall::Lane() const {
   return LaneCall<Word>{call_.ranks, call_.rank, 1, 0, epoch_, ring_->blocks.data(),
@@ -363,19 +388,30 @@ LaneCall<Word> CpuCall::Lane() const {
 
 bool CpuCall::EveryoneArrivedWithin(Clock::duration wait) {
   // MeetEveryone addresses at most kMaxDeviceRanks peers.
-  if (call_.ranks > kMaxDeviceRanks) return false;
+  if (ring_ == nullptr || call_.ranks > kMaxDeviceRanks) return false;
   CpuSync sync{ring_, std::min(deadline_, Clock::now() + wait), SpinsFor(call_.ranks)};
   return MeetEveryone(Lane(), sync, 0).ok;
 }
 
 std::string CpuCall::Run() {
+  if (ring_ == nullptr) return error_;
   CpuSync sync{ring_, deadline_, SpinsFor(call_.ranks)};
   const SchedulePlan plan = SchedulePlan::Make(call_.mode, call_.elements, call_.ranks, call_.rank,
                                                call_.slice_elements, call_.align);
   const LaneOutcome outcome = RunLaneOf(type_, path_, plan, Lane(), sync);
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    --ring_->running;
+  }
+  slot_->lanes_ended.notify_all();
   if (outcome.ok) return "";
-  // Whoever broke the meeting first, this rank's call fails with its reason.
-  return Break(slot_, ring_, DescribeTimeout(call_, slot_, *ring_, meeting_, outcome));
+  // Whoever broke the meeting first, this rank's call fails with its reason,
+  // once no peer's lane can touch this rank's buffers any more (a broken
+  // meeting's lanes end at their next wait).
+  const std::string error = Break(slot_, ring_, DescribeTimeout(call_, slot_, *ring_, meeting_, outcome));
+  std::unique_lock<std::mutex> lock(slot_->mu);
+  slot_->lanes_ended.wait(lock, [&] { return ring_->running == 0; });
+  return error;
 }
 
 }  // namespace jaxring

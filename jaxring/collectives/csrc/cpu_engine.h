@@ -26,8 +26,9 @@
 //   sum in place (RunsInPlace).
 // - A rank that does not arrive or stops fails the call on every rank within
 //   its timeout, naming it and its latest call of the op; the meeting is then
-//   broken (a rank that arrives late fails at once) and other executions'
-//   meetings go on.
+//   broken: a rank that gives up returns only once no peer's lane can touch
+//   its buffers any more (XLA frees them then), a rank that arrives late fails
+//   at once without touching anything, and other executions' meetings go on.
 #pragma once
 
 #include <atomic>
@@ -97,8 +98,9 @@ class CpuCall {
   const xla::ffi::DataType type_;
   const CpuPath path_;
   RingSlot* slot_ = nullptr;
-  CpuRing* ring_ = nullptr;
+  CpuRing* ring_ = nullptr;  // nullptr: its meeting had failed when it came (error_)
   Meeting meeting_{};
+  std::string error_;  // why the call failed before it began (ring_ nullptr)
   uint64_t epoch_ = 0;
   std::unique_ptr<char[]> input_copy_;  // what peers read on an in-place ring or one-shot call
   Clock::time_point deadline_;

@@ -116,3 +116,21 @@ def test_xla_starts_one_launch_at_a_time():
         first_start = min(t for t, tag, step, _ in events if tag == "start" and step == k)
         last_end_before = max(t for t, tag, step, _ in events if tag == "end" and step == k - 1)
         assert first_start > last_end_before, f"launch {k} started before launch {k - 1} ended"
+
+
+@pytest.mark.parametrize("path", ["push", "ring", "one_shot"])
+def test_a_rank_that_comes_after_the_others_gave_up_touches_none_of_their_buffers(path):
+    """The others time out and return (XLA then frees their buffers); the late rank
+    must fail without writing into them, where the push path would write its chunk
+    into every output (heap corruption under XLA, seen with 8 host devices)."""
+    rng = np.random.default_rng(5)
+    ranks, runs = 4, 3
+    x = _inputs(rng, runs, 1, ranks, 4099)
+    out = np.full_like(x, np.nan)
+    errors = engine_test.meet(x, out, [list(range(runs))] * ranks, 1, PATHS[path], timeout_ms=150,
+                              late_rank=2, late_ms=900)
+    assert len(errors) == runs * ranks, errors
+    assert all("rank(s) [2] that never arrived" in e for e in errors), errors
+    assert np.isnan(out[:, :, 2]).all(), "the late rank ran its part of a call that had failed"
+    if path != "ring":  # the ring's ranks write their own outputs stage by stage before they give up
+        assert np.isnan(out).all(), "a rank wrote into the buffers of a call that had failed"

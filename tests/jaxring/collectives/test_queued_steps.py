@@ -1,0 +1,45 @@
+"""jaxring's collectives with many executions in flight, as a JAX training loop queues them.
+
+Each scenario (queued_loops.py) queues 500 chained steps with values that
+change per step and blocks only at the end, under pmap and shard_map, with
+and without a lax collective in the same step, and beside a second jaxring
+program (on 8 devices with at most 16 steps in flight: queued_loops.window_for); every value is checked against float64 numpy. Each device count
+runs in a process of its own (4 devices twice), under a deadline: a stall fails within
+minutes at worst (each op's timeout is seconds), never hangs the suite. The
+multi-process loops are in mpi_workers/ (test_mpi.py).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiny_runs import ROOT
+
+STEPS = 500
+
+
+def run_loops(n_devices, repeats, timeout_s=300):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    done = subprocess.run([sys.executable, "-m", "tests.jaxring.collectives.queued_loops", str(n_devices), str(STEPS),
+                           str(repeats)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert done.stdout.count(f"queued {STEPS} steps on {n_devices} devices") == repeats, done.stdout
+
+
+@pytest.mark.parametrize("n_devices, repeats", [(2, 1), (4, 2), (8, 1)])
+def test_queued_steps_sum_each_steps_own_values(n_devices, repeats):
+    run_loops(n_devices, repeats)
+
+
+def test_queued_steps_on_a_loaded_machine():
+    """Two processes spin on the machine's cores meanwhile (the races of issue 36 were
+    reported with the machine busy)."""
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        run_loops(4, repeats=1)
+    finally:
+        for process in load:
+            process.kill()
+            process.wait()
