@@ -81,7 +81,7 @@ def main(argv=None) -> dict:
     if args.host_devices:
         expose_host_devices(args.host_devices)
 
-    from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, start_mpi
+    from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, runtime_error_text, start_mpi
 
     start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
     abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
     except jax.errors.JaxRuntimeError as e:
         if "jaxring" not in str(e):  # a jaxring handler's timeout names the process; others keep their traceback
             raise
-        exit_job(f"error: {e}")
+        exit_job(f"error: {runtime_error_text(e)}")
     if world.rank == 0:
         summary, line = final_report(task, config, args.workdir, summary, world.local_devices[0].platform)
         write_json(args.workdir / "summary.json", summary)

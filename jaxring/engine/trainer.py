@@ -41,6 +41,13 @@ from jaxring.engine.task import AXIS, SOURCES, Shard, Task
 # across processes the first 15-30 calls of the program after it compiled
 # ran 10-20 ms in one of three against 2 ms after (ds2_tiny, 2 processes,
 # docs/PERFORMANCE.md), so many untimed calls come first.
+# The most training steps left in flight: JAX queues steps without waiting, and
+# XLA's CPU client (jaxlib 0.10.2) stops starting some devices' executions of a
+# multi-device program once more than about 32 are queued, so the collectives
+# of the others wait for devices that never come (jax.lax's as jaxring's;
+# docs/USAGE.md, "Steps in flight"). Waiting for the step this far back keeps
+# the queue full without reaching that.
+STEPS_IN_FLIGHT = 16
 SYNC_TIMING_WARMUP = 20
 SYNC_TIMING_REPEATS = 10
 
@@ -415,6 +422,7 @@ class Trainer:
         last: dict = {}  # the latest value of every logged key
         row: dict = {"step": start}
         batches = iter(self.batches)
+        in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
         self.throughput.start()
         for step in range(start + 1, self.total_steps + 1):
             batch, sources = split_sources(next(batches))
@@ -425,6 +433,9 @@ class Trainer:
                 self.progress.status("compiling the training step (the first step runs when it is compiled)")
             state, out = self.train_step(state, batch)
             self._unchecked_losses.append((step, out["loss"], sources))
+            in_flight.append(out["loss"])
+            if len(in_flight) > STEPS_IN_FLIGHT:
+                in_flight.popleft().block_until_ready()
             if step == start + 1:
                 jax.block_until_ready(out)
                 self.progress.status(f"first step compiled and run in {time.perf_counter() - window_start:.1f} s")

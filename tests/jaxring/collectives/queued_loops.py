@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
+from jaxring.engine.trainer import STEPS_IN_FLIGHT
 
 AXIS = "q"
 SIZE = 301  # odd, several elements per device
@@ -74,8 +75,8 @@ def shard_mapped(devices, with_lax=False):
 def window_for(n_devices):
     """How many steps may be in flight: all of them on up to 4 host devices; on more,
     XLA's CPU client (jaxlib 0.10.2) hangs with more than about 32 queued, jax.lax's
-    collectives too (docs/USAGE.md, "Steps in flight"), so 16, as the trainer keeps."""
-    return None if n_devices <= 4 else 16
+    collectives too (docs/USAGE.md, "Steps in flight"), so as many as the trainer keeps."""
+    return None if n_devices <= 4 else STEPS_IN_FLIGHT
 
 
 def queue(step, w, x, steps, k_of, window=None):

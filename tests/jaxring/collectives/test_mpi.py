@@ -39,6 +39,12 @@ def test_collectives_across_processes(n_procs, devices_per_proc):
     assert_passed(output, CHECKS, range(n_procs))
 
 
+@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 2), (3, 1)])
+def test_queued_steps_across_processes(n_procs, devices_per_proc):
+    output = run_workers("collectives.py", ["queued"], n_procs, devices_per_proc)
+    assert_passed(output, ["queued"], range(n_procs))
+
+
 def test_a_process_that_never_arrives_times_out_the_others():
     output = run_workers("straggler.py", [], 3, 1, env={"JAXRING_TIMEOUT_S": "2"})
     assert_passed(output, ["straggler"], [0, 2])

@@ -461,3 +461,16 @@ def test_processes_with_separate_disks_resume_from_process_0s_checkpoint(tmp_pat
     assert int(resumed.step) == int(straight.step) == 24
     for a, b in zip(jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_a_run_that_never_logs_queues_its_steps_and_ends_bitwise_equal(tmp_path):
+    """log_every past the run's end and no evaluation or checkpoint before it: nothing
+    reads a value, so only the trainer's window (STEPS_IN_FLIGHT) paces the queue,
+    over 8 devices and more steps than XLA's CPU client keeps in flight."""
+    steps = {"epochs": 8}  # 96 steps
+    quiet, _ = train_params(tmp_path / "quiet", 8, train={**steps, "log_every": 10_000},
+                            eval={"every_steps": 0}, checkpoint={"every_steps": 0})
+    logged, _ = train_params(tmp_path / "logged", 8, train=steps)
+    assert int(quiet.step) == int(logged.step) == 96 > 2 * trainer_lib.STEPS_IN_FLIGHT
+    for a, b in zip(jax.tree_util.tree_leaves(quiet), jax.tree_util.tree_leaves(logged)):
+        np.testing.assert_array_equal(a, b)
