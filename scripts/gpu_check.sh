@@ -115,6 +115,12 @@ print('platforms:', jaxring.collectives._ffi.register())"
     --dtypes float32 --timeout 5 --max-failures 3
   stage correctness gpu 100 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
     --largest 1000003 --timeout 10 --max-failures 5
+  # Steps queued without a block (issue 36): 500 chained steps of allreduce(processes=True)
+  # through the MPI leg's CUDA handler, two processes sharing the GPU, each step checked
+  # against float64 numpy; a stall fails within JAXRING_TIMEOUT_S.
+  stage mpi-cuda-queued gpu 90 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+    -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=20 -x PYTHONPATH \
+    "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py queued
   # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
   mkdir -p "$OUT/bench-decisive"
   stage bench-decisive gpu 200 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
