@@ -29,8 +29,14 @@ def run_blocks(blocks: list, rng: np.random.Generator) -> None:
     waiting: set[int] = set()
     while running:
         ready = [b for b in running if b not in waiting]
-        if not ready:  # every running block waits: the barrier opens
-            waiting.clear()
+        if not ready:
+            if len(waiting) < len(blocks):  # a finished block never arrives
+                raise RuntimeError(
+                    f"blocks {sorted(waiting)} wait at a barrier that blocks "
+                    f"{sorted(set(range(len(blocks))) - waiting)} finished without reaching: the kernel "
+                    "would hang (blocks pass different numbers of barriers)"
+                )
+            waiting.clear()  # every block waits: the barrier opens
             continue
         block = ready[rng.integers(len(ready))]
         try:
@@ -38,11 +44,6 @@ def run_blocks(blocks: list, rng: np.random.Generator) -> None:
                 waiting.add(block)
         except StopIteration:
             running.remove(block)
-            if waiting:
-                raise RuntimeError(
-                    f"block {block} finished while blocks {sorted(waiting)} wait at a barrier: "
-                    "the kernel would hang (blocks pass different numbers of barriers)"
-                ) from None
 
 
 def _accumulator(dtype) -> type:
