@@ -28,15 +28,17 @@ def time_compile(config, batch) -> dict:
     import jax
 
     import models
-
     from jaxring.engine.task import AXIS
 
     task = models.build_task(config)
     variables = task.init(jax.random.key(0))
-    # pmapped over one device as the trainer's step is: batch norm sums over the replica axis.
-    step = jax.pmap(jax.value_and_grad(lambda params, batch, rng: task.loss({**variables, "params": params}, batch, rng),
-                                       has_aux=True), axis_name=AXIS)
-    one_replica = jax.tree.map(lambda a: a[None], (variables["params"], batch, jax.random.split(jax.random.key(1), 1)[0]))
+
+    def loss(params, batch, rng):
+        return task.loss({**variables, "params": params}, batch, rng)
+
+    # Over one device, as the trainer's pmapped step: batch norm sums over the replica axis.
+    step = jax.pmap(jax.value_and_grad(loss, has_aux=True), axis_name=AXIS)
+    one_replica = jax.tree.map(lambda a: a[None], (variables["params"], batch, jax.random.key(1)))
     start = time.perf_counter()
     lowered = step.lower(*one_replica)
     lowered_s = time.perf_counter() - start
