@@ -27,6 +27,7 @@ TARGETS = [
     ("4KiB_f32_k8_host_speedup>=8", 1, ("bench", "bench-decisive")),
     ("256MiB_f32_k8_copy_fraction>=0.85", 1, ("bench", "bench-decisive")),
     ("256MiB_bf16_k8_copy_fraction>=0.80", 1, ("bench", "bench-decisive")),
+    ("ds2_paper_b256_compile_s<=30", 1, ("bench", "compile-time")),
     ("protocol tests on CPU", 2, ("stage", "protocol")),
     ("compute-sanitizer memcheck, host engine", 2, ("stage", "sanitizer-host")),
     ("compute-sanitizer memcheck, one tiny device case", 2, ("stage", "sanitizer-device")),

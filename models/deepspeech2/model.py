@@ -8,13 +8,18 @@ batch adds.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxring.rnn import layer as rnn_layer
 from models.deepspeech2 import alphabet
+
+log = logging.getLogger(__name__)
 
 FRAMES_PER_SECOND = 100  # 10 ms spectrogram stride
 
@@ -47,6 +52,9 @@ class ModelConfig:
     batch_norm_epsilon: float = 1e-5
     dtype: str = "float32"  # compute dtype; parameters stay float32
     scan_unroll: int = 1  # time steps per iteration of the recurrent loop
+    # "scan": jax.lax.scan; "persistent": one kernel per layer with the weights on chip
+    # (docs/PERSISTENT_RNN.md); "auto": persistent where it runs and fits, else the scan.
+    rnn_impl: str = "scan"
 
     def __post_init__(self):
         if not 1 <= self.conv_layers <= len(CONV_GEOMETRY):
@@ -58,6 +66,10 @@ class ModelConfig:
             )
         if self.rnn_cell not in RNN_CELLS:
             raise ValueError(f"model.rnn_cell must be one of {RNN_CELLS}, got {self.rnn_cell!r}")
+        if self.rnn_impl not in rnn_layer.IMPLEMENTATIONS:
+            raise ValueError(
+                f"model.rnn_impl must be one of {rnn_layer.IMPLEMENTATIONS}, got {self.rnn_impl!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         positive = dict(
@@ -256,24 +268,44 @@ class RecurrentWeights(nn.Module):
         return kernel, self.param("recurrent_bias", nn.initializers.zeros, (gates * hidden,))
 
 
+@functools.cache
+def _log_once(line: str) -> None:
+    """Logs `line` the first time only: the model is traced once per layer, and again per compiled shape."""
+    log.info(line)
+
+
 def recurrence(config: ModelConfig, kernels, biases, projected, mask):
-    """Runs D directions side by side in one loop over time.
+    """Runs D directions side by side over time, by config.rnn_impl (jaxring/rnn/layer.py picks).
 
     kernels [D, H, gates * H], biases [D, gates * H], projected [D, B, T, gates * H]
     (already normalised), mask [D, B, T]; each direction's frames in the order it
-    reads them. Returns [D, B, T, H], zero on padded frames. The state is held across
-    padded frames, so a direction reading time backwards starts at each utterance's own
-    last frame. One loop for both directions halves the loop iterations: at ds2_tiny's
-    size (batch 16, 96 frames, 128 units) forward and backward take 23 ms on a 2-core
-    CPU instead of 28 ms for one loop per direction.
+    reads them. Returns [D, B, T, H] in the compute dtype, zero on padded frames.
     """
     kernels = kernels.astype(config.compute_dtype)
-    biases = biases.astype(config.compute_dtype)[:, None, :]
+    biases = biases.astype(config.compute_dtype)
+    projected = projected.astype(config.compute_dtype)
+    persistent, fallback = rnn_layer.choose(config.rnn_impl, config.rnn_cell, kernels, projected)
+    if fallback:
+        _log_once(fallback)
+    if persistent:
+        return rnn_layer.persistent_recurrence(config.rnn_cell, config.relu_clip, kernels, biases, projected, mask)
+    return scan_recurrence(config.rnn_cell, config.relu_clip, config.scan_unroll, kernels, biases, projected, mask)
+
+
+def scan_recurrence(cell_name: str, relu_clip: float, unroll: int, kernels, biases, projected, mask):
+    """`recurrence` as one jax.lax.scan over time, computed in the inputs' dtype.
+
+    The state is held across padded frames, so a direction reading time backwards
+    starts at each utterance's own last frame. One loop for both directions halves
+    the loop iterations: at ds2_tiny's size (batch 16, 96 frames, 128 units) forward
+    and backward take 23 ms on a 2-core CPU instead of 28 ms for one loop per direction.
+    """
+    biases = biases[:, None, :]
 
     def recurrent_input(h):
         return jnp.einsum("dbh,dhk->dbk", h, kernels) + biases
 
-    if config.rnn_cell == "gru":
+    if cell_name == "gru":
 
         def cell(x_t, h):
             x_r, x_z, x_n = jnp.split(x_t, 3, axis=-1)
@@ -286,7 +318,7 @@ def recurrence(config: ModelConfig, kernels, biases, projected, mask):
     else:
 
         def cell(x_t, h):
-            return clipped_relu(x_t + recurrent_input(h), config.relu_clip)
+            return clipped_relu(x_t + recurrent_input(h), relu_clip)
 
     def step(h, inputs):
         x_t, real = inputs
@@ -295,9 +327,9 @@ def recurrence(config: ModelConfig, kernels, biases, projected, mask):
         return h, jnp.where(real[..., None], h_next, 0)
 
     directions, batch = projected.shape[:2]
-    h0 = jnp.zeros((directions, batch, config.rnn_hidden), config.compute_dtype)
+    h0 = jnp.zeros((directions, batch, kernels.shape[1]), projected.dtype)
     time_major = (jnp.moveaxis(projected, 2, 0), jnp.moveaxis(mask, 2, 0))
-    _, outputs = jax.lax.scan(step, h0, time_major, unroll=config.scan_unroll)
+    _, outputs = jax.lax.scan(step, h0, time_major, unroll=unroll)
     return jnp.moveaxis(outputs, 0, 2)
 
 
