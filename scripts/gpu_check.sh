@@ -125,16 +125,6 @@ print('platforms:', jaxring.collectives._ffi.register())"
   mkdir -p "$OUT/bench-decisive"
   stage bench-decisive gpu 200 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
     --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
-  # ds2_paper's training step compiled at batch 256 against the 30 s bound, split into trace +
-  # lower and XLA's compile, with a fewer-layers and a bfloat16 variant (docs/PERSISTENT_RNN.md).
-  mkdir -p "$OUT/compile-time"
-  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 150 "$PYTHON" scripts/compile_time.py \
-    --config ds2_paper --batch-size 256 --seconds 4 --variants as-is rnn_layers=1 dtype=bfloat16 \
-    --json "$OUT/compile-time/gpu-compile-time.json"
-  # The same step without XLA's autotuning of convolutions and GEMMs: the difference is its share.
-  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 \
-    stage compile-time-no-autotune gpu 90 "$PYTHON" scripts/compile_time.py --config ds2_paper \
-    --batch-size 256 --seconds 4 --variants as-is --json "$OUT/compile-time-no-autotune.json"
 else
   stage protocol cpu 120 "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py
@@ -164,6 +154,16 @@ else
   mkdir -p "$OUT/bench-buckets"
   stage bench-buckets gpu 150 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
     --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
+  # ds2_paper's training step compiled at batch 256 against the 30 s bound, split into trace +
+  # lower and XLA's compile, with a fewer-layers and a bfloat16 variant (docs/PERSISTENT_RNN.md).
+  mkdir -p "$OUT/compile-time"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 150 "$PYTHON" scripts/compile_time.py \
+    --config ds2_paper --batch-size 256 --seconds 4 --variants as-is rnn_layers=1 dtype=bfloat16 \
+    --json "$OUT/compile-time/gpu-compile-time.json"
+  # The same step without XLA's autotuning of convolutions and GEMMs: the difference is its share.
+  XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 \
+    stage compile-time-no-autotune gpu 90 "$PYTHON" scripts/compile_time.py --config ds2_paper \
+    --batch-size 256 --seconds 4 --variants as-is --json "$OUT/compile-time-no-autotune.json"
 fi
 
 timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"

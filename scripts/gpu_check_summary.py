@@ -27,7 +27,7 @@ TARGETS = [
     ("4KiB_f32_k8_host_speedup>=8", 1, ("bench", "bench-decisive")),
     ("256MiB_f32_k8_copy_fraction>=0.85", 1, ("bench", "bench-decisive")),
     ("256MiB_bf16_k8_copy_fraction>=0.80", 1, ("bench", "bench-decisive")),
-    ("ds2_paper_b256_compile_s<=30", 1, ("bench", "compile-time")),
+    ("500 queued steps through the MPI leg's CUDA handler", 1, ("stage", "mpi-cuda-queued")),
     ("protocol tests on CPU", 2, ("stage", "protocol")),
     ("compute-sanitizer memcheck, host engine", 2, ("stage", "sanitizer-host")),
     ("compute-sanitizer memcheck, one tiny device case", 2, ("stage", "sanitizer-device")),
@@ -37,6 +37,7 @@ TARGETS = [
     ("MPI leg's CUDA handler: 2 processes, float64 and bitwise checks", 2, ("stage", "mpi-cuda-leg")),
     ("correctness: k=2,8, sizes to 64M, float32 and bfloat16", 2, ("cases", "correctness-large")),
     ("ds2_paper_projected_ms<=2", 2, ("bench", "bench-buckets")),
+    ("ds2_paper_b256_compile_s<=30", 2, ("bench", "compile-time")),
 ]
 # What each setting waits for, and where it lives.
 FLIPS = [
