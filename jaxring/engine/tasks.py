@@ -169,7 +169,7 @@ def checked_loss(task, result) -> tuple[Any, Any]:
     if isinstance(result, tuple) and len(result) == 2 and getattr(result[0], "shape", None) == ():
         return result
     got = (f"a {len(result)}-tuple" if isinstance(result, tuple)
-           else f"{type(result).__name__} of shape {result.shape}" if hasattr(result, "shape")
+           else f"one array of shape {result.shape}" if hasattr(result, "shape")
            else type(result).__name__)
     if isinstance(result, tuple) and len(result) == 2:
         got = f"a pair whose loss has shape {getattr(result[0], 'shape', type(result[0]).__name__)}"
