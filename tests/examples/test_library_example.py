@@ -50,7 +50,7 @@ def test_the_pcast_the_example_explains_is_what_keeps_the_gradient_a_mean(librar
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jaxring
 
@@ -65,7 +65,7 @@ def test_the_pcast_the_example_explains_is_what_keeps_the_gradient_a_mean(librar
             w = jax.lax.pcast(w, "batch", to="varying") if cast else w
             return jaxring.allreduce(jax.grad(lambda v: jnp.mean((rows @ v) ** 2))(w), "batch", op="mean")
 
-        return np.asarray(gradient(w, x), np.float64)
+        return np.asarray(gradient(w, jax.device_put(x, NamedSharding(mesh, P("batch")))), np.float64)
 
     reference = 2 * x.T.astype(np.float64) @ (x.astype(np.float64) @ w) / len(x)
     np.testing.assert_allclose(mean_gradient(cast=True), reference, rtol=1e-5)
