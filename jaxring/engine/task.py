@@ -65,7 +65,8 @@ class Task(Protocol):
     checks it has every member below with these arguments before anything runs.
     Required: `metrics` and the seven methods up to `eval_batches`. Optional,
     with the default named: `config_sections`, `from_config`, `check_data`,
-    `final_report`.
+    `final_report`, and scripts/evaluate.py's `add_evaluate_arguments` and
+    `evaluate`.
     """
 
     metrics: MetricNames
@@ -117,3 +118,20 @@ class Task(Protocol):
         Default: the line shows the metrics `metrics` names (jaxring/engine/report.py, which adds
         the devices, processes, all-reduce share and time to either), as for an empty text."""
         return {}, ""
+
+    # Optional, for scripts/evaluate.py, which scores a run again: a task with options of its own
+    # (Deep Speech 2: a manifest, a beam search with an LM) has both of these. Default: none,
+    # and the evaluation training runs, on --split dev or test.
+
+    @staticmethod
+    def add_evaluate_arguments(parser) -> None:
+        """Adds the task's options to evaluate.py's argparse parser (it has --workdir, --split,
+        --checkpoint, --batch-size)."""
+        return None
+
+    def evaluate(self, args, config, variables) -> tuple[dict, str | None]:
+        """(JSON-serialisable scores of `variables` as `args` ask, an error to end with once they are
+        printed, or None); raise ValueError (DataError) for options or data it cannot score."""
+        from jaxring.engine.scoring import score_split  # it imports the trainer, which imports this module
+
+        return score_split(self, config, variables, args.split, args.batch_size), None

@@ -48,6 +48,8 @@ OPTIONAL_METHODS = {
     "from_config": ("config",),
     "check_data": (),
     "final_report": ("config", "workdir", "summary"),
+    "add_evaluate_arguments": ("parser",),  # scripts/evaluate.py's, called on the class
+    "evaluate": ("args", "config", "variables"),
 }
 
 
