@@ -29,6 +29,18 @@ def as_written(starts: str, cwd) -> tuple[dict, list[str]]:
     return {**env, "JAX_PLATFORMS": "cpu"}, [sys.executable, *words[1:]]
 
 
+def run_as_written(starts: str, cwd) -> str:
+    """The output of the guide's command line starting `starts`, run in `cwd`; it must succeed."""
+    env, argv = as_written(starts, cwd)
+    finished = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    return finished.stdout
+
+
+def summary_of(cwd) -> dict:
+    return json.loads((cwd / "runs" / "classifier" / "summary.json").read_text())
+
+
 def run_lines(rows_file) -> list[dict]:
     return [json.loads(line) for line in rows_file.read_text().splitlines()]
 
@@ -37,15 +49,12 @@ def run_lines(rows_file) -> list[dict]:
 def trained(tmp_path_factory):
     """The guide's first command, from a folder outside the checkout: (that folder, the output)."""
     cwd = tmp_path_factory.mktemp("mine")
-    env, argv = as_written("PYTHONPATH=$JAXRING/examples python $JAXRING/scripts/train.py --config", cwd)
-    finished = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    return cwd, finished.stdout
+    return cwd, run_as_written("PYTHONPATH=$JAXRING/examples python $JAXRING/scripts/train.py --config", cwd)
 
 
 def test_the_classifier_learns_from_outside_the_checkout(trained):
     cwd, output = trained
-    summary = json.loads((cwd / "runs" / "classifier" / "summary.json").read_text())  # the default run directory
+    summary = summary_of(cwd)  # in the default run directory
     assert summary["local_devices"] == 2 and summary["test_error_rate"] < 0.1, summary  # chance: 75%
     rows = run_lines(cwd / "runs" / "classifier" / "metrics.jsonl")
     assert rows[-1]["loss"] < rows[0]["loss"] / 3
@@ -56,12 +65,22 @@ def test_the_classifier_learns_from_outside_the_checkout(trained):
 
 def test_resume_goes_on_where_the_run_stopped(trained):
     cwd, _ = trained
-    env, argv = as_written("PYTHONPATH=$JAXRING/examples python $JAXRING/scripts/train.py --workdir", cwd)
-    finished = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    summary = json.loads((cwd / "runs" / "classifier" / "summary.json").read_text())
+    run_as_written("PYTHONPATH=$JAXRING/examples python $JAXRING/scripts/train.py --workdir", cwd)
+    summary = summary_of(cwd)
     assert summary["resumed_at_step"] == 102 and summary["steps"] == 153 and summary["test_error_rate"] < 0.1
     assert [row["step"] for row in run_lines(cwd / "runs" / "classifier" / "metrics.jsonl")][-1] == 153
+
+
+def test_evaluate_scores_the_best_checkpoint_as_training_did(trained):
+    """After the resume: test was scored on the best checkpoint, which evaluate.py reads."""
+    cwd, _ = trained
+    starts = "PYTHONPATH=$JAXRING/examples python $JAXRING/scripts/evaluate.py"
+    result = json.loads(run_as_written(starts, cwd))
+    summary = summary_of(cwd)
+    assert result == {"split": "test", "error_rate": summary["test_error_rate"], "step": summary["test_step"]}
+    env, argv = as_written(starts, cwd)
+    refused = subprocess.run([*argv, "--beam-width", "4"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "unrecognized arguments: --beam-width 4" in refused.stderr  # Deep Speech 2's
 
 
 def test_ring_and_lax_train_the_classifier_alike(tmp_path, monkeypatch):
@@ -89,3 +108,9 @@ def test_two_processes_under_mpirun(tmp_path, monkeypatch):
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["test_error_rate"] < 0.1, summary
     assert output.count(" classifier: 3276 train examples") == 1  # the lead process's console only
+
+
+def test_the_guide_shows_the_examples_config_as_it_is():
+    from tests.docs.markdown import blocks
+
+    assert blocks(GUIDE, "yaml") == [CONFIG.read_text()]
