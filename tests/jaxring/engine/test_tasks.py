@@ -165,3 +165,16 @@ def test_a_task_built_without_the_registry_is_checked_too(tmp_path):
 
     with pytest.raises(config_lib.ConfigError, match="predict must be a method predict"):
         trainer_lib.Trainer(NoPredict(), toy_config(), tmp_path, world_of(2))
+
+
+def test_a_config_names_a_task_without_sections_by_its_import_path(tmp_path):
+    import models
+
+    path = tmp_path / "toy.yaml"
+    path.write_text("task: tests.jaxring.engine.test_trainer:ToyTask\ntrain: {batch_size: 8}\n")
+    config = models.load_config(path)
+    assert set(config.sections) == {"train", "optim", "eval", "checkpoint"} and config.train.batch_size == 8
+    assert type(models.build_task(config)) is ToyTask  # from_config's default: the class with no sections
+    path.write_text("task: tests.jaxring.engine.test_trainer:ToyTask\nmodel: {width: 3}\n")
+    with pytest.raises(config_lib.ConfigError, match="unknown key 'model' in the config"):
+        models.load_config(path)
