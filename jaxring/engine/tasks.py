@@ -118,7 +118,8 @@ def check_task_class(cls) -> None:
 
 def _method_problem(cls, method: str, arguments: tuple[str, ...], required: bool) -> str | None:
     wanted = f"{method}({', '.join(('self',) + arguments)})"
-    if not hasattr(cls, method):
+    inherited_stub = inspect.getattr_static(cls, method, None) is inspect.getattr_static(Task, method, object())
+    if not hasattr(cls, method) or (required and inherited_stub):  # a subclass of Task inherits empty stubs
         return f"missing method {wanted}" if required else None
     member = getattr(cls, method)
     if not callable(member):

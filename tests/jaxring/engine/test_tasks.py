@@ -135,6 +135,15 @@ class Minimal(Task):
         return self.inner.eval_batches(split, batch_size, shard, limit)
 
 
+def test_a_subclass_of_task_without_a_required_method_is_refused_though_it_inherits_the_stub():
+    class NoPredict(Minimal):
+        predict = Task.predict
+
+    with pytest.raises(config_lib.ConfigError, match=r"NoPredict does not meet .*: missing method predict\(self, "
+                                                     r"variables, batch\)$"):
+        tasks.check_task_class(NoPredict)
+
+
 def test_a_minimal_task_gets_the_optional_members_defaults(tmp_path):
     tasks.check_task_class(Minimal)
     config = config_lib.build({"toy": {"width": 5}, **toy_config().to_dict()}, tasks.config_sections(Minimal))
