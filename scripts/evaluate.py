@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     epilog="A task may add options of its own: --workdir RUN --help lists them.")
     parser.add_argument("--workdir", type=Path, required=True, help="a run directory of scripts/train.py")
     parser.add_argument("--split", default="test", help="the split of the run's data to score (default: test)")
     parser.add_argument("--checkpoint", default="best",
