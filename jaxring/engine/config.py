@@ -1,8 +1,7 @@
 """Experiment configs: YAML files checked against typed dataclass sections.
 
-An experiment file names its task (`task: NAME`, resolved by the scripts
-through the registry in models/__init__.py) and has one YAML mapping per
-section. The engine owns the `train`, `optim`, `eval` and `checkpoint`
+An experiment file names its task (`task: NAME`, resolved by the task
+registry, jaxring/engine/tasks.py) and has one YAML mapping per section. The engine owns the `train`, `optim`, `eval` and `checkpoint`
 sections (dataclasses below); the task brings its own sections as
 dataclasses. Every key is checked:
 a misspelled one is an error that names the closest valid key, and
@@ -71,8 +70,7 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     # Model-neutral defaults: plain SGD at a constant rate, no clipping. A task's
-    # recipe (Deep Speech 2's Nesterov momentum 0.99, rate annealed by 1.2 per
-    # epoch, clip_norm 400) is written out in its configs (configs/*.yaml).
+    # recipe is written out in its configs (configs/*.yaml, examples/*/*.yaml).
     name: str = "sgd"  # "sgd" | "adamw"
     learning_rate: float = 3e-4
     momentum: float = 0.0  # sgd; 0: plain SGD
@@ -90,7 +88,7 @@ class OptimConfig:
         _check_positive("optim.learning_rate", self.learning_rate)
         if self.schedule == "anneal" and self.anneal_factor is None:
             raise ConfigError("optim.schedule anneal needs optim.anneal_factor, the learning rate's divisor after "
-                              "each epoch (Deep Speech 2's is 1.2: configs/ds2_paper.yaml)")
+                              "each epoch (e.g. 1.2)")
         if self.anneal_factor is not None:
             _check_positive("optim.anneal_factor", self.anneal_factor)
         if self.clip_norm is not None:

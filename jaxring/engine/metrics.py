@@ -1,7 +1,8 @@
 """What a run leaves in its directory: metrics.jsonl, TensorBoard events, summary, plots.
 
-TensorBoard events and plots need tensorboardX and matplotlib (the `speech`
-extra of pyproject.toml installs them, and tensorboard to read the events:
+TensorBoard events and plots need tensorboardX and matplotlib (the `report`
+extra of pyproject.toml installs them, `pip install 'jaxring[report]'`, and
+tensorboard to read the events:
 `tensorboard --logdir RUN/tensorboard`); without them a run writes
 metrics.jsonl and summary.json only, and says so once.
 """
@@ -21,7 +22,8 @@ def _missing(module: str, what: str) -> bool:
     """True (after a note) when optional `module`, needed for `what`, is not installed."""
     if importlib.util.find_spec(module) is not None:
         return False
-    print(f"note: {module} is not installed, so the run writes no {what} (pip install {module})", flush=True)
+    print(f"note: {module} is not installed, so the run writes no {what} (pip install {module}, or the "
+          "engine's `report` extra: pip install 'jaxring[report]')", flush=True)
     return True
 
 

@@ -50,6 +50,7 @@ def final_report(task, config, workdir: str | Path, summary: dict, platform: str
     `platform`: the kind of device that trained ("cpu", "gpu").
     """
     hook = getattr(task, "final_report", None)
-    scores, result = hook(config, workdir, summary) if hook is not None else ({}, metrics_result(task.metrics, summary))
+    scores, result = hook(config, workdir, summary) if hook is not None else ({}, "")
+    result = result or metrics_result(task.metrics, summary)  # the contract's default (jaxring/engine/task.py)
     summary = {**summary, **scores}
     return summary, f"{result}; {trained_by(summary, platform)}; {took(summary)}{FINISHED_MARKER}{workdir}"

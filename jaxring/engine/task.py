@@ -6,7 +6,8 @@ Models and scripts import this module, never the trainer, to implement a task.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+import types
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 import jax
 
@@ -58,15 +59,35 @@ class MetricNames:
 
 
 class Task(Protocol):
-    """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = examples."""
+    """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = examples.
+
+    jaxring/engine/tasks.py finds a task class by the config's `task:` key and
+    checks it has every member below with these arguments before anything runs.
+    Required: `metrics` and the seven methods up to `eval_batches`. Optional,
+    with the default named: `config_sections`, `from_config`, `check_data`,
+    `final_report`, and scripts/evaluate.py's `add_evaluate_arguments` and
+    `evaluate`.
+    """
 
     metrics: MetricNames
+
+    # Optional: the task's own config sections, by name, as dataclasses (the
+    # engine's are train, optim, eval, checkpoint). Default: none.
+    config_sections: ClassVar[Mapping[str, type]] = types.MappingProxyType({})
+
+    @classmethod
+    def from_config(cls, config) -> Task:
+        """Optional: the task a resolved config (jaxring.engine.config.Config) describes.
+        Default: the class called with each of its config sections by name."""
+        return cls(**{name: config.sections[name] for name in getattr(cls, "config_sections", {})})
 
     def init(self, rng) -> dict:
         """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats")."""
 
     def loss(self, variables: dict, batch: dict, rng) -> tuple[jax.Array, dict]:
-        """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS."""
+        """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS.
+
+        The pair is required even without model state: return (loss, {})."""
 
     def predict(self, variables: dict, batch: dict) -> Any:
         """Evaluation-mode outputs, every leaf with a leading batch axis; inside pmap over AXIS."""
@@ -77,22 +98,40 @@ class Task(Protocol):
     def summarize(self, counts: dict[str, float]) -> dict[str, float]:
         """Metrics named by `metrics` (lower is better) from summed counts."""
 
-    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches: ...
+    def train_batches(self, batch_size: int, shard: Shard, seed: int) -> Batches:
+        """This process's share (`shard`) of the training data, `batch_size` examples a batch."""
 
-    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]: ...
+    def eval_batches(self, split: str, batch_size: int, shard: Shard, limit: int | None) -> Iterable[dict]:
+        """Batches of split "dev" or "test" (this process's share), the first `limit` examples (None: all)."""
 
-    # Optional: a task with data files should also have
-    #   check_data(self) -> dict
-    # which reads every split before the first step, raises ValueError naming
-    # what makes a split unusable, and returns a JSON-serialisable report by
-    # split of what it skipped, each with a one-line "summary" (the trainer
-    # prints those and writes the report to WORKDIR/data_report.json).
-    #
-    # Optional: a task that scores more once training ends (a slower decoder, say)
-    # should also have
-    #   final_report(self, config, workdir, summary) -> tuple[dict, str]
-    # called on the lead process after Trainer.fit with its summary (the best
-    # checkpoint is in WORKDIR): it returns entries to add to summary.json and
-    # the result text that begins the run's last line. Without it the line shows
-    # the metrics `metrics` names (jaxring/engine/report.py, which adds the devices,
-    # processes, all-reduce share and time to either).
+    def check_data(self) -> dict:
+        """Optional, for a task with data files: reads every split before the first step, raises
+        ValueError naming what makes a split unusable, and returns a JSON-serialisable report by
+        split of what it skipped, each with a one-line "summary" (the trainer prints those and
+        writes the report to WORKDIR/data_report.json). Default: no check (None)."""
+        return None
+
+    def final_report(self, config, workdir, summary: dict) -> tuple[dict, str]:
+        """Optional, for a task that scores more once training ends (a slower decoder, say): called
+        on the lead process after Trainer.fit with its summary (the best checkpoint is in WORKDIR);
+        returns entries to add to summary.json and the result text that begins the run's last line.
+        Default: the line shows the metrics `metrics` names (jaxring/engine/report.py, which adds
+        the devices, processes, all-reduce share and time to either), as for an empty text."""
+        return {}, ""
+
+    # Optional, for scripts/evaluate.py, which scores a run again: a task with options of its own
+    # (Deep Speech 2: a manifest, a beam search with an LM) has both of these. Default: none,
+    # and the evaluation training runs, on --split dev or test.
+
+    @staticmethod
+    def add_evaluate_arguments(parser) -> None:
+        """Adds the task's options to evaluate.py's argparse parser (it has --workdir, --split,
+        --checkpoint, --batch-size)."""
+        return None
+
+    def evaluate(self, args, config, variables) -> tuple[dict, str | None]:
+        """(JSON-serialisable scores of `variables` as `args` ask, an error to end with once they are
+        printed, or None); raise ValueError (DataError) for options or data it cannot score."""
+        from jaxring.engine.scoring import score_split  # it imports the trainer, which imports this module
+
+        return score_split(self, config, variables, args.split, args.batch_size), None

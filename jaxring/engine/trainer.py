@@ -34,6 +34,7 @@ from jaxring.engine.optim import learning_rate_schedule, make_optimizer
 from jaxring.engine.progress import Progress
 from jaxring.engine.sync import make_sync
 from jaxring.engine.task import AXIS, SOURCES, Shard, Task
+from jaxring.engine.tasks import check_task_class, checked_loss
 
 # Timings of the sync alone at start-up, of which the median is kept: the
 # all-reduce share of a step is that over the measured step time, with no
@@ -160,6 +161,7 @@ class Trainer:
 
     def __init__(self, task: Task, config: config_lib.Config, workdir: str | Path, world=None, batches=None):
         """`batches`: this process's training Batches (default: the task's, for its shard)."""
+        check_task_class(type(task))  # a task built without the registry is held to the same contract
         self.task = task
         self.config = config
         self.workdir = Path(workdir)
@@ -221,7 +223,7 @@ class Trainer:
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
 
         def loss_fn(params):
-            return self.task.loss({"params": params, **state.model_state}, batch, rng)
+            return checked_loss(self.task, self.task.loss({"params": params, **state.model_state}, batch, rng))
 
         (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         return grads, model_state, loss

@@ -20,7 +20,7 @@ import numpy as np
 from jaxring.engine.checkpoint import load_variables
 from jaxring.engine.config import ConfigPath
 from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
-from models.deepspeech2 import alphabet, ctc, decode, metrics
+from models.deepspeech2 import alphabet, ctc, decode, evaluation, metrics
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.augment import AugmentConfig, augment
 from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
@@ -298,6 +298,13 @@ class DeepSpeech2Task:
                 text += (f"; {EXTRA_TESTS[split]}: CER {100 * scores[f'{split}_cer']:.2f}% "
                          f"WER {100 * scores[f'{split}_wer']:.2f}% (greedy)")
         return scores, text
+
+    # -- scripts/evaluate.py's options and scoring (the engine's optional hooks, jaxring/engine/task.py)
+
+    add_evaluate_arguments = staticmethod(evaluation.add_evaluate_arguments)
+
+    def evaluate(self, args, config, variables) -> tuple[dict, str | None]:
+        return evaluation.evaluate(self, args, config, variables)
 
     # -- inference on audio files
 

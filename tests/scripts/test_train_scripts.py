@@ -56,8 +56,8 @@ def test_train_writes_the_run_directory(run, capsys):
 def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):
     from models.deepspeech2.data import ensure_synthetic_corpus
 
-    train.show_model_progress()
-    train.show_model_progress()  # main() run twice in one process: still one line per message
+    train.show_task_progress("models.deepspeech2.task")
+    train.show_task_progress("models.deepspeech2.task")  # main() run twice in one process: one line per message
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)  # already there: silent
     lines = capsys.readouterr().out.splitlines()
@@ -99,7 +99,13 @@ def test_config_paths_mean_the_same_files_from_any_directory(tmp_path, monkeypat
     config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.manifest_dir=lists"])
     assert config.data.cache_dir == str(ROOT / "data" / "cache")  # the file says data/cache
     assert config.data.manifest_dir == str(tmp_path / "lists")  # --set: from the cwd
-    assert train.parse_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir == ROOT / "runs" / "ds2_tiny"
+
+
+
+def test_the_default_run_directory_is_runs_slash_the_config_name_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    workdir = train.parse_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir
+    assert workdir.resolve() == tmp_path / "runs" / "ds2_tiny"  # where the user is, not inside the checkout
 
 
 def test_evaluate_from_another_directory_reads_the_runs_corpus(run, tmp_path):

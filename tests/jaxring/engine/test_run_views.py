@@ -46,7 +46,7 @@ def test_a_single_evaluation_is_a_labelled_point_on_the_runs_whole_length():
 
 
 def test_tensorboard_reads_the_events_of_a_run(tmp_path):
-    from tensorboard.backend.event_processing import event_accumulator as accumulator  # the `speech` extra's
+    from tensorboard.backend.event_processing import event_accumulator as accumulator  # the `report` extra's
     log = metrics.RunLog(tmp_path)
     losses = np.random.default_rng(1).uniform(0.5, 3.0, 6)
     for step, loss in enumerate(losses, 1):

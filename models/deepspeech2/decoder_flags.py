@@ -1,4 +1,4 @@
-"""The decoding flags of evaluate.py and transcribe.py: greedy, or beam search with an ARPA LM."""
+"""Deep Speech 2's decoding flags of scripts/evaluate.py and transcribe.py: greedy, or beam search with an ARPA LM."""
 
 import argparse
 import os
