@@ -22,15 +22,13 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tests.jaxring.collectives.operand_kinds import BLOCK, OPERANDS
 from tests.jaxring.collectives.random_inputs import random_array
 from tests.jaxring.collectives.test_lax_parity import Lax, Ring, assert_same
 
-N = 3  # devices per ring
+N = BLOCK[0]  # devices per ring: an untiled reduce_scatter of a block is accepted
 AXIS = "i"
 BATCH = 2  # vmap's axis in the vmap-inside-pmap context
-RNG = np.random.default_rng(40)
-CLOSED_NUMPY = random_array(RNG, (N, 5), jnp.float32)
-CLOSED_JAX = jnp.asarray(random_array(RNG, (N, 5), jnp.float32))
 
 OPS = {
     "allreduce-sum": lambda ops, x: ops.allreduce(x, AXIS),
@@ -40,23 +38,6 @@ OPS = {
     "all_gather": lambda ops, x: ops.all_gather(x, AXIS),
     "all_gather-tiled": lambda ops, x: ops.all_gather(x, AXIS, axis=0, tiled=True),
     "tree_allreduce": lambda ops, x: ops.tree_allreduce({"a": x, "b": [x, x]}, AXIS, op="mean"),
-}
-
-# The operand, from the mapped function's argument v (this device's (N, 5) block).
-OPERANDS = {
-    "python-int": lambda v: 3,
-    "python-float": lambda v: 2.5,
-    "python-bool": lambda v: True,
-    "numpy-float32": lambda v: np.float32(-1.25),
-    "numpy-int32": lambda v: np.int32(7),
-    "numpy-0d": lambda v: np.asarray(0.75, np.float32),
-    "jax-0d": lambda v: jnp.asarray(-0.5, jnp.float32),
-    "closed-over-numpy": lambda v: CLOSED_NUMPY,
-    "closed-over-jax": lambda v: CLOSED_JAX,
-    "argument": lambda v: v,
-    "computed": lambda v: v * 2.0 + 1.0,
-    "computed-0d": lambda v: v.sum(),
-    "empty": lambda v: v[:, :0],
 }
 
 
@@ -112,15 +93,15 @@ def program(ops, transform, refusals, types):
 
 
 def on_pmap(body, x):
-    return jax.pmap(body, AXIS, devices=jax.devices()[:N])(x.reshape(N, N, 5))
+    return jax.pmap(body, AXIS, devices=jax.devices()[:N])(x.reshape(N, *BLOCK))
 
 
 def on_jit_pmap(body, x):
-    return jax.jit(jax.pmap(body, AXIS, devices=jax.devices()[:N]))(x.reshape(N, N, 5))
+    return jax.jit(jax.pmap(body, AXIS, devices=jax.devices()[:N]))(x.reshape(N, *BLOCK))
 
 
 def on_vmap_inside_pmap(body, x):
-    batched = np.stack([x, x[::-1] * 0.5], axis=1).reshape(N, BATCH, N, 5)
+    batched = np.stack([x, x[::-1] * 0.5], axis=1).reshape(N, BATCH, *BLOCK)
     return jax.pmap(jax.vmap(body), AXIS, devices=jax.devices()[:N])(batched)
 
 
@@ -170,7 +151,7 @@ def run(ops, context):
     """(outputs as numpy, refusals, output types) of the context's program with `ops`."""
     mapper, transform = CONTEXTS[context]
     refusals, types = {}, {}
-    x = random_array(np.random.default_rng(len(context)), (N * N, 5), jnp.float32)
+    x = random_array(np.random.default_rng(len(context)), (N * N, BLOCK[1]), jnp.float32)
     outputs = mapper(program(ops, transform, refusals, types), x)
     return jax.tree.map(np.asarray, outputs), refusals, types
 
