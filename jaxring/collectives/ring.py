@@ -151,12 +151,13 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
         ranks = _ring_size(names)
         if n_procs > 1:
             return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
-        lax_op = functools.partial(jax.lax.psum if op == "sum" else jax.lax.pmean, x, names)
+        lax_reduce = jax.lax.psum if op == "sum" else jax.lax.pmean
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
             # to lax's type (a Python scalar stays one).
-            return (jax.lax.psum if op == "sum" else jax.lax.pmean)(leaf, names)
+            return lax_reduce(leaf, names)
+        lax_op = functools.partial(lax_reduce, x, names)
         if ranks == 1:
             return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
         if x.size == 0:

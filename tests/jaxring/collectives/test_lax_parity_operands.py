@@ -143,7 +143,6 @@ REFUSALS = {
     "tiled gather of a scalar": ("axis 0 is out of bounds for array of dimension 0",
                                  r"all_gather\(tiled=True\) concatenates along an axis of x; x is a scalar"),
     "grad of an integer": ("grad requires real- or complex-valued inputs", "grad requires real- or complex-valued inputs"),
-    "scatter of booleans": ("add does not accept dtype bool", "takes arrays of .*, got bool"),
 }
 
 
