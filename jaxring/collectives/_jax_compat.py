@@ -2,13 +2,14 @@
 
 jaxring's primitive needs a few things JAX has no public API for: whether
 shard_map is type-checking varying axes (check_vma), reading and setting the
-varying axes of an abstract value, the mesh behind the lowering context, and
-whether a traced value is one of the traced function's own inputs.
+varying axes of an abstract value, the mesh behind the lowering context,
+whether a traced value was computed by the program being traced, and
+re-deciding a primitive's params at every bind.
 When JAX changes them, this module is the one to update.
 """
 
-import jax
-from jax._src import config as _config
+from jax._src import config as _config, core as _core
+from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import SPMDAxisContext
 
 
@@ -47,24 +48,29 @@ def spmd_mesh(lowering_context):
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "pvary", "pcast", "copy"})
 
 
-def is_input_of_traced_function(x) -> bool:
-    """Whether `x` is an argument or a captured constant of the function being traced, or a
-    reshape of one: a value the program may not overwrite, which XLA would copy before an op
-    writing its output over it. False for values the function computed, and for tracers of
-    other traces (jvp, vmap), which this cannot see through."""
-    if not isinstance(x, jax.core.Tracer):
-        return True  # a concrete array: a constant of the program
-    try:
-        frame = x._trace.frame
-        var = x.val
-        eqns = frame.tracing_eqns
-        for _ in range(len(eqns) + 1):
-            if any(var is v for v in frame.invars) or var in frame.constvar_to_val:
-                return True
-            producer = next((e for e in reversed(eqns) if any(var is v for v in e.outvars)), None)
-            if producer is None or producer.primitive.name not in _VIEWS:
-                return False
-            var = producer.in_tracers[0].val
-    except AttributeError:  # not a jaxpr trace's tracer
-        pass
+def is_computed_in(trace, x) -> bool:
+    """Whether `x`, an operand bound in `trace`, is a value an operation of the program traced
+    there computed, rather than one of its arguments, captured constants or literals, or a
+    reshape of one: those the program may not overwrite, and XLA would copy them before an op
+    writing its output over them. Anything JAX can hand a primitive may come here: Python and
+    numpy scalars, arrays, literals, tracers of any trace. Outside a jaxpr trace (eager, vmap,
+    jvp), False: those traces bind the primitive again in the one below, which decides."""
+    while isinstance(x, _pe.DynamicJaxprTracer) and x._trace is trace:
+        producer = x.parent  # the equation that computed x; None for arguments, constants, literals
+        if producer is None:
+            return False
+        if producer.primitive.name not in _VIEWS:
+            return True
+        x = producer.in_tracers[0]
     return False
+
+
+def decide_params_at_every_bind(primitive, decide):
+    """Have `primitive` set its params to `decide(trace, operands, params)` each time it is bound
+    in a trace, the batching, differentiation and re-tracing rules' binds included, so a param
+    that depends on the operand is decided for the operand that trace actually binds."""
+
+    def bind_with_trace(trace, operands, avals, params):
+        return _core.Primitive.bind_with_trace(primitive, trace, operands, avals, decide(trace, operands, params))
+
+    primitive.def_bind_with_trace(bind_with_trace)

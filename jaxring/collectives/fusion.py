@@ -117,4 +117,12 @@ def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=None, processes=Fal
     if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
         return ring.allreduce(tree, axis_name, op, timeout=timeout)
     bucket_bytes = bucket_bytes or default_bucket_bytes()
-    return fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout), tree, bucket_bytes)
+    # Leaves no trace computed (Python scalars, constants) take no bucket: allreduce sums
+    # them as lax does, when traced, to lax's types.
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    traced = [isinstance(leaf, jax.core.Tracer) for leaf in leaves]
+    summed = iter(fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout),
+                        [leaf for leaf, t in zip(leaves, traced) if t], bucket_bytes))
+    constants = iter(ring.allreduce([leaf for leaf, t in zip(leaves, traced) if not t], axis_name, op,
+                                    processes=processes, timeout=timeout))
+    return jax.tree_util.tree_unflatten(treedef, [next(summed) if t else next(constants) for t in traced])

@@ -94,7 +94,7 @@ def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str =
     _leg_module()
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
-        flat = ring._varying_over_all(flat, names)
+        flat = ring._typed_input(flat, names, ring.ALLREDUCE)
     if local_ops == "ring":
         scatter = functools.partial(ring._ring, mode=ring.REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
         gather = functools.partial(ring._ring, mode=ring.ALL_GATHER, names=names, timeout_ms=timeout_ms)

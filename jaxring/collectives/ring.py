@@ -69,20 +69,18 @@ def _timeout_ms(timeout):
     return -1 if seconds == float("inf") else max(1, int(round(seconds * 1000)))
 
 
-def _canonical_axis(axis, ndim, what):
+def _canonical_axis(axis, ndim, what, error=ValueError):
     if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
-        raise ValueError(f"{what}={axis!r} is not an axis of a {ndim}-dimensional result or input")
+        raise error(f"{what}={axis!r} is not an axis of a {ndim}-dimensional result or input")
     return int(axis) % ndim
 
 
-def _ring(flat, *, mode, names, timeout_ms, in_place=False):
-    """Binds one ring op on a 1-D array; `in_place`: its output may take the array's buffer."""
+def _ring(flat, *, mode, names, timeout_ms):
+    """Binds one ring op on a 1-D array (whether it runs in place is decided at every bind: _in_place)."""
     if _jax_compat.checking_varying_axes():
-        flat = _varying_over_all(flat, names) if mode == ALLREDUCE else _auto_pcast(flat, names)
-    return ring_p.bind(
-        flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids), timeout_ms=timeout_ms,
-        in_place=in_place,
-    )
+        flat = _typed_input(flat, names, mode)
+    return ring_p.bind(flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids),
+                       timeout_ms=timeout_ms)
 
 
 def _ring_of_one(lax_op, local_result):
@@ -95,30 +93,29 @@ def _ring_of_one(lax_op, local_result):
     return lax_op() if _jax_compat.checking_varying_axes() else local_result()
 
 
-def _varying_over_all(flat, names):
-    """As lax.psum before it reduces: a value invariant over every reduced axis counts once per device."""
+def _typed_input(flat, names, mode):
+    """The ring's input under check_vma, as lax's op takes it before it reduces.
+
+    lax.psum and psum_scatter take a value varying over all the reduced axes or
+    over none (not unreduced or reduced ones: explicit sharding); under
+    jax_auto_pcast every op marks the input varying over the reduced axes it
+    is invariant over, so a value invariant over them counts once per device.
+    """
     aval = jax.typeof(flat)
-    if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
-        raise ValueError(
-            f"jaxring.allreduce over {names} of an unreduced or reduced value ({aval}): "
-            "use jax.lax.psum for explicit-sharding reductions"
-        )
-    varying = _jax_compat.varying_axes(aval)
-    missing = tuple(n for n in names if n not in varying)
-    if len(missing) not in (0, len(names)):
-        raise ValueError(
-            f"jaxring.allreduce over {names} of a value varying over some of them only ({aval}): "
-            f"as lax.psum, it takes one that varies over all or none; mark it with "
-            f"jax.lax.pcast(x, {missing}, to='varying')"
-        )
-    if missing and _jax_compat.auto_pcast():
-        return jax.lax.pcast(flat, missing, to="varying")
-    return flat
-
-
-def _auto_pcast(flat, names):
-    """As lax.psum_scatter and all_gather under jax_auto_pcast: an input invariant over some reduced axes is marked varying."""
-    missing = tuple(n for n in names if n not in _jax_compat.varying_axes(jax.typeof(flat)))
+    missing = tuple(n for n in names if n not in _jax_compat.varying_axes(aval))
+    if mode != ALL_GATHER:
+        name, lax_name = ("allreduce", "psum") if mode == ALLREDUCE else ("reduce_scatter", "psum_scatter")
+        if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
+            raise ValueError(
+                f"jaxring.{name} over {names} of an unreduced or reduced value ({aval}): "
+                f"use jax.lax.{lax_name} for explicit-sharding reductions"
+            )
+        if len(missing) not in (0, len(names)):
+            raise ValueError(
+                f"jaxring.{name} over {names} of a value varying over some of them only ({aval}): "
+                f"as lax.{lax_name}, it takes one that varies over all or none; mark it with "
+                f"jax.lax.pcast(x, {missing}, to='varying')"
+            )
     if missing and _jax_compat.auto_pcast():
         return jax.lax.pcast(flat, missing, to="varying")
     return flat
@@ -147,20 +144,25 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     n_procs = _processes() if processes else 1
 
     def reduce_leaf(leaf):
-        x = _as_supported_array(leaf, "allreduce")
+        x = jnp.asarray(leaf)
+        if x.dtype == jnp.bool_:  # as lax.psum: booleans are summed as int32 (counted)
+            x = x.astype(jnp.int32)
+        x = _as_supported_array(x, "allreduce")
         ranks = _ring_size(names)
         if n_procs > 1:
             return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
-        lax_op = functools.partial(jax.lax.psum if op == "sum" else jax.lax.pmean, x, names)
+        lax_reduce = jax.lax.psum if op == "sum" else jax.lax.pmean
+        if not isinstance(leaf, jax.core.Tracer):
+            # A value no trace computed (a Python or numpy scalar, a constant) is the same on
+            # every device: lax sums it when tracing, with no collective, so jaxring does too,
+            # to lax's type (a Python scalar stays one).
+            return lax_reduce(leaf, names)
+        lax_op = functools.partial(lax_reduce, x, names)
         if ranks == 1:
             return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
         if x.size == 0:
             return lax_op()
-        # In place over a value the program computed; over its own input XLA would copy the
-        # input first, which costs more than the fresh output it saves (docs/PERFORMANCE.md).
-        in_place = not _jax_compat.is_input_of_traced_function(x)
-        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms,
-                      in_place=in_place).reshape(x.shape)
+        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
@@ -199,11 +201,19 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
     of N equal blocks along it.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    x = jnp.asarray(x)
+    # Out of range, lax.psum_scatter raises IndexError, before it looks at the dtype; numpy's
+    # AxisError is one, and the ValueError jaxring raised before.
+    if x.ndim == 0:
+        raise np.exceptions.AxisError(
+            f"jaxring.reduce_scatter of a 0-dimensional x: it scatters blocks of x along "
+            f"scatter_dimension={scatter_dimension!r}, as lax.psum_scatter; sum a scalar with jaxring.allreduce"
+        )
+    dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension", np.exceptions.AxisError)
     x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
     ranks = _ring_size(names)
-    dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension")
     size = x.shape[dim]
     if (size % ranks if tiled else size != ranks):
         raise ValueError(
@@ -229,6 +239,9 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    x = jnp.asarray(x)
+    if x.dtype == jnp.bool_:  # lax gathers booleans as booleans; the ring carries them as int32
+        return all_gather(x.astype(jnp.int32), axis_name, axis=axis, tiled=tiled, timeout=timeout).astype(jnp.bool_)
     x = _as_supported_array(x, "all_gather")
     timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
@@ -283,7 +296,9 @@ def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
     if mode == REDUCE_SCATTER and x.shape[0] % ranks:
         raise ValueError(f"reduce_scatter input of {x.shape[0]} elements is not a multiple of {ranks}")
     shape = (_out_elements(x.shape[0], mode, ranks),)
-    return _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
+    out = _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
+    # Typed as lax's: an untyped psum's result is never weakly typed (psum_p's abstract eval).
+    return out.update(weak_type=False) if mode == ALLREDUCE and not _jax_compat.checking_varying_axes() else out
 
 
 def _workspace_elements(dtype, elements, mode, platform):
@@ -404,10 +419,8 @@ def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_pl
     # are each other's transpose.
     transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
     return [
-        ring_p.bind(
-            cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids),
-            timeout_ms=timeout_ms, in_place=not _jax_compat.is_input_of_traced_function(cotangent),
-        )
+        ring_p.bind(cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids),
+                    timeout_ms=timeout_ms)
     ]
 
 
@@ -421,9 +434,11 @@ def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms, 
     # batch element: [B, N*c] -> [N, B, c] for reduce_scatter, and back for
     # all_gather. All-reduce is elementwise, so any layout works.
     (x,), (dim,) = args, dims
+    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
+    if dim is None:  # a value vmap does not batch (a constant): the op as it is, once
+        return ring_p.bind(x, **params), None
     x = jnp.moveaxis(x, dim, 0)
     batch, length = x.shape
-    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
     if mode == REDUCE_SCATTER:
         x = x.reshape(batch, ranks, length // ranks).transpose(1, 0, 2)
         return ring_p.bind(x.reshape(-1), **params).reshape(batch, length // ranks), 0
@@ -433,6 +448,14 @@ def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms, 
     return out.reshape(batch, length), 0
 
 
+def _in_place(trace, operands, params):
+    """An op's output may take its input's buffer where the program computed the input; over the
+    program's own input XLA would copy it first, which costs more than the fresh output it
+    saves (docs/PERFORMANCE.md). Decided at each bind, from the operand bound there."""
+    return {**params, "in_place": _jax_compat.is_computed_in(trace, operands[0])}
+
+
+_jax_compat.decide_params_at_every_bind(ring_p, _in_place)
 ring_p.def_abstract_eval(_abstract_eval)
 ad.deflinear2(ring_p, _transpose)
 batching.fancy_primitive_batchers[ring_p] = _batch

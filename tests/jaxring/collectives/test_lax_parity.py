@@ -28,12 +28,14 @@ class Lax:
     def allreduce(x, axis_name, op="sum"):
         return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, axis_name)
 
+    tree_allreduce = allreduce
     reduce_scatter = staticmethod(jax.lax.psum_scatter)
     all_gather = staticmethod(jax.lax.all_gather)
 
 
 class Ring:
     allreduce = staticmethod(jaxring.allreduce)
+    tree_allreduce = staticmethod(jaxring.tree_allreduce)
     reduce_scatter = staticmethod(jaxring.reduce_scatter)
     all_gather = staticmethod(jaxring.all_gather)
 
@@ -131,6 +133,10 @@ CASES = [
     Case("scatter-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.reduce_scatter(x, "y", tiled=True), (P("x", None),), P("x", "y"), ((4, 6),)),
     Case("gather-input-invariant-over-axis", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, "y"), (P("x", None),), P(None, ("x", "y")), ((4, 6),)),
     Case("gather-tiled-over-both-axes", {"x": 2, "y": 2}, lambda ops, x: ops.all_gather(x, ("x", "y"), tiled=True), (P("x", None),), P(("x", "y")), ((4, 6),)),
+    # psum_scatter, as psum, takes a value varying over all the reduced axes or none.
+    Case("scatter-input-varying-over-one-of-two-axes", {"x": 2, "y": 2}, lambda ops, x: ops.reduce_scatter(x, ("x", "y"), tiled=True), (P("x"),), P(("x", "y")), ((8,),),
+         refusal="partly_varying"),
+    Case("scatter-input-varying-over-neither-axis", {"x": 2, "y": 2}, lambda ops, x: ops.reduce_scatter(x, ("x", "y"), tiled=True), (P(),), P(("x", "y")), ((8,),)),
     Case("untiled-scatter-wrong-size", {"x": 4}, lambda ops, x: ops.reduce_scatter(x, "x"), (P("x"),), P("x"), ((12, 3),), refusal="scatter_size"),
     Case("gather-axis-out-of-range", {"x": 4}, lambda ops, x: ops.all_gather(x, "x", axis=3), (P("x"),), P("x"), ((8, 3),), refusal="gather_axis"),
     Case("unbound-axis", {"x": 4}, lambda ops, x: ops.allreduce(x, "z"), (P("x"),), P("x"), ((8, 3),), refusal="unbound_axis"),
@@ -161,7 +167,7 @@ def run(ops, case, check_vma, inputs):
 
 def assert_same(ring, lax, n_devices):
     assert ring.shape == lax.shape and ring.dtype == lax.dtype, (ring.shape, ring.dtype, lax.shape, lax.dtype)
-    if jnp.issubdtype(lax.dtype, jnp.integer):
+    if not jnp.issubdtype(lax.dtype, jnp.floating):  # integers and booleans: exact
         assert (ring == lax).all()
         return
     # Both round every partial sum (lax in the input's type, jaxring in float32).

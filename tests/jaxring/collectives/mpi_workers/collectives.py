@@ -6,6 +6,7 @@ prints "PASS <check>" per check; test_mpi.py counts them.
 """
 
 import hashlib
+import pathlib
 import sys
 
 import jax
@@ -18,6 +19,9 @@ import jaxring
 from jaxring.collectives import mpi, replicas, topology
 from jaxring.engine import sync as sync_lib
 from jaxring.engine.task import AXIS as AXIS_SYNC
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[4]))  # the repository root, for tests.*
+from tests.jaxring.collectives.operand_kinds import BLOCK, OPERANDS  # noqa: E402
 
 SEED = 20261121
 SHAPES = [(1,), (2,), (7,), (129,), (5, 33)]  # tiny, below the device counts, odd
@@ -286,6 +290,34 @@ def check_queued():
                                   lambda k: np.full((L,), queued_loops.scale(k)), queued_loops.STEPS_IN_FLIGHT)
     queued_loops.check("processes=True, queued", means, w, expected_means, expected_w)
     passed("queued")
+
+
+def check_operand_kinds():
+    """allreduce(processes=True), sum and mean, and tree_allreduce over every kind of operand lax.psum
+    takes (operand_kinds.py), in one program: lax.psum's and pmean's dtypes, and the float64 sum over
+    every device of every process."""
+    x = data(world.rank, 300, BLOCK, jnp.float32)
+
+    def each_kind(allreduce, tree_mean):
+        return lambda v: {kind: (allreduce(f(v), "sum"), allreduce(f(v), "mean"), tree_mean({"a": f(v), "b": [f(v)]}))
+                          for kind, f in OPERANDS.items()}
+
+    ring = jax.pmap(each_kind(lambda a, op: jaxring.allreduce(a, AXIS, op, processes=True),
+                              lambda t: jaxring.tree_allreduce(t, AXIS, op="mean", processes=True)), AXIS)(x)
+    lax = jax.pmap(each_kind(lambda a, op: (jax.lax.psum if op == "sum" else jax.lax.pmean)(a, AXIS),
+                             lambda t: jax.lax.pmean(t, AXIS)), AXIS)(x)
+    operands = jax.pmap(lambda v: {kind: jnp.asarray(f(v)) for kind, f in OPERANDS.items()}, AXIS)(x)
+    for kind in OPERANDS:
+        every_device = np.concatenate(comm.allgather(np.asarray(operands[kind])))
+        total = every_device.astype(np.float64).sum(0)
+        tolerance = world.n_devices * float(jnp.finfo(jnp.float32).eps) * np.abs(every_device.astype(np.float64)).sum(0)
+        for got, want, reference in zip(jax.tree.leaves(ring[kind]), jax.tree.leaves(lax[kind]),
+                                        [total] + [total / world.n_devices] * 3):
+            got = np.asarray(got)
+            assert got.dtype == np.asarray(want).dtype and got.shape == (L, *np.shape(reference)), (kind, got.dtype, got.shape)
+            assert same_everywhere(got), kind
+            assert (np.abs(got.astype(np.float64) - reference) <= tolerance).all(), (kind, got[0], reference)
+    passed("operand_kinds")
 
 
 if __name__ == "__main__":
