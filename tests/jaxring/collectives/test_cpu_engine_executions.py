@@ -52,21 +52,17 @@ def _orders(rng, ranks, runs, in_flight, how):
     (2, 3, "reversed_on_odd_ranks"), (4, 4, "shuffled"), (8, 2, "shuffled"), (3, 5, "same"),
 ])
 def test_executions_started_in_any_order_each_sum_their_own_data(path, ranks, in_flight, how):
-    rng = np.random.default_rng(ranks * 31 + in_flight)
-    runs, occurrences, elements = 24, 2, 1001
-    x = _inputs(rng, runs, occurrences, ranks, elements)
-    out = np.full_like(x, np.nan)
-    errors = engine_test.meet(x, out, _orders(rng, ranks, runs, in_flight, how), in_flight, PATHS[path])
-    assert errors == []
-    _check(x, out)
+    _meet_and_check(np.random.default_rng(ranks * 31 + in_flight), ranks, 24, 2, 1001, in_flight, how, path)
 
 
 def test_more_executions_in_flight_than_ranks_on_a_ring_of_more_ranks_than_the_one_shot_lanes():
-    rng = np.random.default_rng(3)
-    ranks, runs = 18, 10
-    x = _inputs(rng, runs, 1, ranks, 333)
+    _meet_and_check(np.random.default_rng(3), 18, 10, 1, 333, 3, "shuffled", "auto")
+
+
+def _meet_and_check(rng, ranks, runs, occurrences, elements, in_flight, how, path):
+    x = _inputs(rng, runs, occurrences, ranks, elements)
     out = np.full_like(x, np.nan)
-    assert engine_test.meet(x, out, _orders(rng, ranks, runs, 3, "shuffled"), 3, PATHS["auto"]) == []
+    assert engine_test.meet(x, out, _orders(rng, ranks, runs, in_flight, how), in_flight, PATHS[path]) == []
     _check(x, out)
 
 
