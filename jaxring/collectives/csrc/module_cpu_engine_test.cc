@@ -35,11 +35,11 @@ using Values = nb::ndarray<float, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 // `in_flight` of its runs are unfinished; a run makes its calls (its
 // occurrences, as a loop in the program would) one after the other, each as
 // the handler does (cpu_ring.cc: a short wait for the peers, then the call).
-// Rank `late_rank` starts `late_ms` after the others. Returns the errors of
-// the calls that failed.
+// Rank `late_rank` starts once every other rank's runs have ended. Returns
+// the errors of the calls that failed.
 std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int64_t>> orders,
                               int64_t in_flight, int64_t path, int64_t timeout_ms,
-                              int64_t inline_wait_us, int64_t late_rank, int64_t late_ms) {
+                              int64_t inline_wait_us, int64_t late_rank) {
   static std::atomic<int64_t> op_ids{1LL << 40};  // apart from every traced op's id
   const int64_t op_id = op_ids.fetch_add(1);
   const int64_t occurrences = x.shape(1), ranks = x.shape(2), elements = x.shape(3);
@@ -51,6 +51,8 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
   std::mutex mu;
   std::condition_variable finished;
   std::vector<int64_t> unfinished(ranks, 0);
+  size_t others_finished = 0, others_runs = 0;  // the runs of the ranks other than late_rank
+  for (int64_t r = 0; r < ranks; ++r) others_runs += r == late_rank ? 0 : orders[r].size();
   std::vector<std::string> errors;
   auto run_calls = [&](int64_t rank, int64_t run) {
     for (int64_t k = 0; k < occurrences; ++k) {
@@ -69,6 +71,7 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
     }
     std::lock_guard<std::mutex> lock(mu);
     --unfinished[rank];
+    if (rank != late_rank) ++others_finished;
     finished.notify_all();
   };
   {
@@ -77,7 +80,10 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
     std::mutex runs_mu;
     for (int64_t rank = 0; rank < ranks; ++rank) {
       launchers.emplace_back([&, rank] {
-        if (rank == late_rank) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+        if (rank == late_rank) {
+          std::unique_lock<std::mutex> lock(mu);
+          finished.wait(lock, [&] { return others_finished == others_runs; });
+        }
         for (const int64_t run : orders[rank]) {
           {
             std::unique_lock<std::mutex> lock(mu);
@@ -102,7 +108,7 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
 NB_MODULE(_jaxring_cpu_engine_test, m) {
   m.def("meet", &jaxring::Meet, nb::arg("x"), nb::arg("out"), nb::arg("orders"), nb::arg("in_flight"),
         nb::arg("path"), nb::arg("timeout_ms") = 20000, nb::arg("inline_wait_us") = 0,
-        nb::arg("late_rank") = -1, nb::arg("late_ms") = 0,
+        nb::arg("late_rank") = -1,
         "All-reduces x[run, occurrence, rank] into out over the ranks, each rank starting its runs "
         "in orders[rank], at most `in_flight` unfinished at a time; returns the failed calls' errors.");
 }
