@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,13 +47,21 @@ class Occurrences {
   int64_t Next(int64_t run_id) {
     auto [it, inserted] = counts_.try_emplace(run_id, 0);
     const int64_t occurrence = it->second++;
-    if (inserted && counts_.size() > kRemembered) counts_.erase(counts_.begin());
+    if (inserted) {
+      // Forget the run seen first, not the smallest id: XLA's run ids need not increase.
+      order_.push_back(run_id);
+      if (order_.size() > kRemembered) {
+        counts_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
     return occurrence;
   }
 
  private:
   static constexpr size_t kRemembered = 1024;
   std::map<int64_t, int64_t> counts_;
+  std::deque<int64_t> order_;  // the runs in counts_, oldest first
 };
 
 class Rendezvous {
