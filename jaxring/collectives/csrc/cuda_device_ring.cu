@@ -118,9 +118,10 @@ __device__ __forceinline__ void PoisonValue(int32_t* v) { *v = INT32_MIN; }
 
 // Run by every block of a rank's kernel at its end: the last block to finish
 // (a counter in the rank's flag block that only grows) poisons the rank's
-// whole output if any lane of this call gave up.
+// whole output if any lane of this call gave up, then tells the host that the
+// call is over (the engine reuses its flags for a later execution only then).
 template <typename T>
-__device__ void PoisonIfAnyLaneFailed(const KernelArgs& args) {
+__device__ void FinishCall(const KernelArgs& args) {
   __shared__ int last;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -137,12 +138,18 @@ __device__ void PoisonIfAnyLaneFailed(const KernelArgs& args) {
       failed |= static_cast<volatile LaneFailureRecord*>(args.failures)[lane].epoch == args.epoch;
     }
   }
-  if (!__syncthreads_or(failed)) return;
-  const SchedulePlan& plan = args.plan;
-  const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank)
-                                                      : plan.chunks.elements;
-  T* out = static_cast<T*>(args.buffers[plan.rank].out);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) PoisonValue(out + i);
+  if (__syncthreads_or(failed)) {
+    const SchedulePlan& plan = args.plan;
+    const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank)
+                                                        : plan.chunks.elements;
+    T* out = static_cast<T*>(args.buffers[plan.rank].out);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) PoisonValue(out + i);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    StoreRelease(args.finished, args.epoch);
+  }
 }
 
 // One block per lane. Bounded registers (256 threads, two blocks per SM:
@@ -167,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs
     __threadfence_system();
     record->epoch = args.epoch;
   }
-  PoisonIfAnyLaneFailed<T>(args);
+  FinishCall<T>(args);
 }
 
 template <typename T>

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -37,35 +38,41 @@ std::string DeviceList(const std::vector<int>& devices) {
 
 }  // namespace
 
-// What a rank tells its peers at a call's meeting.
+// What a rank tells its peers at a meeting.
 struct Published {
   RankBuffers buffers{};
-  uint64_t* flag_block = nullptr;
-  int64_t run_id = 0;
   std::string problem;  // why this rank cannot run the call; "" if it can
 };
 
-// One rank of a ring. Only that rank's handler thread writes it, except
-// `published`, which peers read after the meeting. Two, alternating: a rank
-// can publish for its next call while a slower peer still reads this one,
-// but not two calls ahead (it would need that peer at the next meeting).
-struct DeviceEngine::Rank {
-  uint64_t* flag_block = nullptr;  // kSlotWords in its device's pool
-  uint64_t meetings = 0;
-  uint64_t blocks_done = 0;
-  Published published[2];
-  std::vector<const void*> readable;  // buffers every peer device was found to read
+// The flags of one meeting at a time: a flag block per rank, the epoch the
+// meeting opened with, and what its ranks published. Written under its
+// ring's lock, except `published[r]` (by rank r before it arrives; read by
+// its peers once every rank arrived) and the atomics.
+struct DeviceEngine::Session {
+  std::vector<uint64_t*> flag_blocks;  // per rank, kSlotWords in its device's pool
+  std::vector<int64_t> slots;          // per rank, the block's index in finished_host_
+  std::vector<uint64_t> blocks_done;   // per rank: kernel blocks launched on its block
+  std::vector<Published> published;
+  uint64_t epoch = 0;
+  bool open = false;  // a meeting holds it (not every rank has left)
+  std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to its meeting
+  std::atomic<int64_t> arrived{0};              // of them, those that published
+  int64_t left = 0;
+  std::atomic<bool> broken{false};  // the meeting failed before every rank arrived
+  std::string broken_why;           // written before `broken` is set
 };
 
 struct DeviceEngine::Ring {
   std::vector<int> devices;
   bool use_device = false;
   int64_t failure_set = -1;  // index of its device set's failure records
-  std::vector<Rank> ranks;
-  std::unique_ptr<std::atomic<uint64_t>[]> arrived;  // per rank: the last meeting it reached
-  std::atomic<bool> broken{false};  // a meeting timed out: the ranks no longer agree on the count
-  std::mutex broken_mu;
-  std::string broken_why;
+  std::mutex mu;             // everything below, and the sessions' plain fields
+  uint64_t epochs = 0;       // meetings opened; a meeting's epoch is the count at its opening
+  std::map<std::pair<int64_t, int64_t>, Session*> open;  // (run id, occurrence) -> its session
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Occurrences> occurrences;  // by rank
+  std::vector<std::optional<std::pair<int64_t, int64_t>>> last_joined;  // by rank
+  std::vector<std::vector<const void*>> readable;  // by rank: buffers every peer device reads
 };
 
 DeviceEngine::DeviceEngine(CudaSeam* seam, EngineOptions options)
@@ -124,6 +131,13 @@ std::string DeviceEngine::Prepare() {
     failure_host_ = static_cast<LaneFailureRecord*>(host);
     failure_device_ = static_cast<LaneFailureRecord*>(device_view);
   }
+  if (prepare_error_.empty()) {
+    void *host = nullptr, *device_view = nullptr;
+    prepare_error_ = seam_->AllocMappedHost(
+        static_cast<size_t>(count * options_.pool_slots) * sizeof(uint64_t), &host, &device_view);
+    finished_host_ = static_cast<uint64_t*>(host);
+    finished_device_ = static_cast<uint64_t*>(device_view);
+  }
   if (!prepare_error_.empty()) {
     prepare_error_ = "jaxring device ring: preparing the devices failed: " + prepare_error_;
   }
@@ -144,9 +158,9 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
     if (slot == nullptr) {
       auto made = std::make_unique<Ring>();
       made->devices = devices;
-      made->ranks.resize(devices.size());
-      made->arrived.reset(new std::atomic<uint64_t>[devices.size()]);
-      for (size_t r = 0; r < devices.size(); ++r) made->arrived[r].store(0);
+      made->occurrences.resize(devices.size());
+      made->last_joined.resize(devices.size());
+      made->readable.resize(devices.size());
       std::string why;
       if (call.ranks > kMaxDeviceRanks) {
         why = "more than " + std::to_string(kMaxDeviceRanks) + " ranks";
@@ -202,20 +216,6 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
              " but its ring places it on device " + std::to_string(ring->devices[call.rank]);
     return nullptr;
   }
-  // The rank's flag block, at its first call (whichever thread makes it).
-  Rank& rank = ring->ranks[call.rank];
-  if (ring->use_device && rank.flag_block == nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t& used = pool_used_[device];
-    if (used == options_.pool_slots) {
-      *error = "jaxring device ring: device " + std::to_string(device) + "'s pool of " +
-               std::to_string(options_.pool_slots) +
-               " ring flag blocks is used up (one per collective op and rank); use fewer "
-               "distinct collectives (larger buckets) or JAXRING_CUDA_ENGINE=host";
-      return nullptr;
-    }
-    rank.flag_block = pools_[device] + used++ * kSlotWords;
-  }
   return ring;
 }
 
@@ -247,89 +247,244 @@ std::string DeviceEngine::TakeFailureOf(int64_t set, int64_t rank) {
   return error;
 }
 
+namespace {
+
+uint64_t LoadFinished(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+void StoreFinished(uint64_t* word, uint64_t epoch) { __atomic_store_n(word, epoch, __ATOMIC_RELEASE); }
+
+std::string MeetingName(const std::pair<int64_t, int64_t>& meeting) {
+  return "execution " + std::to_string(meeting.first) + " (call " +
+         std::to_string(meeting.second + 1) + " of this op there)";
+}
+
+}  // namespace
+
+// A session no meeting holds and whose kernels have all finished, else a new
+// one; nullptr (the caller waits) when max_sessions sessions wait for their
+// kernels or the pool is used up, with *error set if the ring has no session
+// to wait for. Sessions that meetings hold do not count: the
+// ranks may open meetings in any order, and a meeting must never wait for
+// another one to gather its ranks. Under ring->mu.
+DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error) {
+  int64_t on_device = 0;
+  for (const auto& session : ring->sessions) {
+    if (session->open) continue;
+    bool finished = true;
+    for (int64_t slot : session->slots) finished &= LoadFinished(finished_host_ + slot) >= session->epoch;
+    if (finished) return session.get();
+    ++on_device;
+  }
+  if (on_device >= options_.max_sessions) return nullptr;
+  const int64_t ranks = static_cast<int64_t>(ring->devices.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int device : ring->devices) {
+    if (pool_used_[device] + std::count(ring->devices.begin(), ring->devices.end(), device) >
+        options_.pool_slots) {
+      if (ring->sessions.empty()) {
+        *error = "jaxring device ring: device " + std::to_string(device) + "'s pool of " +
+                 std::to_string(options_.pool_slots) +
+                 " ring flag blocks is used up (one per rank of each collective op, and more per "
+                 "op while executions are queued); use fewer distinct collectives (larger "
+                 "buckets) or JAXRING_CUDA_ENGINE=host";
+      }
+      return nullptr;
+    }
+  }
+  auto session = std::make_unique<Session>();
+  for (int device : ring->devices) {
+    const int64_t slot = pool_used_[device]++;
+    session->flag_blocks.push_back(pools_[device] + slot * kSlotWords);
+    session->slots.push_back(device * options_.pool_slots + slot);
+  }
+  session->blocks_done.assign(ranks, 0);
+  session->published.resize(ranks);
+  session->joined.reset(new std::atomic<bool>[ranks]);
+  ring->sessions.push_back(std::move(session));
+  return ring->sessions.back().get();
+}
+
+// Rank `call.rank` comes to its meeting of execution `run_id`: the session of
+// that meeting (opened by the first rank to come), or nullptr with *error when
+// the meeting already failed or no session came free before the deadline.
+DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int64_t run_id,
+                                          std::string* error) {
+  const int64_t ranks = static_cast<int64_t>(ring->devices.size());
+  std::pair<int64_t, int64_t> meeting;
+  {
+    std::lock_guard<std::mutex> lock(ring->mu);
+    meeting = {run_id, ring->occurrences[call.rank].Next(run_id)};
+    ring->last_joined[call.rank] = meeting;
+  }
+  const auto deadline = DeadlineFor(call.timeout_ms);
+  for (int spins = 0;; ++spins) {
+    {
+      std::lock_guard<std::mutex> lock(ring->mu);
+      Session*& session = ring->open[meeting];
+      if (session != nullptr) {
+        if (session->broken.load(std::memory_order_relaxed)) {
+          *error = session->broken_why;
+          if (++session->left == ranks) {
+            session->open = false;
+            ring->open.erase(meeting);
+          }
+          return nullptr;
+        }
+        session->joined[call.rank].store(true, std::memory_order_relaxed);
+        return session;
+      }
+      session = FreeSession(ring, error);
+      if (session != nullptr) {
+        session->epoch = ++ring->epochs;
+        session->open = true;
+        session->left = 0;
+        session->arrived.store(0, std::memory_order_relaxed);
+        session->broken.store(false, std::memory_order_relaxed);
+        session->broken_why.clear();
+        for (int64_t r = 0; r < ranks; ++r) session->joined[r].store(r == call.rank, std::memory_order_relaxed);
+        return session;
+      }
+      ring->open.erase(meeting);
+      if (!error->empty()) return nullptr;
+      // Every session is held by a meeting or by kernels still on the device:
+      // wait for the device (executions already launched), not for any rank.
+      if ((spins & 63) == 0 && Clock::now() > deadline) {
+        *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + ": rank " +
+                 std::to_string(call.rank) + " found all " + std::to_string(ring->sessions.size()) +
+                 " flag sessions of the op still in use by earlier executions (their kernels had "
+                 "not finished) until the timeout, in " + MeetingName(meeting) +
+                 "; an earlier execution's kernel is stuck on the device";
+        return nullptr;
+      }
+    }
+    std::this_thread::yield();
+  }
+}
+
+// The last rank to leave a meeting frees its session for a later one, once
+// every rank's kernel has finished; a rank that did not launch says so itself.
+void DeviceEngine::Leave(Ring* ring, Session* session, int64_t rank, bool launched) {
+  std::lock_guard<std::mutex> lock(ring->mu);
+  if (!launched) StoreFinished(finished_host_ + session->slots[rank], session->epoch);
+  if (++session->left < static_cast<int64_t>(ring->devices.size())) return;
+  session->open = false;
+  for (auto it = ring->open.begin(); it != ring->open.end(); ++it) {
+    if (it->second == session) {
+      ring->open.erase(it);
+      break;
+    }
+  }
+}
+
+// What this rank tells its peers: its buffers, and what it found wrong.
+std::string DeviceEngine::Publish(Ring* ring, const RingCall& call, const DeviceRank& me) {
+  std::string problem = TakeFailureOf(ring->failure_set, call.rank);
+  if (!problem.empty()) {
+    return "its previous call timed out on the device (its output was poisoned): " + problem;
+  }
+  // Peers read this rank's input, output and partial sums: each must be
+  // mapped into every peer device (memory from cudaMallocAsync pools or VMM
+  // is not, whatever peer access says).
+  for (const void* buffer : {me.in, static_cast<const void*>(me.out), static_cast<const void*>(me.acc)}) {
+    if (buffer == nullptr) continue;
+    {
+      std::lock_guard<std::mutex> lock(ring->mu);
+      const auto& known = ring->readable[call.rank];
+      if (std::find(known.begin(), known.end(), buffer) != known.end()) continue;
+    }
+    for (int peer : ring->devices) {
+      if (peer == me.device) continue;
+      if (std::string why = seam_->PeerCanRead(buffer, peer); !why.empty()) {
+        return "its buffer " + Hex(buffer) + " on device " + std::to_string(me.device) +
+               " cannot be read by device " + std::to_string(peer) + " (" + why +
+               "); XLA's default BFC allocator (XLA_PYTHON_CLIENT_ALLOCATOR=default) "
+               "gives peer-mapped memory, or use JAXRING_CUDA_ENGINE=host";
+      }
+    }
+    std::lock_guard<std::mutex> lock(ring->mu);
+    auto& known = ring->readable[call.rank];
+    if (known.size() == kRememberedBuffers) known.erase(known.begin());
+    known.push_back(buffer);
+  }
+  return "";
+}
+
+// Arrives at the meeting and waits until every rank has: true then, else
+// false with *error (the meeting is then broken, and no rank launches).
+bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall& call,
+                                   std::string* error) {
+  const int64_t ranks = static_cast<int64_t>(ring->devices.size());
+  {
+    std::lock_guard<std::mutex> lock(ring->mu);
+    if (session->broken.load(std::memory_order_relaxed)) {
+      *error = session->broken_why;
+      return false;
+    }
+    session->arrived.fetch_add(1, std::memory_order_release);
+  }
+  const auto deadline = DeadlineFor(call.timeout_ms);
+  for (int spins = 0;; ++spins) {
+    if (session->arrived.load(std::memory_order_acquire) == ranks) return true;
+    if (session->broken.load(std::memory_order_acquire)) break;
+    if (spins < 64) continue;
+    if ((spins & 63) == 0 && Clock::now() > deadline) {
+      std::lock_guard<std::mutex> lock(ring->mu);
+      if (session->arrived.load(std::memory_order_acquire) == ranks) return true;
+      if (!session->broken.load(std::memory_order_relaxed)) {
+        std::string missing, doing;
+        for (int64_t p = 0; p < ranks; ++p) {
+          if (session->joined[p].load(std::memory_order_relaxed)) continue;
+          const auto& last = ring->last_joined[p];
+          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+          doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
+                   (last ? "'s latest call of this op was in " + MeetingName(*last)
+                         : std::string(" never called this op"));
+        }
+        const auto meeting = std::find_if(ring->open.begin(), ring->open.end(),
+                                          [&](const auto& m) { return m.second == session; });
+        session->broken_why =
+            "jaxring device ring: op " + std::to_string(call.key.op_id) + " in " +
+            MeetingName(meeting->first) + ": rank " + std::to_string(call.rank) +
+            " timed out waiting for rank(s) [" + (missing.empty() ? "?" : missing) +
+            "] that never arrived" + (doing.empty() ? "" : doing + ")") +
+            ". Every device of the axis must run the same collectives in the same order; "
+            "raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately "
+            "slow. The op's other executions go on.";
+        session->broken.store(true, std::memory_order_release);
+      }
+      break;
+    }
+    std::this_thread::yield();
+  }
+  std::lock_guard<std::mutex> lock(ring->mu);
+  *error = session->broken_why;
+  return false;
+}
+
 DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType type,
                                         const DeviceRank& me, const std::vector<int>& devices,
                                         DevicePath path, std::string* error) {
   Ring* ring = RingFor(call, devices, me.device, error);
   if (ring == nullptr) return Outcome::kFailed;
   if (!ring->use_device) return Outcome::kUseHostEngine;
-  if (ring->broken.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(ring->broken_mu);
-    *error = ring->broken_why;
-    return Outcome::kFailed;
-  }
-  Rank& rank = ring->ranks[call.rank];
-  const uint64_t meeting = ++rank.meetings;
-  Published& mine = rank.published[meeting % 2];
+  Session* session = Join(ring, call, me.run_id, error);
+  if (session == nullptr) return Outcome::kFailed;
+  Published& mine = session->published[call.rank];
   mine.buffers = RankBuffers{me.in, me.out, me.acc};
-  mine.flag_block = rank.flag_block;
-  mine.run_id = me.run_id;
-  mine.problem = TakeFailureOf(ring->failure_set, call.rank);
-  if (!mine.problem.empty()) {
-    mine.problem = "its previous call timed out on the device (its output was poisoned): " +
-                   mine.problem;
-  }
-  // Peers read this rank's input, output and partial sums: each must be
-  // mapped into every peer device (memory from cudaMallocAsync pools or VMM
-  // is not, whatever peer access says).
-  for (const void* buffer : {me.in, static_cast<const void*>(me.out), static_cast<const void*>(me.acc)}) {
-    if (!mine.problem.empty() || buffer == nullptr) break;
-    if (std::find(rank.readable.begin(), rank.readable.end(), buffer) != rank.readable.end()) continue;
-    for (int peer : ring->devices) {
-      if (peer == me.device) continue;
-      if (std::string why = seam_->PeerCanRead(buffer, peer); !why.empty()) {
-        mine.problem = "its buffer " + Hex(buffer) + " on device " + std::to_string(me.device) +
-                       " cannot be read by device " + std::to_string(peer) + " (" + why +
-                       "); XLA's default BFC allocator (XLA_PYTHON_CLIENT_ALLOCATOR=default) "
-                       "gives peer-mapped memory, or use JAXRING_CUDA_ENGINE=host";
-        break;
-      }
-    }
-    if (mine.problem.empty()) {
-      if (rank.readable.size() == kRememberedBuffers) rank.readable.erase(rank.readable.begin());
-      rank.readable.push_back(buffer);
-    }
-  }
-  // The meeting: publish, then wait for every rank to reach this meeting.
-  ring->arrived[call.rank].store(meeting, std::memory_order_release);
-  const auto deadline = DeadlineFor(call.timeout_ms);
-  for (int64_t p = 0; p < call.ranks; ++p) {
-    for (int spins = 0; ring->arrived[p].load(std::memory_order_acquire) < meeting; ++spins) {
-      if (spins < 64) continue;
-      if ((spins & 63) == 0 && Clock::now() > deadline) {
-        std::lock_guard<std::mutex> lock(ring->broken_mu);
-        if (ring->broken_why.empty()) {
-          ring->broken_why =
-              "jaxring device ring: rank " + std::to_string(p) + " of op " +
-              std::to_string(call.key.op_id) + " never arrived at call " +
-              std::to_string(meeting) + " (rank " + std::to_string(call.rank) +
-              " waited until the timeout); every device of the axis must run the same "
-              "collectives in the same order. This op stays failed: its ranks no longer agree "
-              "on the call count.";
-        }
-        ring->broken.store(true, std::memory_order_release);
-        *error = ring->broken_why;
-        return Outcome::kFailed;
-      }
-      std::this_thread::yield();
-    }
+  mine.problem = Publish(ring, call, me);
+  if (!EveryoneArrived(ring, session, call, error)) {
+    Leave(ring, session, call.rank, /*launched=*/false);
+    return Outcome::kFailed;
   }
   KernelArgs args{};
   for (int64_t p = 0; p < call.ranks; ++p) {
-    const Published& peer = ring->ranks[p].published[meeting % 2];
+    const Published& peer = session->published[p];
     if (!peer.problem.empty()) {
       *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + " fails on every rank: rank " +
                std::to_string(p) + " reports that " + peer.problem;
+      Leave(ring, session, call.rank, /*launched=*/false);
       return Outcome::kFailed;
     }
-    if (peer.run_id != me.run_id) {
-      *error = "jaxring device ring: op " + std::to_string(call.key.op_id) +
-               " runs in two executions at once (run ids " + std::to_string(me.run_id) + " and " +
-               std::to_string(peer.run_id) +
-               "), which would share its flags; run the executions one after the other";
-      return Outcome::kFailed;
-    }
-    args.flag_blocks[p] = peer.flag_block;
+    args.flag_blocks[p] = session->flag_blocks[p];
     args.buffers[p] = peer.buffers;
   }
   const int64_t element_bytes = ElementBytes(type);
@@ -340,16 +495,19 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
   args.plan = SchedulePlan::Make(call.mode, call.elements, call.ranks, call.rank,
                                  call.slice_elements, call.align);
   args.lanes = LanesOf(call, args.plan, element_bytes, one_shot);
-  args.epoch = meeting;
+  args.epoch = session->epoch;
   args.one_shot = one_shot;
   args.failures = failure_device_ + ring->failure_set * kRecordsPerSet + call.rank * kMaxLanes;
-  args.blocks_done = rank.flag_block + kFlagWords;
-  rank.blocks_done += static_cast<uint64_t>(args.lanes);
-  args.blocks_done_after = rank.blocks_done;
+  args.blocks_done = session->flag_blocks[call.rank] + kFlagWords;
+  session->blocks_done[call.rank] += static_cast<uint64_t>(args.lanes);
+  args.blocks_done_after = session->blocks_done[call.rank];
+  args.finished = finished_device_ + session->slots[call.rank];
+  const auto deadline = DeadlineFor(call.timeout_ms);
   args.timeout_ns = static_cast<uint64_t>(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count()));
-  if (*error = seam_->Launch(type, args, me.stream); !error->empty()) return Outcome::kFailed;
-  return Outcome::kLaunched;
+  *error = seam_->Launch(type, args, me.stream);
+  Leave(ring, session, call.rank, /*launched=*/error->empty());
+  return error->empty() ? Outcome::kLaunched : Outcome::kFailed;
 }
 
 }  // namespace jaxring

@@ -10,15 +10,30 @@
 //   access between every pair of devices that can map each other, and makes each device's pool of flag words
 //   and the host-mapped failure records. Later calls make no CUDA call but
 //   the launch and pointer queries.
-// - The ranks of a ring meet once per call without a lock: each publishes its
-//   buffers and what it found wrong, then waits for every peer's arrival count
-//   (ring-wide, so the meeting number is the call's epoch). Whatever one rank
-//   found (a device-side timeout its last kernel recorded, buffers a peer
-//   cannot map, another device or execution) fails the call on every rank, so
-//   no peer waits out a timeout for a rank that gave up.
-// - A ring's state is keyed by (op id, ring group) and remembers its devices
-//   and its execution: the same op id on other devices, or in two executions
-//   at once, is refused instead of sharing flags.
+// - The calls of one op in one execution (XLA's RunId, and the call's
+//   occurrence in it, as the CPU engine and XLA's own collectives meet) form a
+//   meeting, whatever else is in flight: JAX queues executions without waiting
+//   for them, so a rank may be in several at once, and its handler threads may
+//   reach them in any order. A rank waits on the host only for its peers of
+//   the same meeting (to learn their buffers), never for another execution.
+// - Each meeting runs on a session of its own: a flag block per rank and the
+//   ring-wide epoch the meeting opened with, so no kernel of one execution
+//   reads another's flags or buffers. A session serves a later meeting once
+//   every rank's kernel of its last one has finished (each kernel's last block
+//   writes the epoch it ran into a host-mapped word); sessions are made as
+//   needed up to max_sessions per ring, after which a new meeting waits for
+//   the device to finish one (an execution that has started), so state stays
+//   bounded.
+// - Each rank publishes its buffers and what it found wrong; whatever one rank
+//   found (a device-side timeout its kernel recorded, buffers a peer cannot
+//   map) fails the meeting on every rank, so no peer waits out a timeout for a
+//   rank that gave up. A meeting a rank never comes to fails on the ranks
+//   there at the timeout, naming it and its latest call of the op; a rank that
+//   comes later fails at once. No rank launched for such a meeting (a rank
+//   launches only once every rank is there), so nothing touches freed buffers,
+//   and the op's other executions go on.
+// - A ring's state is keyed by (op id, ring group) and remembers its devices:
+//   the same op id on other devices is refused instead of sharing flags.
 // - The device engine runs a ring only over NVLink-class links (peer access
 //   with native atomics) unless forced; the choice is logged once per ring.
 #pragma once
@@ -58,8 +73,9 @@ constexpr int kPacksPerPass = 8;
 constexpr int64_t kBytesPerLane = int64_t{kThreads} * 16 * kPacksPerPass;
 
 // Words of one rank's flag block in the pool: the (peer, lane) flags, then the
-// count of the rank's finished kernel blocks (the last block of a call poisons
-// the output if a lane of the call failed).
+// count of the rank's finished kernel blocks on it (the last block of a call
+// poisons the output if a lane of the call failed, then reports the call
+// finished).
 constexpr int kSlotWords = kFlagWords + 8;
 
 struct KernelArgs {
@@ -73,6 +89,7 @@ struct KernelArgs {
   LaneFailureRecord* failures;  // this rank's, one per lane (device view)
   uint64_t* blocks_done;        // this rank's count of finished blocks
   uint64_t blocks_done_after;   // its value once this call's last block is done
+  uint64_t* finished;           // host-mapped: the last block writes `epoch` here at the end
 };
 
 // How two devices are connected, for the engine choice.
@@ -109,6 +126,10 @@ struct DeviceRank {
 struct EngineOptions {
   bool any_link = false;      // run over PCIe too (JAXRING_CUDA_ENGINE=device-any-link)
   int64_t pool_slots = 4096;  // rank flag blocks per device
+  // Sessions (meetings whose kernels may not have finished) per ring: the
+  // executions of one op a rank can have queued on the device before a new
+  // one waits for the oldest to finish.
+  int64_t max_sessions = 16;
   std::function<void(const std::string&)> log;  // the engine choice, once per ring
   std::function<int64_t(int64_t ranks)> one_shot_max_bytes;
 };
@@ -137,11 +158,16 @@ class DeviceEngine {
 
  private:
   struct Ring;
-  struct Rank;
+  struct Session;
   Ring* RingFor(const RingCall& call, const std::vector<int>& devices, int device,
                 std::string* error);
   std::string Prepare();
   std::string TakeFailureOf(int64_t set, int64_t rank);
+  Session* Join(Ring* ring, const RingCall& call, int64_t run_id, std::string* error);
+  Session* FreeSession(Ring* ring, std::string* error);
+  void Leave(Ring* ring, Session* session, int64_t rank, bool launched);
+  std::string Publish(Ring* ring, const RingCall& call, const DeviceRank& me);
+  bool EveryoneArrived(Ring* ring, Session* session, const RingCall& call, std::string* error);
 
   CudaSeam* const seam_;
   const EngineOptions options_;
@@ -152,6 +178,10 @@ class DeviceEngine {
   std::vector<std::vector<PeerLink>> links_;
   std::vector<uint64_t*> pools_;   // per device, pool_slots x kSlotWords
   std::vector<int64_t> pool_used_;
+  // Per device and pool slot, host-mapped: the epoch of the last call whose
+  // kernel finished on that flag block (host and device views).
+  uint64_t* finished_host_ = nullptr;
+  uint64_t* finished_device_ = nullptr;
   LaneFailureRecord* failure_host_ = nullptr;
   LaneFailureRecord* failure_device_ = nullptr;
   std::map<std::vector<int>, int64_t> failure_sets_;  // device set -> first record index

@@ -2,8 +2,13 @@
 // tests/jaxring/collectives/test_device_engine.py: k ranks on k host
 // threads call the engine as XLA's handler threads do; the fake records
 // every CUDA call, keeps the kernel arguments of each launch, and can play
-// a kernel that timed out, a buffer a peer cannot map, and the links.
+// a kernel that timed out, a buffer a peer cannot map, and the links. With
+// `play`, each launch runs ring_protocol.h's lanes on a host thread of its
+// own over the flags and buffers the engine gave it, as the kernel would
+// (float32 data in host memory), so the tests check the sums of executions
+// queued in any order (Fake::Queue).
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -14,6 +19,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <condition_variable>
 #include <chrono>
 #include <stdexcept>
 #include <map>
@@ -25,11 +32,14 @@
 #include <vector>
 
 #include "device_engine.h"
+#include "host_elementwise.h"
 
 namespace nb = nanobind;
 
 namespace jaxring {
 namespace {
+
+using Values = nb::ndarray<float, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 
 struct Launched {
   int64_t rank;
@@ -84,6 +94,13 @@ class FakeCuda : public CudaSeam {
   // the real kernel does (ring_protocol.h's outcome, at the call's epoch).
   std::string Launch(xla::ffi::DataType, const KernelArgs& args, void*) override {
     const int64_t rank = args.plan.rank, ranks = args.plan.ranks();
+    if (play_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      kernels_.emplace_back([args] { PlayKernel(args); });
+      return "";
+    }
+    // Without `play` a kernel ends at once.
+    __atomic_store_n(args.finished, args.epoch, __ATOMIC_RELEASE);
     // Timed calls (time_calls) take no lock here: the engine's path is timed.
     if (!keep_launches_ && !any_fail_.load(std::memory_order_acquire)) return "";
     std::lock_guard<std::mutex> lock(mu_);
@@ -102,6 +119,17 @@ class FakeCuda : public CudaSeam {
     return "";
   }
 
+  // Joins every played kernel launched so far.
+  void Drain() {
+    std::vector<std::thread> kernels;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kernels.swap(kernels_);
+    }
+    for (auto& k : kernels) k.join();
+  }
+  ~FakeCuda() override { Drain(); }
+
   void Record(const std::string& what) {
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back(what + (launched_.empty() ? "" : " (after a launch)"));
@@ -118,7 +146,60 @@ class FakeCuda : public CudaSeam {
   std::atomic<bool> any_fail_{false};  // fail_ is not empty
   int64_t pointer_queries_ = 0;
   bool keep_launches_ = true;
+  bool play_ = false;
+  std::vector<std::thread> kernels_;
   std::string fail_setup_;
+
+ private:
+  // The kernel's lanes one after another (lane b of a rank waits only on lane
+  // b of its peers, so every rank going through the lanes in order is one
+  // schedule the GPU may run), then its last block's work (FinishCall in
+  // cuda_device_ring.cu).
+  static void PlayKernel(KernelArgs args) {
+    PlayedSync sync{Clock::now() + std::chrono::nanoseconds(args.timeout_ns)};
+    HostElementwise ew;
+    bool failed = false;
+    for (int64_t lane = 0; lane < args.lanes; ++lane) {
+      const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, lane, args.epoch,
+                                    args.flag_blocks, args.buffers};
+      const LaneOutcome outcome = args.one_shot
+                                      ? RunShotLane<float>(Shot::kOneShot, args.plan, call, sync, ew)
+                                      : RunRingLane<float, float>(args.plan, call, sync, ew);
+      if (!outcome.ok) {
+        args.failures[lane] = LaneFailureRecord{args.epoch, outcome.peer, outcome.wanted, outcome.seen};
+        failed = true;
+      }
+    }
+    if (failed) {
+      const SchedulePlan& plan = args.plan;
+      const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank) : plan.chunks.elements;
+      float* out = static_cast<float*>(args.buffers[plan.rank].out);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::nanf("");
+    }
+    __atomic_fetch_add(args.blocks_done, static_cast<uint64_t>(args.lanes), __ATOMIC_ACQ_REL);
+    __atomic_store_n(args.finished, args.epoch, __ATOMIC_RELEASE);
+  }
+
+  // ring_protocol.h's primitives over the engine's flag words, on host threads.
+  struct PlayedSync {
+    using Word = uint64_t;
+    Clock::time_point deadline;
+    void Publish(Word* const* words, int count, uint64_t value) {
+      for (int i = 0; i < count; ++i) __atomic_store_n(words[i], value, __ATOMIC_RELEASE);
+    }
+    bool Wait(const Word* word, uint64_t value, uint64_t* seen) {
+      for (int spins = 0;; ++spins) {
+        *seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (*seen >= value) return true;
+        if ((spins & 63) == 0 && Clock::now() > deadline) return false;
+        std::this_thread::yield();
+      }
+    }
+    bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value, int64_t* which,
+                   uint64_t* seen) {
+      return WaitInTurn(*this, first, stride, count, value, which, seen);
+    }
+  };
 };
 
 PeerLink LinkNamed(const std::string& name) {
@@ -132,7 +213,7 @@ PeerLink LinkNamed(const std::string& name) {
 class Fake {
  public:
   Fake(int devices, const std::map<std::pair<int, int>, std::string>& links, bool any_link,
-       int64_t pool_slots, int64_t one_shot_max_bytes)
+       int64_t pool_slots, int64_t one_shot_max_bytes, int64_t max_sessions, bool play)
       : cuda_(devices, [&] {
           std::map<std::pair<int, int>, PeerLink> parsed;
           for (const auto& [pair, name] : links) parsed[pair] = LinkNamed(name);
@@ -141,6 +222,8 @@ class Fake {
     EngineOptions options;
     options.any_link = any_link;
     options.pool_slots = pool_slots;
+    options.max_sessions = max_sessions;
+    cuda_.play_ = play;
     options.one_shot_max_bytes = [one_shot_max_bytes](int64_t) { return one_shot_max_bytes; };
     options.log = [this](const std::string& line) { engine_log_.push_back(line); };  // under the engine's lock
     engine_ = std::make_unique<DeviceEngine>(&cuda_, options);
@@ -180,6 +263,85 @@ class Fake {
     }
     for (auto& t : threads) t.join();
     return results;
+  }
+
+  // All-reduces x[run, occurrence, rank, :] over the ranks (devices 0..k-1)
+  // into out[run, occurrence, rank, :], as a runtime that keeps up to
+  // `in_flight` executions in flight on each device would: rank r starts the
+  // runs of orders[r] in that order, each on a thread of its own, once fewer
+  // than `in_flight` of its runs are unfinished; a run makes its calls (its
+  // occurrences, as a loop in the program would) one after the other, each
+  // returning once launched, as XLA's handler does. Rank `late_rank` starts
+  // once every other rank's runs have returned. Once every played kernel has
+  // ended: the errors of the calls that failed, then each rank's recorded
+  // device failure.
+  std::vector<std::string> Queue(Values x, Values out, std::vector<std::vector<int64_t>> orders,
+                                 int64_t in_flight, const std::string& path, int64_t timeout_ms,
+                                 int64_t late_rank) {
+    static std::atomic<int64_t> op_ids{1LL << 40};  // apart from the other tests' ops
+    const int64_t op_id = op_ids.fetch_add(1);
+    const int64_t occurrences = x.shape(1), ranks = x.shape(2), elements = x.shape(3);
+    const DevicePath device_path = path == "ring"       ? DevicePath::kRing
+                                   : path == "one_shot" ? DevicePath::kOneShot
+                                                        : DevicePath::kAuto;
+    std::vector<int> devices(ranks);
+    for (int64_t r = 0; r < ranks; ++r) devices[r] = static_cast<int>(r);
+    std::mutex mu;
+    std::condition_variable finished;
+    std::vector<int64_t> unfinished(ranks, 0);
+    size_t others_finished = 0, others_runs = 0;
+    for (int64_t r = 0; r < ranks; ++r) others_runs += r == late_rank ? 0 : orders[r].size();
+    std::vector<std::string> errors;
+    auto run_calls = [&](int64_t rank, int64_t run) {
+      for (int64_t k = 0; k < occurrences; ++k) {
+        const RingCall call = MakeRingCall(RendezvousKey{1000 + run, op_id, 0}, Mode::kAllReduce, elements,
+                                           ranks, rank, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
+        float* at = out.data() + ((run * occurrences + k) * ranks + rank) * elements;
+        const DeviceRank me{x.data() + ((run * occurrences + k) * ranks + rank) * elements, at, at,
+                            devices[rank], reinterpret_cast<void*>(rank + 1), 1000 + run};
+        std::string error;
+        engine_->Run(call, xla::ffi::DataType::F32, me, devices, device_path, &error);
+        if (!error.empty()) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      --unfinished[rank];
+      if (rank != late_rank) ++others_finished;
+      finished.notify_all();
+    };
+    nb::gil_scoped_release released;
+    std::vector<std::thread> launchers, runs;
+    std::mutex runs_mu;
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      launchers.emplace_back([&, rank] {
+        if (rank == late_rank) {
+          std::unique_lock<std::mutex> lock(mu);
+          finished.wait(lock, [&] { return others_finished == others_runs; });
+        }
+        for (const int64_t run : orders[rank]) {
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            finished.wait(lock, [&] { return unfinished[rank] < in_flight; });
+            ++unfinished[rank];
+          }
+          std::lock_guard<std::mutex> lock(runs_mu);
+          runs.emplace_back(run_calls, rank, run);
+        }
+      });
+    }
+    for (auto& launcher : launchers) launcher.join();
+    for (auto& run : runs) run.join();
+    cuda_.Drain();
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      const RingCall call = MakeRingCall(RendezvousKey{1, op_id, 0}, Mode::kAllReduce, elements, ranks,
+                                         rank, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
+      if (std::string failure = engine_->TakeFailure(call, devices); !failure.empty()) {
+        errors.push_back("rank " + std::to_string(rank) + " on the device: " + failure);
+      }
+    }
+    return errors;
   }
 
   // Host nanoseconds per call per rank (the median rank) of `calls` calls
@@ -261,12 +423,18 @@ class Fake {
 NB_MODULE(_jaxring_engine_test, m) {
   using jaxring::Fake;
   nb::class_<Fake>(m, "Fake")
-      .def(nb::init<int, const std::map<std::pair<int, int>, std::string>&, bool, int64_t, int64_t>(),
+      .def(nb::init<int, const std::map<std::pair<int, int>, std::string>&, bool, int64_t, int64_t, int64_t,
+                    bool>(),
            nb::arg("devices"), nb::arg("links") = std::map<std::pair<int, int>, std::string>{},
-           nb::arg("any_link") = false, nb::arg("pool_slots") = 64, nb::arg("one_shot_max_bytes") = 0)
+           nb::arg("any_link") = false, nb::arg("pool_slots") = 64, nb::arg("one_shot_max_bytes") = 0,
+           nb::arg("max_sessions") = 16, nb::arg("play") = false)
       .def("run", &Fake::Run, nb::arg("op_id"), nb::arg("devices"), nb::arg("elements") = 1000,
            nb::arg("calls") = 1, nb::arg("mode") = 0, nb::arg("timeout_ms") = 10000,
            nb::arg("run_ids") = std::vector<int64_t>{}, nb::arg("absent_rank") = -1)
+      .def("queue", &Fake::Queue, nb::arg("x"), nb::arg("out"), nb::arg("orders"), nb::arg("in_flight"),
+           nb::arg("path") = "auto", nb::arg("timeout_ms") = 20000, nb::arg("late_rank") = -1,
+           "All-reduces x[run, occurrence, rank] into out over the ranks, each rank starting its runs in "
+           "orders[rank], at most `in_flight` unfinished at a time; returns the errors (played kernels only).")
       .def("time_calls", &Fake::TimeCalls, nb::arg("ranks"), nb::arg("calls"), nb::arg("op_id"))
       .def("launches", &Fake::Launches, "Each launch since the last ask (and forgets them).")
       .def("cuda_calls", [](Fake& f) { std::lock_guard<std::mutex> l(f.cuda_.mu_); return f.cuda_.calls_; })

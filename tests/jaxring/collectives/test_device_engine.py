@@ -33,7 +33,8 @@ def test_devices_are_prepared_once_before_the_first_launch():
     for device in range(4):
         assert calls.count(f"load_kernels {device}") == 1
         assert calls.count(f"alloc_device {device} {pool_bytes}") == 1
-    assert sum(c.startswith("alloc_mapped") for c in calls) == 1
+    # The failure records and the words in which kernels report their calls finished.
+    assert sum(c.startswith("alloc_mapped") for c in calls) == 2
     # Peer access wherever there is a link, PCIe too (the host-staged engine uses it), never later.
     enabled = {tuple(map(int, c.split()[1:])) for c in calls if c.startswith("enable_peer")}
     assert enabled == {(a, b) for a in range(4) for b in range(4) if a != b} - {(2, 3), (3, 2)}
@@ -45,19 +46,27 @@ def test_ranks_agree_on_epochs_flag_blocks_and_buffers():
     fake.run(first, [0, 1, 2], elements=100003, calls=4)
     launches = fake.launches()
     assert sorted((l["epoch"], l["rank"]) for l in launches) == [(e, r) for e in range(1, 5) for r in range(3)]
-    blocks = {tuple(l["flag_blocks"]) for l in launches}
-    assert len(blocks) == 1 and len(set(next(iter(blocks)))) == 3  # one block per rank, for every call
+    # The ranks of a call agree on its flag blocks, one per rank; a rank a call ahead of a peer still
+    # leaving the last meeting gets a second session, so at most two sets serve the four calls.
+    by_epoch = {}
+    for l in launches:
+        by_epoch.setdefault(l["epoch"], set()).add(tuple(l["flag_blocks"]))
+    assert all(len(sets) == 1 for sets in by_epoch.values()), by_epoch
+    blocks = {next(iter(sets)) for sets in by_epoch.values()}
+    assert 1 <= len(blocks) <= 2 and all(len(set(b)) == 3 for b in blocks)
     assert {tuple(l["inputs"]) for l in launches} == {tuple(engine_test.input_address(r) for r in range(3))}
-    for rank in range(3):
-        mine = sorted((l for l in launches if l["rank"] == rank), key=lambda l: l["epoch"])
-        # The count of finished blocks grows by the call's lanes, in the rank's own block.
-        lanes = [l["lanes"] for l in mine]
-        assert [l["blocks_done_after"] for l in mine] == list(itertools.accumulate(lanes))
-        assert {l["blocks_done"] for l in mine} == {l["flag_blocks"][rank] + 8 * 256 for l in mine}
+    for block in blocks:
+        for rank in range(3):
+            mine = sorted((l for l in launches if l["rank"] == rank and tuple(l["flag_blocks"]) == block),
+                          key=lambda l: l["epoch"])
+            # The count of finished blocks grows by the call's lanes, in the rank's own block.
+            lanes = [l["lanes"] for l in mine]
+            assert [l["blocks_done_after"] for l in mine] == list(itertools.accumulate(lanes))
+            assert {l["blocks_done"] for l in mine} <= {block[rank] + 8 * 256}
     fake.run(second, [0, 1, 2], calls=1)
     other = fake.launches()
     assert {l["epoch"] for l in other} == {1}
-    assert not set(other[0]["flag_blocks"]) & set(next(iter(blocks)))
+    assert not set(other[0]["flag_blocks"]) & {b for block in blocks for b in block}
 
 
 @pytest.mark.parametrize("links, any_link, expected, reason", [
@@ -135,30 +144,33 @@ def test_one_op_on_two_device_sets_is_refused():
         assert f"op {ring} group 0 first ran on devices [0, 1] and now on [2, 3]" in error
 
 
-def test_two_executions_at_once_are_refused_on_every_rank():
-    fake = Fake(2)
-    for outcome, error in fake.run(op(), [0, 1], run_ids=[7, 8])[0]:
-        assert outcome == "failed" and "runs in two executions at once" in error
-
-
-def test_a_rank_that_never_arrives_fails_its_peers_and_the_op_stays_failed():
+def test_a_rank_that_never_arrives_fails_its_peers_and_later_executions_go_on():
     fake = Fake(3)
     ring = op()
-    results = fake.run(ring, [0, 1, 2], timeout_ms=200, absent_rank=2)[0]
+    results = fake.run(ring, [0, 1, 2], timeout_ms=200, absent_rank=2, run_ids=[5, 5, 5])[0]
     for rank in (0, 1):
         assert results[rank][0] == "failed"
-        assert "rank 2 of op" in results[rank][1] and "never arrived at call 1" in results[rank][1]
-    again = fake.run(ring, [0, 1, 2], timeout_ms=200)[0]
-    assert all(outcome == "failed" and "This op stays failed" in error for outcome, error in again)
+        error = results[rank][1]
+        assert f"op {ring} in execution 5 (call 1 of this op there): rank " in error  # whichever gave up first
+        assert "timed out waiting for rank(s) [2] that never arrived (rank 2 never called this op)" in error
     assert fake.launches() == []
+    # Rank 2 comes late to execution 5: it fails at once, launching nothing.
+    late = fake.run(ring, [0, 1, 2], timeout_ms=200, run_ids=[6, 6, 5])[0]
+    assert late[2][0] == "failed" and "rank(s) [2] that never arrived" in late[2][1]
+    assert [l["rank"] for l in fake.launches()] == []  # ranks 0 and 1 waited in vain for rank 2 in execution 6
+    assert all("execution 6" in error for _, error in late[:2])
+    assert outcomes(fake.run(ring, [0, 1, 2], run_ids=[7, 7, 7])) == {"launched"}
 
 
 def test_a_used_up_flag_pool_is_a_clear_error():
     fake = Fake(2, pool_slots=2)
-    assert outcomes(fake.run(op(), [0, 1])) == {"launched"}
+    first = op()
+    assert outcomes(fake.run(first, [0, 1])) == {"launched"}
     assert outcomes(fake.run(op(), [1, 0])) == {"launched"}
     results = fake.run(op(), [0, 1], timeout_ms=200)[0]
     assert any("pool of 2 ring flag blocks is used up" in error for _, error in results), results
+    # Rings that have a session reuse it once its kernels finished, with no block from the pool.
+    assert outcomes(fake.run(first, [0, 1], calls=3, run_ids=[9, 9])) == {"launched"}
 
 
 def test_a_failed_preparation_is_reported_on_every_call():
