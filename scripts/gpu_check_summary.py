@@ -28,6 +28,7 @@ TARGETS = [
     ("256MiB_f32_k8_copy_fraction>=0.85", 1, ("bench", "bench-decisive")),
     ("256MiB_bf16_k8_copy_fraction>=0.80", 1, ("bench", "bench-decisive")),
     ("500 queued steps through the MPI leg's CUDA handler", 1, ("stage", "mpi-cuda-queued")),
+    ("256 queued steps through both CUDA engines, k=2 and 8", 1, ("cases", "cuda-queued")),
     ("protocol tests on CPU", 2, ("stage", "protocol")),
     ("compute-sanitizer memcheck, host engine", 2, ("stage", "sanitizer-host")),
     ("compute-sanitizer memcheck, one tiny device case", 2, ("stage", "sanitizer-device")),
@@ -35,14 +36,15 @@ TARGETS = [
     ("jax checks, device engine", 2, ("stage", "jax-device")),
     ("a misspelt engine refused with the fix", 2, ("stage", "jax-bad-engine")),
     ("MPI leg's CUDA handler: 2 processes, float64 and bitwise checks", 2, ("stage", "mpi-cuda-leg")),
-    ("correctness: k=2,8, sizes to 64M, float32 and bfloat16", 2, ("cases", "correctness-large")),
-    ("ds2_paper_projected_ms<=2", 2, ("bench", "bench-buckets")),
+    ("correctness: k=2,8, sizes to 64M, float32 and bfloat16", 3, ("cases", "correctness-large")),
+    ("ds2_paper_projected_ms<=2", 3, ("bench", "bench-buckets")),
     ("ds2_paper_b256_compile_s<=30", 2, ("bench", "compile-time")),
 ]
 # What each setting waits for, and where it lives.
 FLIPS = [
     ("default engine", ["smoke: both engines, k=2 and 8, tiny sizes",
                         "correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes",
+                        "256 queued steps through both CUDA engines, k=2 and 8",
                         "4KiB_f32_k8_device_us<=40", "256MiB_f32_k8_copy_fraction>=0.85",
                         "compute-sanitizer memcheck, one tiny device case", "jax checks, device engine",
                         "correctness: k=2,8, sizes to 64M, float32 and bfloat16"],
@@ -122,7 +124,7 @@ def summarise(out, part):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the folder gpu_check.sh wrote")
-    parser.add_argument("--part", type=int, choices=(1, 2), required=True)
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), required=True)
     args = parser.parse_args()
     summary = summarise(args.out, args.part)
     with open(os.path.join(args.out, "summary.json"), "w") as f:

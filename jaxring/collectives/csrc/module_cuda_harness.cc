@@ -60,6 +60,33 @@ NB_MODULE(_jaxring_cuda_harness, m) {
       nb::arg("outputs"), nb::arg("elements"), nb::arg("slice_bytes"), nb::arg("timeout_s"),
       "One call of k = len(inputs) virtual ranks; fills `outputs`; returns each rank's error.");
   m.def(
+      "queue",
+      [](const std::string& engine, const std::string& path, int64_t mode, const std::string& dtype,
+         Array inputs, Array outputs, int64_t elements, int64_t slice_bytes, double timeout_s) {
+        if (inputs.ndim() != 3 || outputs.ndim() != 3 || outputs.shape(0) != inputs.shape(0) ||
+            outputs.shape(1) != inputs.shape(1)) {
+          throw std::invalid_argument("inputs and outputs must be [steps, ranks, n] arrays");
+        }
+        const auto c = CaseOf(engine, path, mode, dtype, inputs.shape(1), elements, slice_bytes,
+                              timeout_s);
+        const size_t bytes = jaxring::ElementBytes(c.type);
+        const int64_t chunk = elements / c.ranks;
+        if (inputs.itemsize() != bytes || outputs.itemsize() != bytes ||
+            static_cast<int64_t>(inputs.shape(2)) != (mode == 2 ? chunk : elements) ||
+            static_cast<int64_t>(outputs.shape(2)) != (mode == 1 ? chunk : elements)) {
+          throw std::invalid_argument(
+              "inputs and outputs must have the dtype's item size, and n the elements each rank "
+              "gives and gets (all_gather gives a chunk, reduce_scatter gets one)");
+        }
+        const int64_t steps = inputs.shape(0);
+        nb::gil_scoped_release release;
+        return jaxring::HarnessQueue(c, steps, inputs.data(), outputs.data());
+      },
+      nb::arg("engine"), nb::arg("path"), nb::arg("mode"), nb::arg("dtype"), nb::arg("inputs"),
+      nb::arg("outputs"), nb::arg("elements"), nb::arg("slice_bytes"), nb::arg("timeout_s"),
+      "len(inputs) steps of k = inputs.shape[1] virtual ranks, queued without a sync between them; "
+      "fills `outputs`; returns each rank's first error.");
+  m.def(
       "time",
       [](const std::string& engine, const std::string& path, int64_t mode, const std::string& dtype,
          int64_t ranks, int64_t elements, int64_t slice_bytes, int calls, int warmup, int rotate) {

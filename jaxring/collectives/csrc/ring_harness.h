@@ -27,6 +27,15 @@ struct HarnessCase {
 // [ranks][out_elements]. Returns each rank's error ("" if none).
 std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, void* outputs);
 
+// `steps` calls queued as JAX queues executions: each rank's thread enqueues
+// every step on its stream without waiting for any (each step a new XLA run
+// id and buffers of its own), then synchronises once. Inputs
+// [steps][ranks][in_elements] from the host, outputs poisoned before and
+// copied to `outputs` [steps][ranks][out_elements]. Returns each rank's
+// first error ("" if none).
+std::vector<std::string> HarnessQueue(const HarnessCase& c, int64_t steps, const void* inputs,
+                                      void* outputs);
+
 struct HarnessTimes {
   std::vector<double> device_us;  // per call: first start to last end over the ranks' streams
   double host_us_per_call;        // wall time of all calls / calls, rank threads kept alive

@@ -1,0 +1,80 @@
+"""Both CUDA engines with steps queued as JAX queues them (issue 36; scripts/gpu_check.sh part 1).
+
+k virtual ranks on one GPU (the harness of scripts/check_cuda_ring.py): each
+rank's thread enqueues every step's all-reduce on its stream without waiting
+for any, each step an XLA execution of its own (its own run id and buffers)
+with inputs of its own; one synchronisation at the end, then every step's
+output is checked against float64 numpy and its replicas compared bitwise. A
+stall fails within --timeout (the device kernels and the host meetings both
+give up then). One JSON line per case to --out; exit status non-zero if any
+case fails.
+
+    python scripts/check_cuda_queued.py --out queued.jsonl --steps 256 --ranks 2,8
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from check_cuda_ring import ENGINES, MODES, harness, ring
+
+
+def check_queued(rng, engine, path, k, steps, n, timeout):
+    """(ok, message) of `steps` queued float32 all-reduces of n elements over k ranks."""
+    x = rng.standard_normal((steps, k, n), dtype=np.float32)
+    out = np.zeros_like(x)
+    errors = harness.queue(engine, path, MODES["allreduce"], "float32", x, out, n, ring.SLICE_BYTES["cuda"], timeout)
+    if any(errors):
+        return False, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+    wide = x.astype(np.float64)
+    total = wide.sum(axis=1, keepdims=True)
+    bound = 2.0**-24 * np.abs(total) + k * 2.0**-24 * np.abs(wide).sum(axis=1, keepdims=True)
+    bad = ~(np.abs(out - total) <= bound)  # NaN (a poisoned output) counts as bad
+    if bad.any():
+        step, rank, index = np.argwhere(bad)[0]
+        return False, (f"{int(bad.sum())} wrong elements in {len(np.unique(np.argwhere(bad)[:, 0]))} steps; first: "
+                       f"step {step} rank {rank} element {index} got {out[step, rank, index]!r} "
+                       f"expected {total[step, 0, index]!r}")
+    if (out != out[:, :1]).any():
+        return False, "the replicas of a step differ bitwise"
+    return True, ""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON lines, one per case")
+    parser.add_argument("--ranks", default="2,8")
+    parser.add_argument("--steps", type=int, default=256)
+    parser.add_argument("--sizes", default="4099,100003", help="elements per step (odd: pieces of every length)")
+    parser.add_argument("--engines", default="host,device", help="which of host, device to check")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a call may wait for its ranks")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    print("device:", harness.device_info(), flush=True)
+    failures = cases = 0
+    with open(args.out, "w") as out:
+        for k in map(int, args.ranks.split(",")):
+            for n in map(int, args.sizes.split(",")):
+                for engine, path in ENGINES:
+                    if engine not in args.engines.split(","):
+                        continue
+                    start = time.perf_counter()
+                    ok, message = check_queued(rng, engine, path, k, args.steps, n, args.timeout)
+                    record = dict(engine=engine, path=path, ranks=k, size=n, steps=args.steps, ok=ok, message=message,
+                                  seconds=round(time.perf_counter() - start, 3))
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                    cases += 1
+                    if not ok:
+                        failures += 1
+                        print("FAIL", record, flush=True)
+    print(f"{cases} cases of {args.steps} queued steps, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
