@@ -48,7 +48,7 @@ def main():
     parser.add_argument("--out", required=True, help="JSON lines, one per case")
     parser.add_argument("--ranks", default="2,8")
     parser.add_argument("--steps", type=int, default=256)
-    parser.add_argument("--sizes", default="4099,100003", help="elements per step (odd: pieces of every length)")
+    parser.add_argument("--sizes", default="4099,30011", help="elements per step (odd: pieces of every length)")
     parser.add_argument("--engines", default="host,device", help="which of host, device to check")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a call may wait for its ranks")
     parser.add_argument("--seed", type=int, default=0)

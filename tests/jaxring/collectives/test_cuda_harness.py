@@ -17,6 +17,11 @@ def test_the_gpu_harness_rejects_bad_arguments_before_touching_a_gpu():
         harness.run("device", "auto", ALLREDUCE, "float64", inputs, inputs.copy(), 8, 1 << 20, 1.0)
     with pytest.raises(ValueError, match="elements must be a multiple of ranks"):
         harness.run("device", "auto", REDUCE_SCATTER, "float32", inputs, inputs.copy(), 9, 1 << 20, 1.0)
+    steps = np.ones((3, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="must be \\[steps, ranks, n\\] arrays"):
+        harness.queue("device", "auto", ALLREDUCE, "float32", inputs, inputs.copy(), 8, 1 << 20, 1.0)
+    with pytest.raises(ValueError, match="n the elements each rank gives and gets"):
+        harness.queue("device", "auto", ALLREDUCE, "float32", steps, steps.copy(), 9, 1 << 20, 1.0)
 
 
 def test_a_misspelt_cuda_engine_is_refused_at_the_first_collective_even_on_one_device():
