@@ -135,7 +135,7 @@ __device__ void FinishCall(const KernelArgs& args) {
   if (threadIdx.x == 0) {
     __threadfence();
     for (int64_t lane = 0; lane < args.lanes; ++lane) {
-      failed |= static_cast<volatile LaneFailureRecord*>(args.failures)[lane].epoch == args.epoch;
+      failed |= static_cast<volatile LaneFailureRecord*>(args.failures)[lane].call == args.call_tag;
     }
   }
   if (__syncthreads_or(failed)) {
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs
     record->wanted = outcome.wanted;
     record->seen = outcome.seen;
     __threadfence_system();
-    record->epoch = args.epoch;
+    record->call = args.call_tag;
   }
   FinishCall<T>(args);
 }

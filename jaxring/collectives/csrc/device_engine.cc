@@ -63,6 +63,7 @@ struct DeviceEngine::Session {
 };
 
 struct DeviceEngine::Ring {
+  uint64_t serial = 0;  // 1 + the rings made before it, for KernelArgs::call_tag
   std::vector<int> devices;
   bool use_device = false;
   int64_t failure_set = -1;  // index of its device set's failure records
@@ -157,6 +158,7 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
     auto& slot = rings_[{call.key.op_id, call.key.group}];
     if (slot == nullptr) {
       auto made = std::make_unique<Ring>();
+      made->serial = rings_.size() + 1;
       made->devices = devices;
       made->occurrences.resize(devices.size());
       made->last_joined.resize(devices.size());
@@ -237,12 +239,12 @@ std::string DeviceEngine::TakeFailureOf(int64_t set, int64_t rank) {
   std::string error;
   for (int lane = 0; lane < kMaxLanes; ++lane) {
     volatile LaneFailureRecord* record = records + lane;
-    if (record->epoch == 0) continue;
+    if (record->call == 0) continue;
     if (error.empty()) {
       error = DescribeLaneFailure(rank, LaneOutcome{false, record->peer, record->wanted,
                                                    record->seen});
     }
-    record->epoch = 0;
+    record->call = 0;
   }
   return error;
 }
@@ -496,6 +498,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
                                  call.slice_elements, call.align);
   args.lanes = LanesOf(call, args.plan, element_bytes, one_shot);
   args.epoch = session->epoch;
+  args.call_tag = ring->serial << 32 | session->epoch;
   args.one_shot = one_shot;
   args.failures = failure_device_ + ring->failure_set * kRecordsPerSet + call.rank * kMaxLanes;
   args.blocks_done = session->flag_blocks[call.rank] + kFlagWords;

@@ -55,9 +55,9 @@ namespace jaxring {
 enum class DevicePath { kAuto, kRing, kOneShot };
 
 // What a lane that gave up leaves for the host, in host-mapped memory;
-// epoch 0: nothing to report.
+// call 0: nothing to report.
 struct LaneFailureRecord {
-  uint64_t epoch;
+  uint64_t call;  // the failed call's KernelArgs::call_tag
   int64_t peer;
   uint64_t wanted;
   uint64_t seen;
@@ -82,6 +82,10 @@ struct KernelArgs {
   SchedulePlan plan;
   int64_t lanes;
   uint64_t epoch;
+  // Names the call among every call of every ring on its devices (the ring's
+  // serial number, then the epoch): failure records are shared by the rings
+  // of one device set, whose epochs are counted apart.
+  uint64_t call_tag;
   bool one_shot;
   uint64_t timeout_ns;
   uint64_t* flag_blocks[kMaxDeviceRanks];

@@ -106,7 +106,7 @@ class FakeCuda : public CudaSeam {
     std::lock_guard<std::mutex> lock(mu_);
     if (fail_.count({rank, args.epoch})) {
       const int64_t peer = fail_[{rank, args.epoch}];
-      args.failures[0] = LaneFailureRecord{args.epoch, peer, FlagValue(args.epoch, 1), FlagValue(args.epoch - 1, 3)};
+      args.failures[0] = LaneFailureRecord{args.call_tag, peer, FlagValue(args.epoch, 1), FlagValue(args.epoch - 1, 3)};
     }
     if (!keep_launches_) return "";
     Launched l{rank, args.epoch, args.lanes, args.one_shot, {}, {}, args.blocks_done_after,
@@ -166,7 +166,7 @@ class FakeCuda : public CudaSeam {
                                       ? RunShotLane<float>(Shot::kOneShot, args.plan, call, sync, ew)
                                       : RunRingLane<float, float>(args.plan, call, sync, ew);
       if (!outcome.ok) {
-        args.failures[lane] = LaneFailureRecord{args.epoch, outcome.peer, outcome.wanted, outcome.seen};
+        args.failures[lane] = LaneFailureRecord{args.call_tag, outcome.peer, outcome.wanted, outcome.seen};
         failed = true;
       }
     }
