@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <chrono>
 #include <stdexcept>
 #include <map>
@@ -33,6 +34,7 @@
 
 #include "device_engine.h"
 #include "host_elementwise.h"
+#include "rendezvous.h"
 
 namespace nb = nanobind;
 
@@ -209,6 +211,104 @@ PeerLink LinkNamed(const std::string& name) {
   throw std::invalid_argument("link must be nvlink, pcie or none, got '" + name + "'");
 }
 
+// Plays a runtime that keeps up to `in_flight` executions in flight on each
+// device: rank r starts the runs of orders[r] in that order, each on a thread
+// of its own (`run_calls(rank, run)`), once fewer than `in_flight` of its
+// runs are unfinished. Rank `late_rank` starts once every other rank's runs
+// have returned. Returns when every run has.
+void RunInOrders(const std::vector<std::vector<int64_t>>& orders, int64_t in_flight, int64_t late_rank,
+                 const std::function<void(int64_t rank, int64_t run)>& run_calls) {
+  const int64_t ranks = static_cast<int64_t>(orders.size());
+  std::mutex mu;
+  std::condition_variable finished;
+  std::vector<int64_t> unfinished(ranks, 0);
+  size_t others_finished = 0, others_runs = 0;
+  for (int64_t r = 0; r < ranks; ++r) others_runs += r == late_rank ? 0 : orders[r].size();
+  std::vector<std::thread> launchers, runs;
+  std::mutex runs_mu;
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    launchers.emplace_back([&, rank] {
+      if (rank == late_rank) {
+        std::unique_lock<std::mutex> lock(mu);
+        finished.wait(lock, [&] { return others_finished == others_runs; });
+      }
+      for (const int64_t run : orders[rank]) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          finished.wait(lock, [&] { return unfinished[rank] < in_flight; });
+          ++unfinished[rank];
+        }
+        std::lock_guard<std::mutex> lock(runs_mu);
+        runs.emplace_back([&, rank, run] {
+          run_calls(rank, run);
+          std::lock_guard<std::mutex> lock(mu);
+          --unfinished[rank];
+          if (rank != late_rank) ++others_finished;
+          finished.notify_all();
+        });
+      }
+    });
+  }
+  for (auto& launcher : launchers) launcher.join();
+  for (auto& run : runs) run.join();
+}
+
+// The host-staged CUDA engine's host protocol (RunTyped in cuda_ring.cu)
+// without its CUDA calls: each call joins its execution's rendezvous
+// (rendezvous.h), arrives with a state naming its run, occurrence and rank,
+// checks that its neighbours' states are of the same call, then steps
+// through `stages` stages, each waiting for the left neighbour, and the final
+// waits that keep its state alive until both neighbours are done with it.
+// Runs as RunInOrders plays; returns the errors, a call that met another
+// call's state included.
+std::vector<std::string> MeetHostStaged(std::vector<std::vector<int64_t>> orders, int64_t in_flight,
+                                        int64_t occurrences, int64_t stages, int64_t timeout_ms,
+                                        int64_t late_rank) {
+  static std::atomic<int64_t> op_ids{1LL << 41};
+  const int64_t op_id = op_ids.fetch_add(1);
+  const int64_t ranks = static_cast<int64_t>(orders.size());
+  struct State {
+    int64_t run, occurrence, rank;
+  };
+  std::mutex mu;
+  std::vector<std::string> errors;
+  nb::gil_scoped_release released;
+  RunInOrders(orders, in_flight, late_rank, [&](int64_t rank, int64_t run) {
+    for (int64_t k = 0; k < occurrences; ++k) {
+      const State me{run, k, rank};
+      const int64_t left = (rank + ranks - 1) % ranks, right = (rank + 1) % ranks;
+      const auto deadline = DeadlineFor(timeout_ms);
+      RendezvousHandle rendezvous(RendezvousKey{1000 + run, op_id, 0}, ranks, rank);
+      std::string error = rendezvous.join_error();
+      if (error.empty()) error = rendezvous->Arrive(rank, const_cast<State*>(&me), deadline);
+      for (const int64_t peer : {left, right}) {
+        if (!error.empty()) break;
+        const auto* theirs = static_cast<const State*>(rendezvous->state(peer));
+        if (theirs->run != run || theirs->occurrence != k || theirs->rank != peer) {
+          error = "met rank " + std::to_string(theirs->rank) + "'s call " + std::to_string(theirs->occurrence) +
+                  " of run " + std::to_string(theirs->run) + " as rank " + std::to_string(peer) +
+                  " of call " + std::to_string(k);
+        }
+      }
+      for (int64_t stage = 0; stage < stages && error.empty(); ++stage) {
+        error = rendezvous->WaitFor(left, stage, deadline);
+        rendezvous->Advance(rank);
+      }
+      if (error.empty()) error = rendezvous->WaitFor(right, stages, deadline);
+      if (error.empty()) {
+        rendezvous->Advance(rank);
+        error = rendezvous->WaitFor(left, stages + 1, deadline);
+      }
+      if (error.empty()) error = rendezvous->WaitFor(right, stages + 1, deadline);
+      if (!error.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
+      }
+    }
+  });
+  return errors;
+}
+
 // A fake machine and the engine on it.
 class Fake {
  public:
@@ -266,15 +366,11 @@ class Fake {
   }
 
   // All-reduces x[run, occurrence, rank, :] over the ranks (devices 0..k-1)
-  // into out[run, occurrence, rank, :], as a runtime that keeps up to
-  // `in_flight` executions in flight on each device would: rank r starts the
-  // runs of orders[r] in that order, each on a thread of its own, once fewer
-  // than `in_flight` of its runs are unfinished; a run makes its calls (its
-  // occurrences, as a loop in the program would) one after the other, each
-  // returning once launched, as XLA's handler does. Rank `late_rank` starts
-  // once every other rank's runs have returned. Once every played kernel has
-  // ended: the errors of the calls that failed, then each rank's recorded
-  // device failure.
+  // into out[run, occurrence, rank, :], the runs started as RunInOrders plays
+  // them; a run makes its calls (its occurrences, as a loop in the program
+  // would) one after the other, each returning once launched, as XLA's
+  // handler does. Once every played kernel has ended: the errors of the calls
+  // that failed, then each rank's recorded device failure.
   std::vector<std::string> Queue(Values x, Values out, std::vector<std::vector<int64_t>> orders,
                                  int64_t in_flight, const std::string& path, int64_t timeout_ms,
                                  int64_t late_rank) {
@@ -287,12 +383,9 @@ class Fake {
     std::vector<int> devices(ranks);
     for (int64_t r = 0; r < ranks; ++r) devices[r] = static_cast<int>(r);
     std::mutex mu;
-    std::condition_variable finished;
-    std::vector<int64_t> unfinished(ranks, 0);
-    size_t others_finished = 0, others_runs = 0;
-    for (int64_t r = 0; r < ranks; ++r) others_runs += r == late_rank ? 0 : orders[r].size();
     std::vector<std::string> errors;
-    auto run_calls = [&](int64_t rank, int64_t run) {
+    nb::gil_scoped_release released;
+    RunInOrders(orders, in_flight, late_rank, [&](int64_t rank, int64_t run) {
       for (int64_t k = 0; k < occurrences; ++k) {
         const RingCall call = MakeRingCall(RendezvousKey{1000 + run, op_id, 0}, Mode::kAllReduce, elements,
                                            ranks, rank, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
@@ -306,33 +399,7 @@ class Fake {
           errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
         }
       }
-      std::lock_guard<std::mutex> lock(mu);
-      --unfinished[rank];
-      if (rank != late_rank) ++others_finished;
-      finished.notify_all();
-    };
-    nb::gil_scoped_release released;
-    std::vector<std::thread> launchers, runs;
-    std::mutex runs_mu;
-    for (int64_t rank = 0; rank < ranks; ++rank) {
-      launchers.emplace_back([&, rank] {
-        if (rank == late_rank) {
-          std::unique_lock<std::mutex> lock(mu);
-          finished.wait(lock, [&] { return others_finished == others_runs; });
-        }
-        for (const int64_t run : orders[rank]) {
-          {
-            std::unique_lock<std::mutex> lock(mu);
-            finished.wait(lock, [&] { return unfinished[rank] < in_flight; });
-            ++unfinished[rank];
-          }
-          std::lock_guard<std::mutex> lock(runs_mu);
-          runs.emplace_back(run_calls, rank, run);
-        }
-      });
-    }
-    for (auto& launcher : launchers) launcher.join();
-    for (auto& run : runs) run.join();
+    });
     cuda_.Drain();
     for (int64_t rank = 0; rank < ranks; ++rank) {
       const RingCall call = MakeRingCall(RendezvousKey{1, op_id, 0}, Mode::kAllReduce, elements, ranks,
@@ -456,6 +523,10 @@ NB_MODULE(_jaxring_engine_test, m) {
                                                 xla::ffi::DataType::F32);
         return f.engine_->TakeFailure(call, devices);
       });
+  m.def("meet_host_staged", &jaxring::MeetHostStaged, nb::arg("orders"), nb::arg("in_flight"),
+        nb::arg("occurrences") = 1, nb::arg("stages") = 3, nb::arg("timeout_ms") = 20000,
+        nb::arg("late_rank") = -1,
+        "The host-staged CUDA engine's rendezvous (rendezvous.h) in the runs' orders; returns the errors.");
   m.def("input_address", &Fake::Input);
   m.def("output_address", &Fake::Output);
   m.attr("POOL_SLOT_BYTES") = jaxring::kSlotWords * sizeof(uint64_t);
