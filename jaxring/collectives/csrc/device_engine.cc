@@ -73,7 +73,10 @@ struct DeviceEngine::Ring {
   std::vector<std::unique_ptr<Session>> sessions;
   std::vector<Occurrences> occurrences;  // by rank
   std::vector<std::optional<std::pair<int64_t, int64_t>>> last_joined;  // by rank
-  std::vector<std::vector<const void*>> readable;  // by rank: buffers every peer device reads
+  // By rank, under its own lock (a rank may be in several calls at once):
+  // the buffers every peer device was found to read.
+  std::unique_ptr<std::mutex[]> readable_mu;
+  std::vector<std::vector<const void*>> readable;
 };
 
 DeviceEngine::DeviceEngine(CudaSeam* seam, EngineOptions options)
@@ -162,6 +165,7 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
       made->devices = devices;
       made->occurrences.resize(devices.size());
       made->last_joined.resize(devices.size());
+      made->readable_mu.reset(new std::mutex[devices.size()]);
       made->readable.resize(devices.size());
       std::string why;
       if (call.ranks > kMaxDeviceRanks) {
@@ -305,56 +309,58 @@ DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error)
   return ring->sessions.back().get();
 }
 
-// Rank `call.rank` comes to its meeting of execution `run_id`: the session of
-// that meeting (opened by the first rank to come), or nullptr with *error when
-// the meeting already failed or no session came free before the deadline.
+// Rank `call.rank` comes to its meeting of execution `run_id` and arrives
+// there with what it publishes: the session of that meeting (opened by the
+// first rank to come), or nullptr with *error when the meeting already failed
+// (this rank then leaves it) or no session came free before the deadline.
 DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int64_t run_id,
-                                          std::string* error) {
+                                          Published mine, std::string* error) {
   const int64_t ranks = static_cast<int64_t>(ring->devices.size());
   std::pair<int64_t, int64_t> meeting;
-  {
-    std::lock_guard<std::mutex> lock(ring->mu);
-    meeting = {run_id, ring->occurrences[call.rank].Next(run_id)};
-    ring->last_joined[call.rank] = meeting;
-  }
-  const auto deadline = DeadlineFor(call.timeout_ms);
+  Clock::time_point deadline;
   for (int spins = 0;; ++spins) {
     {
       std::lock_guard<std::mutex> lock(ring->mu);
+      if (spins == 0) {
+        meeting = {run_id, ring->occurrences[call.rank].Next(run_id)};
+        ring->last_joined[call.rank] = meeting;
+      }
       Session*& session = ring->open[meeting];
+      if (session == nullptr) {
+        session = FreeSession(ring, error);
+        if (session != nullptr) {
+          session->epoch = ++ring->epochs;
+          session->open = true;
+          session->left = 0;
+          session->arrived.store(0, std::memory_order_relaxed);
+          session->broken.store(false, std::memory_order_relaxed);
+          session->broken_why.clear();
+          for (int64_t r = 0; r < ranks; ++r) session->joined[r].store(false, std::memory_order_relaxed);
+        }
+      }
       if (session != nullptr) {
+        session->joined[call.rank].store(true, std::memory_order_relaxed);
         if (session->broken.load(std::memory_order_relaxed)) {
           *error = session->broken_why;
-          if (++session->left == ranks) {
-            session->open = false;
-            ring->open.erase(meeting);
-          }
+          LeaveLocked(ring, session, call.rank, /*launched=*/false);
           return nullptr;
         }
-        session->joined[call.rank].store(true, std::memory_order_relaxed);
-        return session;
-      }
-      session = FreeSession(ring, error);
-      if (session != nullptr) {
-        session->epoch = ++ring->epochs;
-        session->open = true;
-        session->left = 0;
-        session->arrived.store(0, std::memory_order_relaxed);
-        session->broken.store(false, std::memory_order_relaxed);
-        session->broken_why.clear();
-        for (int64_t r = 0; r < ranks; ++r) session->joined[r].store(r == call.rank, std::memory_order_relaxed);
+        session->published[call.rank] = std::move(mine);
+        session->arrived.fetch_add(1, std::memory_order_release);
         return session;
       }
       ring->open.erase(meeting);
       if (!error->empty()) return nullptr;
-      // Every session is held by a meeting or by kernels still on the device:
-      // wait for the device (executions already launched), not for any rank.
+      // Every session is held by kernels still on the device (or, with the
+      // pool used up, by other meetings): wait for them.
+      if (spins == 0) deadline = DeadlineFor(call.timeout_ms);
       if ((spins & 63) == 0 && Clock::now() > deadline) {
         *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + ": rank " +
                  std::to_string(call.rank) + " found all " + std::to_string(ring->sessions.size()) +
-                 " flag sessions of the op still in use by earlier executions (their kernels had "
-                 "not finished) until the timeout, in " + MeetingName(meeting) +
-                 "; an earlier execution's kernel is stuck on the device";
+                 " flag sessions of the op in use until the timeout, in " + MeetingName(meeting) +
+                 ": held by kernels of earlier executions that had not finished (one is stuck on "
+                 "the device) or, with the pool of flag blocks used up, by meetings of other "
+                 "executions that never gathered their ranks";
         return nullptr;
       }
     }
@@ -362,10 +368,15 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
   }
 }
 
-// The last rank to leave a meeting frees its session for a later one, once
-// every rank's kernel has finished; a rank that did not launch says so itself.
 void DeviceEngine::Leave(Ring* ring, Session* session, int64_t rank, bool launched) {
   std::lock_guard<std::mutex> lock(ring->mu);
+  LeaveLocked(ring, session, rank, launched);
+}
+
+// The last rank to leave a meeting closes it; its session serves a later one
+// once every rank's kernel has finished (a rank that did not launch says so
+// itself). Under ring->mu.
+void DeviceEngine::LeaveLocked(Ring* ring, Session* session, int64_t rank, bool launched) {
   if (!launched) StoreFinished(finished_host_ + session->slots[rank], session->epoch);
   if (++session->left < static_cast<int64_t>(ring->devices.size())) return;
   session->open = false;
@@ -377,8 +388,8 @@ void DeviceEngine::Leave(Ring* ring, Session* session, int64_t rank, bool launch
   }
 }
 
-// What this rank tells its peers: its buffers, and what it found wrong.
-std::string DeviceEngine::Publish(Ring* ring, const RingCall& call, const DeviceRank& me) {
+// Why this rank cannot run its call ("" if it can), for its peers.
+std::string DeviceEngine::Problem(Ring* ring, const RingCall& call, const DeviceRank& me) {
   std::string problem = TakeFailureOf(ring->failure_set, call.rank);
   if (!problem.empty()) {
     return "its previous call timed out on the device (its output was poisoned): " + problem;
@@ -386,13 +397,10 @@ std::string DeviceEngine::Publish(Ring* ring, const RingCall& call, const Device
   // Peers read this rank's input, output and partial sums: each must be
   // mapped into every peer device (memory from cudaMallocAsync pools or VMM
   // is not, whatever peer access says).
+  std::lock_guard<std::mutex> lock(ring->readable_mu[call.rank]);
+  auto& known = ring->readable[call.rank];
   for (const void* buffer : {me.in, static_cast<const void*>(me.out), static_cast<const void*>(me.acc)}) {
-    if (buffer == nullptr) continue;
-    {
-      std::lock_guard<std::mutex> lock(ring->mu);
-      const auto& known = ring->readable[call.rank];
-      if (std::find(known.begin(), known.end(), buffer) != known.end()) continue;
-    }
+    if (buffer == nullptr || std::find(known.begin(), known.end(), buffer) != known.end()) continue;
     for (int peer : ring->devices) {
       if (peer == me.device) continue;
       if (std::string why = seam_->PeerCanRead(buffer, peer); !why.empty()) {
@@ -402,27 +410,17 @@ std::string DeviceEngine::Publish(Ring* ring, const RingCall& call, const Device
                "gives peer-mapped memory, or use JAXRING_CUDA_ENGINE=host";
       }
     }
-    std::lock_guard<std::mutex> lock(ring->mu);
-    auto& known = ring->readable[call.rank];
     if (known.size() == kRememberedBuffers) known.erase(known.begin());
     known.push_back(buffer);
   }
   return "";
 }
 
-// Arrives at the meeting and waits until every rank has: true then, else
+// Waits until every rank has arrived at `session`'s meeting: true then, else
 // false with *error (the meeting is then broken, and no rank launches).
 bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall& call,
                                    std::string* error) {
   const int64_t ranks = static_cast<int64_t>(ring->devices.size());
-  {
-    std::lock_guard<std::mutex> lock(ring->mu);
-    if (session->broken.load(std::memory_order_relaxed)) {
-      *error = session->broken_why;
-      return false;
-    }
-    session->arrived.fetch_add(1, std::memory_order_release);
-  }
   const auto deadline = DeadlineFor(call.timeout_ms);
   for (int spins = 0;; ++spins) {
     if (session->arrived.load(std::memory_order_acquire) == ranks) return true;
@@ -431,28 +429,7 @@ bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall&
     if ((spins & 63) == 0 && Clock::now() > deadline) {
       std::lock_guard<std::mutex> lock(ring->mu);
       if (session->arrived.load(std::memory_order_acquire) == ranks) return true;
-      if (!session->broken.load(std::memory_order_relaxed)) {
-        std::string missing, doing;
-        for (int64_t p = 0; p < ranks; ++p) {
-          if (session->joined[p].load(std::memory_order_relaxed)) continue;
-          const auto& last = ring->last_joined[p];
-          missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-          doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
-                   (last ? "'s latest call of this op was in " + MeetingName(*last)
-                         : std::string(" never called this op"));
-        }
-        const auto meeting = std::find_if(ring->open.begin(), ring->open.end(),
-                                          [&](const auto& m) { return m.second == session; });
-        session->broken_why =
-            "jaxring device ring: op " + std::to_string(call.key.op_id) + " in " +
-            MeetingName(meeting->first) + ": rank " + std::to_string(call.rank) +
-            " timed out waiting for rank(s) [" + (missing.empty() ? "?" : missing) +
-            "] that never arrived" + (doing.empty() ? "" : doing + ")") +
-            ". Every device of the axis must run the same collectives in the same order; "
-            "raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately "
-            "slow. The op's other executions go on.";
-        session->broken.store(true, std::memory_order_release);
-      }
+      if (!session->broken.load(std::memory_order_relaxed)) Break(ring, session, call);
       break;
     }
     std::this_thread::yield();
@@ -462,17 +439,40 @@ bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall&
   return false;
 }
 
+// Fails `session`'s meeting, which not every rank reached: names the missing
+// ranks and the call each was last in. Under ring->mu.
+void DeviceEngine::Break(Ring* ring, Session* session, const RingCall& call) {
+  std::string missing, doing;
+  for (int64_t p = 0; p < static_cast<int64_t>(ring->devices.size()); ++p) {
+    if (session->joined[p].load(std::memory_order_relaxed)) continue;
+    const auto& last = ring->last_joined[p];
+    missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
+             (last ? "'s latest call of this op was in " + MeetingName(*last)
+                   : std::string(" never called this op"));
+  }
+  const auto meeting = std::find_if(ring->open.begin(), ring->open.end(),
+                                    [&](const auto& m) { return m.second == session; });
+  session->broken_why =
+      "jaxring device ring: op " + std::to_string(call.key.op_id) + " in " +
+      MeetingName(meeting->first) + ": rank " + std::to_string(call.rank) +
+      " timed out waiting for rank(s) [" + (missing.empty() ? "?" : missing) +
+      "] that never arrived" + (doing.empty() ? "" : doing + ")") +
+      ". Every device of the axis must run the same collectives in the same order; "
+      "raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately "
+      "slow. The op's other executions go on.";
+  session->broken.store(true, std::memory_order_release);
+}
+
 DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType type,
                                         const DeviceRank& me, const std::vector<int>& devices,
                                         DevicePath path, std::string* error) {
   Ring* ring = RingFor(call, devices, me.device, error);
   if (ring == nullptr) return Outcome::kFailed;
   if (!ring->use_device) return Outcome::kUseHostEngine;
-  Session* session = Join(ring, call, me.run_id, error);
+  Session* session = Join(ring, call, me.run_id,
+                          Published{RankBuffers{me.in, me.out, me.acc}, Problem(ring, call, me)}, error);
   if (session == nullptr) return Outcome::kFailed;
-  Published& mine = session->published[call.rank];
-  mine.buffers = RankBuffers{me.in, me.out, me.acc};
-  mine.problem = Publish(ring, call, me);
   if (!EveryoneArrived(ring, session, call, error)) {
     Leave(ring, session, call.rank, /*launched=*/false);
     return Outcome::kFailed;

@@ -138,6 +138,8 @@ struct EngineOptions {
   std::function<int64_t(int64_t ranks)> one_shot_max_bytes;
 };
 
+struct Published;
+
 class DeviceEngine {
  public:
   DeviceEngine(CudaSeam* seam, EngineOptions options);
@@ -167,11 +169,13 @@ class DeviceEngine {
                 std::string* error);
   std::string Prepare();
   std::string TakeFailureOf(int64_t set, int64_t rank);
-  Session* Join(Ring* ring, const RingCall& call, int64_t run_id, std::string* error);
+  Session* Join(Ring* ring, const RingCall& call, int64_t run_id, Published mine, std::string* error);
   Session* FreeSession(Ring* ring, std::string* error);
   void Leave(Ring* ring, Session* session, int64_t rank, bool launched);
-  std::string Publish(Ring* ring, const RingCall& call, const DeviceRank& me);
+  void LeaveLocked(Ring* ring, Session* session, int64_t rank, bool launched);
+  std::string Problem(Ring* ring, const RingCall& call, const DeviceRank& me);
   bool EveryoneArrived(Ring* ring, Session* session, const RingCall& call, std::string* error);
+  void Break(Ring* ring, Session* session, const RingCall& call);
 
   CudaSeam* const seam_;
   const EngineOptions options_;

@@ -333,18 +333,27 @@ class Fake {
   static uintptr_t Output(int64_t rank) { return Input(rank) + 0x1000; }
 
   // `calls` calls of one op by every rank but `absent_rank`, each rank on its
-  // own thread; per call and rank: (outcome, error).
+  // own thread, `late_rank`'s once the others' have returned; per call and
+  // rank: (outcome, error).
   std::vector<std::vector<std::pair<std::string, std::string>>> Run(
       int64_t op_id, std::vector<int> devices, int64_t elements, int64_t calls, int64_t mode,
-      int64_t timeout_ms, std::vector<int64_t> run_ids, int64_t absent_rank) {
+      int64_t timeout_ms, std::vector<int64_t> run_ids, int64_t absent_rank, int64_t late_rank) {
     const int64_t ranks = static_cast<int64_t>(devices.size());
     if (run_ids.empty()) run_ids.assign(ranks, 1);
     std::vector<std::vector<std::pair<std::string, std::string>>> results(
         calls, std::vector<std::pair<std::string, std::string>>(ranks));
+    std::vector<int64_t> order;  // the late rank last
+    for (int64_t r = 0; r < ranks; ++r) {
+      if (r != absent_rank && r != late_rank) order.push_back(r);
+    }
+    if (late_rank >= 0) order.push_back(late_rank);
     nb::gil_scoped_release release;
     std::vector<std::thread> threads;
-    for (int64_t r = 0; r < ranks; ++r) {
-      if (r == absent_rank) continue;
+    for (int64_t r : order) {
+      if (r == late_rank) {
+        for (auto& t : threads) t.join();
+        threads.clear();
+      }
       threads.emplace_back([&, r] {
         const RingCall call = MakeRingCall(RendezvousKey{run_ids[r], op_id, 0}, static_cast<Mode>(mode),
                                            elements, ranks, r, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
@@ -497,7 +506,7 @@ NB_MODULE(_jaxring_engine_test, m) {
            nb::arg("max_sessions") = 16, nb::arg("play") = false)
       .def("run", &Fake::Run, nb::arg("op_id"), nb::arg("devices"), nb::arg("elements") = 1000,
            nb::arg("calls") = 1, nb::arg("mode") = 0, nb::arg("timeout_ms") = 10000,
-           nb::arg("run_ids") = std::vector<int64_t>{}, nb::arg("absent_rank") = -1)
+           nb::arg("run_ids") = std::vector<int64_t>{}, nb::arg("absent_rank") = -1, nb::arg("late_rank") = -1)
       .def("queue", &Fake::Queue, nb::arg("x"), nb::arg("out"), nb::arg("orders"), nb::arg("in_flight"),
            nb::arg("path") = "auto", nb::arg("timeout_ms") = 20000, nb::arg("late_rank") = -1,
            "All-reduces x[run, occurrence, rank] into out over the ranks, each rank starting its runs in "

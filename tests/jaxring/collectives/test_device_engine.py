@@ -162,6 +162,14 @@ def test_a_rank_that_never_arrives_fails_its_peers_and_later_executions_go_on():
     assert outcomes(fake.run(ring, [0, 1, 2], run_ids=[7, 7, 7])) == {"launched"}
 
 
+def test_the_session_of_a_failed_meeting_serves_again_once_its_late_rank_has_left():
+    fake = Fake(3, pool_slots=1)  # one session per ring
+    ring = op()
+    results = fake.run(ring, [0, 1, 2], timeout_ms=200, run_ids=[5, 5, 5], late_rank=2)[0]
+    assert [outcome for outcome, _ in results] == ["failed"] * 3
+    assert outcomes(fake.run(ring, [0, 1, 2], timeout_ms=2000, run_ids=[6, 6, 6])) == {"launched"}
+
+
 def test_a_used_up_flag_pool_is_a_clear_error():
     fake = Fake(2, pool_slots=2)
     first = op()
