@@ -2,7 +2,7 @@
 
 Ranks are host threads over a fake CUDA (csrc/module_engine_test.cc): what is
 timed is the engine's own per-call path (finding the ring, publishing,
-the lock-free meeting, the launch arguments), not CUDA's launch. With more
+the meeting of the call's execution, the launch arguments), not CUDA's launch. With more
 ranks than cores the meeting waits on the scheduler: wall time then includes
 waiting for descheduled peers, and each thread's CPU time separates the
 engine's own cost (spinning and yielding included); compare k against the

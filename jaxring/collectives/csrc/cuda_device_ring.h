@@ -1,8 +1,8 @@
 // The device-synchronised CUDA ring engine (docs/CUDA_RING.md): one kernel
 // launch per rank per call runs the whole schedule of ring_protocol.h, the
 // ranks synchronising through epoch flags in each other's memory; the host
-// side (device_engine.h) meets the other ranks once per call, lock-free, to
-// publish buffer addresses.
+// side (device_engine.h) meets the other ranks of the same execution once
+// per call, to publish buffer addresses and agree on the call's flags.
 #pragma once
 
 #include <cuda_runtime.h>

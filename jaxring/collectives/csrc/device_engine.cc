@@ -1,5 +1,5 @@
 // The device engine's host side (device_engine.h): preparation, rings,
-// the lock-free per-call meeting, failure records, engine choice.
+// the per-execution meetings and their sessions, failure records, engine choice.
 #include "device_engine.h"
 
 #include <algorithm>

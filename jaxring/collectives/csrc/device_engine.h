@@ -8,7 +8,7 @@
 //   before any ring kernel is launched), loads the kernels on every device
 //   (CUDA loads modules lazily, at the first launch, otherwise), enables peer
 //   access between every pair of devices that can map each other, and makes each device's pool of flag words
-//   and the host-mapped failure records. Later calls make no CUDA call but
+//   and the host-mapped failure records and "finished" words. Later calls make no CUDA call but
 //   the launch and pointer queries.
 // - The calls of one op in one execution (XLA's RunId, and the call's
 //   occurrence in it, as the CPU engine and XLA's own collectives meet) form a
@@ -20,10 +20,11 @@
 //   ring-wide epoch the meeting opened with, so no kernel of one execution
 //   reads another's flags or buffers. A session serves a later meeting once
 //   every rank's kernel of its last one has finished (each kernel's last block
-//   writes the epoch it ran into a host-mapped word); sessions are made as
-//   needed up to max_sessions per ring, after which a new meeting waits for
-//   the device to finish one (an execution that has started), so state stays
-//   bounded.
+//   writes the epoch it ran into a host-mapped word). Sessions are made as
+//   meetings need them, but at most max_sessions of a ring may wait for their
+//   kernels: a new meeting then waits for the device to finish one (an
+//   execution that has started, never one that has not), so state stays
+//   bounded by the executions in flight on the host plus max_sessions.
 // - Each rank publishes its buffers and what it found wrong; whatever one rank
 //   found (a device-side timeout its kernel recorded, buffers a peer cannot
 //   map) fails the meeting on every rank, so no peer waits out a timeout for a
@@ -130,9 +131,9 @@ struct DeviceRank {
 struct EngineOptions {
   bool any_link = false;      // run over PCIe too (JAXRING_CUDA_ENGINE=device-any-link)
   int64_t pool_slots = 4096;  // rank flag blocks per device
-  // Sessions (meetings whose kernels may not have finished) per ring: the
-  // executions of one op a rank can have queued on the device before a new
-  // one waits for the oldest to finish.
+  // Closed sessions per ring whose kernels may not have finished: how many
+  // executions of one op may be queued on the device before a new meeting
+  // waits for one of them to finish.
   int64_t max_sessions = 16;
   std::function<void(const std::string&)> log;  // the engine choice, once per ring
   std::function<int64_t(int64_t ranks)> one_shot_max_bytes;
