@@ -1,0 +1,47 @@
+"""scripts/check_cuda_queued.py (gpu_check.sh part 1's cuda-queued stage) before it has a GPU:
+the call reaches CUDA, and the verdict catches a step that holds another step's sum."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("jaxring.collectives._jaxring_cuda_harness", reason="built without a CUDA toolkit")
+sys.path.insert(0, str(ROOT / "scripts"))
+import check_cuda_queued  # noqa: E402
+
+
+def test_the_queued_steps_reach_cuda():
+    try:
+        ok, message = check_cuda_queued.check_queued(np.random.default_rng(0), "device", "auto", 2, 3, 7, 5.0)
+    except RuntimeError as e:  # no GPU on this machine: the harness ran up to its first CUDA call
+        assert "cudaSetDevice" in str(e)
+    else:
+        assert ok, message
+
+
+class SummingHarness:
+    """harness.queue as a correct engine would fill `outputs`, then `spoil` applied."""
+
+    def __init__(self, spoil):
+        self.spoil = spoil
+
+    def queue(self, engine, path, mode, dtype, inputs, outputs, elements, slice_bytes, timeout_s):
+        outputs[:] = inputs.astype(np.float64).sum(axis=1, keepdims=True).astype(np.float32)
+        self.spoil(outputs)
+        return [""] * inputs.shape[1]
+
+
+@pytest.mark.parametrize("spoil, verdict", [
+    (lambda out: None, ""),
+    (lambda out: out.__setitem__(5, out[4]), "wrong elements in 1 steps; first: step 5 rank 0"),
+    (lambda out: out.__setitem__((3, 1, 2), np.nan), "1 wrong elements in 1 steps; first: step 3 rank 1 element 2"),
+    (lambda out: out.__setitem__((2, 1, 0), np.nextafter(out[2, 1, 0], np.float32(np.inf))),
+     "the replicas of a step differ bitwise"),
+])
+def test_the_verdict_names_the_step_that_is_wrong(monkeypatch, spoil, verdict):
+    monkeypatch.setattr(check_cuda_queued, "harness", SummingHarness(spoil))
+    ok, message = check_cuda_queued.check_queued(np.random.default_rng(1), "device", "auto", 3, 8, 1001, 5.0)
+    assert ok == (verdict == "") and verdict in message, message
