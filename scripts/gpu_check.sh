@@ -128,7 +128,7 @@ print('platforms:', jaxring.collectives._ffi.register())"
   # The same for both CUDA engines (issue 36): k = 2 and 8 virtual ranks, each rank's thread
   # enqueuing 256 all-reduces (each an execution of its own, values of its own) with no sync
   # between, every step checked against float64 numpy; a stall fails each case within 5 s.
-  stage cuda-queued gpu 45 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
+  stage cuda-queued gpu 60 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
     --ranks 2,8 --steps 256 --timeout 5
   # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
   mkdir -p "$OUT/bench-decisive"
