@@ -126,9 +126,10 @@ print('platforms:', jaxring.collectives._ffi.register())"
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=20 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py queued
   # The same for both CUDA engines (issue 36): k = 2 and 8 virtual ranks, each rank's thread
-  # enqueuing 256 all-reduces (each an execution of its own, values of its own) with no sync
-  # between, every step checked against float64 numpy; a stall fails each case within 5 s.
-  stage cuda-queued gpu 60 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
+  # enqueuing 256 all-reduces, reduce_scatters or all_gathers (each an execution of its own,
+  # values of its own) with no sync between, every step checked against float64 numpy; a
+  # stall fails each case within 5 s.
+  stage cuda-queued gpu 90 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
     --ranks 2,8 --steps 256 --timeout 5
   # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
   mkdir -p "$OUT/bench-decisive"
