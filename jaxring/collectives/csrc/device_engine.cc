@@ -54,6 +54,7 @@ struct DeviceEngine::Session {
   std::vector<uint64_t> blocks_done;   // per rank: kernel blocks launched on its block
   std::vector<Published> published;
   uint64_t epoch = 0;
+  std::pair<int64_t, int64_t> meeting;  // (run id, occurrence) of the meeting it serves
   bool open = false;  // a meeting holds it (not every rank has left)
   std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to its meeting
   std::atomic<int64_t> arrived{0};              // of them, those that published
@@ -330,6 +331,7 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
         session = FreeSession(ring, error);
         if (session != nullptr) {
           session->epoch = ++ring->epochs;
+          session->meeting = meeting;
           session->open = true;
           session->left = 0;
           session->arrived.store(0, std::memory_order_relaxed);
@@ -380,12 +382,7 @@ void DeviceEngine::LeaveLocked(Ring* ring, Session* session, int64_t rank, bool 
   if (!launched) StoreFinished(finished_host_ + session->slots[rank], session->epoch);
   if (++session->left < static_cast<int64_t>(ring->devices.size())) return;
   session->open = false;
-  for (auto it = ring->open.begin(); it != ring->open.end(); ++it) {
-    if (it->second == session) {
-      ring->open.erase(it);
-      break;
-    }
-  }
+  ring->open.erase(session->meeting);
 }
 
 // Why this rank cannot run its call ("" if it can), for its peers.
@@ -451,11 +448,9 @@ void DeviceEngine::Break(Ring* ring, Session* session, const RingCall& call) {
              (last ? "'s latest call of this op was in " + MeetingName(*last)
                    : std::string(" never called this op"));
   }
-  const auto meeting = std::find_if(ring->open.begin(), ring->open.end(),
-                                    [&](const auto& m) { return m.second == session; });
   session->broken_why =
       "jaxring device ring: op " + std::to_string(call.key.op_id) + " in " +
-      MeetingName(meeting->first) + ": rank " + std::to_string(call.rank) +
+      MeetingName(session->meeting) + ": rank " + std::to_string(call.rank) +
       " timed out waiting for rank(s) [" + (missing.empty() ? "?" : missing) +
       "] that never arrived" + (doing.empty() ? "" : doing + ")") +
       ". Every device of the axis must run the same collectives in the same order; "
