@@ -58,7 +58,7 @@ struct DeviceEngine::Session {
   bool open = false;  // a meeting holds it (not every rank has left)
   std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to its meeting
   std::atomic<int64_t> arrived{0};              // of them, those that published
-  int64_t left = 0;
+  std::atomic<int64_t> left{0};                 // of them, those done with it
   std::atomic<bool> broken{false};  // the meeting failed before every rank arrived
   std::string broken_why;           // written before `broken` is set
 };
@@ -70,7 +70,8 @@ struct DeviceEngine::Ring {
   int64_t failure_set = -1;  // index of its device set's failure records
   std::mutex mu;             // everything below, and the sessions' plain fields
   uint64_t epochs = 0;       // meetings opened; a meeting's epoch is the count at its opening
-  std::map<std::pair<int64_t, int64_t>, Session*> open;  // (run id, occurrence) -> its session
+  // A few at a time (the meetings open and those whose kernels run), so a
+  // meeting's session is found by a scan, with no allocation per call.
   std::vector<std::unique_ptr<Session>> sessions;
   std::vector<Occurrences> occurrences;  // by rank
   std::vector<std::optional<std::pair<int64_t, int64_t>>> last_joined;  // by rank
@@ -326,14 +327,17 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
         meeting = {run_id, ring->occurrences[call.rank].Next(run_id)};
         ring->last_joined[call.rank] = meeting;
       }
-      Session*& session = ring->open[meeting];
+      Session* session = nullptr;
+      for (const auto& s : ring->sessions) {
+        if (s->open && s->meeting == meeting) session = s.get();
+      }
       if (session == nullptr) {
         session = FreeSession(ring, error);
         if (session != nullptr) {
           session->epoch = ++ring->epochs;
           session->meeting = meeting;
           session->open = true;
-          session->left = 0;
+          session->left.store(0, std::memory_order_relaxed);
           session->arrived.store(0, std::memory_order_relaxed);
           session->broken.store(false, std::memory_order_relaxed);
           session->broken_why.clear();
@@ -344,14 +348,13 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
         session->joined[call.rank].store(true, std::memory_order_relaxed);
         if (session->broken.load(std::memory_order_relaxed)) {
           *error = session->broken_why;
-          LeaveLocked(ring, session, call.rank, /*launched=*/false);
+          if (Left(ring, session, call.rank, /*launched=*/false)) Close(ring, session);
           return nullptr;
         }
         session->published[call.rank] = std::move(mine);
         session->arrived.fetch_add(1, std::memory_order_release);
         return session;
       }
-      ring->open.erase(meeting);
       if (!error->empty()) return nullptr;
       // Every session is held by kernels still on the device (or, with the
       // pool used up, by other meetings): wait for them.
@@ -370,19 +373,25 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
   }
 }
 
+// A rank is done with its meeting: leaves it, and the last to leave closes it.
 void DeviceEngine::Leave(Ring* ring, Session* session, int64_t rank, bool launched) {
+  if (!Left(ring, session, rank, launched)) return;
   std::lock_guard<std::mutex> lock(ring->mu);
-  LeaveLocked(ring, session, rank, launched);
+  Close(ring, session);
 }
 
-// The last rank to leave a meeting closes it; its session serves a later one
-// once every rank's kernel has finished (a rank that did not launch says so
-// itself). Under ring->mu.
-void DeviceEngine::LeaveLocked(Ring* ring, Session* session, int64_t rank, bool launched) {
+// Counts `rank` out of its meeting (a rank that did not launch reports its
+// flags unused at once); true for the last rank to leave.
+bool DeviceEngine::Left(Ring* ring, Session* session, int64_t rank, bool launched) {
   if (!launched) StoreFinished(finished_host_ + session->slots[rank], session->epoch);
-  if (++session->left < static_cast<int64_t>(ring->devices.size())) return;
+  return session->left.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+         static_cast<int64_t>(ring->devices.size());
+}
+
+// Closes a meeting every rank has left; its session serves a later one once
+// every rank's kernel has finished. Under ring->mu.
+void DeviceEngine::Close(Ring* ring, Session* session) {
   session->open = false;
-  ring->open.erase(session->meeting);
 }
 
 // Why this rank cannot run its call ("" if it can), for its peers.

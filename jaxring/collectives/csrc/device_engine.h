@@ -173,7 +173,8 @@ class DeviceEngine {
   Session* Join(Ring* ring, const RingCall& call, int64_t run_id, Published mine, std::string* error);
   Session* FreeSession(Ring* ring, std::string* error);
   void Leave(Ring* ring, Session* session, int64_t rank, bool launched);
-  void LeaveLocked(Ring* ring, Session* session, int64_t rank, bool launched);
+  bool Left(Ring* ring, Session* session, int64_t rank, bool launched);
+  void Close(Ring* ring, Session* session);
   std::string Problem(Ring* ring, const RingCall& call, const DeviceRank& me);
   bool EveryoneArrived(Ring* ring, Session* session, const RingCall& call, std::string* error);
   void Break(Ring* ring, Session* session, const RingCall& call);
