@@ -250,13 +250,16 @@ std::vector<std::string> HarnessQueue(const HarnessCase& c, int64_t steps, const
   const int64_t op_id = NextTimingOpId();
   static std::atomic<int64_t> next_run_id{int64_t{1} << 40};
   const int64_t first_run = next_run_id.fetch_add(steps);
+  // A rank that fails stops every rank, so a broken engine costs one timeout, not one per step.
+  std::atomic<bool> any_failed{false};
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < c.ranks; ++r) {
     threads.emplace_back([&, r] {
       cudaSetDevice(kDevice);
-      for (int64_t step = 0; step < steps && errors[r].empty(); ++step) {
+      for (int64_t step = 0; step < steps && !any_failed.load(); ++step) {
         const RingCall call = CallOf(c, op_id, r, first_run + step);
         errors[r] = RunEngine(c, call, buffers.At(step, r).Rank(c, call, streams[r]));
+        if (!errors[r].empty()) any_failed.store(true);
       }
       const cudaError_t err = cudaStreamSynchronize(streams[r]);
       if (errors[r].empty() && err != cudaSuccess) errors[r] = cudaGetErrorString(err);
