@@ -87,6 +87,24 @@ stage() {
   record "$name" "$status" "$rc" "$((SECONDS - start))" "$limit"
 }
 
+# Issue 39's persistent recurrent layer (docs/PERSISTENT_RNN.md), in two stages: the kernel against
+# the scan (values and gradients, float32 and bfloat16, several shapes), short, so a hung grid
+# barrier costs its limit only; then, if it passed, ds2_paper's step with rnn_impl=persistent, with
+# the scan and with PyTorch's cuDNN GRU (batch 256's compile included), each record written as it
+# comes, so running out of time keeps what was measured.
+persistent_rnn_parity_stage() {
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn-parity gpu 90 "$PYTHON" scripts/check_persistent_rnn.py \
+    --out "$OUT" --part parity --name persistent-rnn-parity
+}
+persistent_rnn_steps_stage() {
+  if [[ " ${failed[*]} " == *" persistent-rnn-parity "* ]]; then
+    echo "=== persistent-rnn: skipped, the parity stage failed" | tee -a "$OUT/summary.txt"
+    record persistent-rnn skipped null 0 0; failed+=(persistent-rnn); return
+  fi
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn gpu 300 "$PYTHON" scripts/check_persistent_rnn.py \
+    --out "$OUT" --part steps --name persistent-rnn
+}
+
 HARNESS=("$PYTHON" scripts/check_cuda_ring.py)
 if [ "$DRY_RUN" != 1 ]; then
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
@@ -110,6 +128,7 @@ absent = [m for m in ('jiwer', 'soundfile', 'soxr', 'espeakng_loader', 'tensorbo
           if importlib.util.find_spec(m) is None]
 print('import jaxring: ok; absent here:', absent)
 print('platforms:', jaxring.collectives._ffi.register())"
+  persistent_rnn_parity_stage
   # Both engines, every path, k = 2 and 8, tiny sizes: a hang shows in seconds.
   stage smoke gpu 60 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
     --dtypes float32 --timeout 5 --max-failures 3
@@ -125,6 +144,7 @@ print('platforms:', jaxring.collectives._ffi.register())"
   mkdir -p "$OUT/bench-decisive"
   stage bench-decisive gpu 200 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
     --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
+  persistent_rnn_steps_stage
 else
   stage protocol cpu 120 "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py

@@ -28,6 +28,13 @@ TARGETS = [
     ("256MiB_f32_k8_copy_fraction>=0.85", 1, ("bench", "bench-decisive")),
     ("256MiB_bf16_k8_copy_fraction>=0.80", 1, ("bench", "bench-decisive")),
     ("500 queued steps through the MPI leg's CUDA handler", 1, ("stage", "mpi-cuda-queued")),
+    ("persistent RNN kernel equals the scan: values and gradients, float32 and bfloat16",
+     1, ("cases", "persistent-rnn-parity")),
+    ("ds2_paper_bf16_b64_speedup_vs_cudnn>=2", 1, ("bench", "persistent-rnn")),
+    ("ds2_paper_f32_b32_speedup_vs_cudnn>=1.5", 1, ("bench", "persistent-rnn")),
+    ("ds2_paper_bf16_b256_speedup_vs_cudnn>=1.5", 1, ("bench", "persistent-rnn")),
+    ("ds2_paper_bf16_b64_persistent_mfu>=0.12", 1, ("bench", "persistent-rnn")),
+    ("ds2_paper_b256_persistent_compile_s<=30", 1, ("bench", "persistent-rnn")),
     ("protocol tests on CPU", 2, ("stage", "protocol")),
     ("compute-sanitizer memcheck, host engine", 2, ("stage", "sanitizer-host")),
     ("compute-sanitizer memcheck, one tiny device case", 2, ("stage", "sanitizer-device")),
@@ -54,6 +61,11 @@ FLIPS = [
      "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
      "(jaxring/collectives/fusion.py) by the step it gives in scripts/project_scaling.py, which "
      "chose 64 MiB: the smallest bucket within 5% of the best step (docs/SCALING.md)"),
+    ("default rnn_impl", ["persistent RNN kernel equals the scan: values and gradients, float32 and bfloat16",
+                          "ds2_paper_bf16_b64_speedup_vs_cudnn>=2", "ds2_paper_f32_b32_speedup_vs_cudnn>=1.5",
+                          "ds2_paper_bf16_b256_speedup_vs_cudnn>=1.5"],
+     "make 'auto' the default of model.rnn_impl (models/deepspeech2/model.py's ModelConfig) and record the "
+     "step times in docs/PERSISTENT_RNN.md"),
 ]
 _BOUND = re.compile(r"(?P<name>.*?)(?P<op><=|>=)(?P<threshold>[0-9.]+)$")
 
