@@ -86,7 +86,7 @@ def bench_torch(model_config, batch: dict, dtype: str, steps: int, device: str =
         loss = torch.nn.functional.ctc_loss(log_probs, labels, frames, label_lengths, blank=0, zero_infinity=True)
         loss.backward()
         optimizer.step()
-        return loss
+        return loss.detach()
 
     def timed_step():
         start = time.perf_counter()
