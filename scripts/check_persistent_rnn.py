@@ -19,9 +19,12 @@
 """
 
 import argparse
+import functools
 import importlib.util
 import json
+import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -45,6 +48,11 @@ PARITY_DTYPES = ("float32", "bfloat16")
 FLOAT32_TOLERANCE = 1e-3  # of the reference's largest value: summation order only
 BFLOAT16_SCAN_FACTOR = 2  # the bfloat16 kernel may be this many times further from float32 than the bfloat16 scan
 BFLOAT16_FLOOR = 1e-2     # ... or this far, where the scan happens to land very close
+# A parity case (its compiles included, the first one JAX's start on the GPU too) taking longer has
+# hung: the stage then ends in this time instead of its whole limit.
+CASE_TIMEOUT_S = 45
+# One step measurement: batch 256's scan compiled in 111 s on an H100 (issue 39).
+STEP_TIMEOUT_S = 200
 # (dtype, global batch), the issue's table, the decisive one first; each timed with every implementation.
 STEP_CASES = [("bfloat16", 64), ("float32", 32), ("bfloat16", 256)]
 IMPLS = ("persistent", "scan", "torch")
@@ -117,20 +125,41 @@ def parity_case(cell, directions, batch, frames, hidden, dtype_name, seed) -> di
     return dict(record, errors=errors, bounds=bounds, finite=finite, ok=bool(ok))
 
 
+def measure(base: dict, limit_s: float, run, write) -> dict:
+    """`base` updated with run()'s record, or with the error it raised, and its seconds; handed to `write`.
+
+    With no result in `limit_s`, writes `base` with that error and leaves the process: a kernel
+    that never returns (a grid barrier that never opens) holds it, and the stage's time with it."""
+    def hung():
+        write(dict(base, ok=False, error=f"no result in {limit_s} s: hung (a grid barrier that never opens?)"))
+        os._exit(3)
+
+    watchdog = threading.Timer(limit_s, hung)
+    watchdog.start()
+    start = time.perf_counter()
+    try:
+        record = {**base, **run()}
+    except Exception:  # noqa: BLE001  (a failure is recorded, the other measurements still run)
+        record = dict(base, ok=False, error=traceback.format_exc(limit=4))
+    finally:
+        watchdog.cancel()
+    record["seconds"] = time.perf_counter() - start
+    write(record)
+    return record
+
+
 def run_parity(path: Path) -> None:
     with path.open("w") as out:
+        def write(record):
+            print(json.dumps(record), flush=True)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
         for seed, (cell, directions, batch, frames, hidden) in enumerate(PARITY_CASES):
             for dtype in PARITY_DTYPES:
-                start = time.perf_counter()
-                try:
-                    record = parity_case(cell, directions, batch, frames, hidden, dtype, seed)
-                except Exception:  # noqa: BLE001  (a failing case is recorded, the others still run)
-                    record = dict(case=f"{cell} D={directions} B={batch} T={frames} H={hidden}", dtype=dtype,
-                                  ok=False, error=traceback.format_exc(limit=4))
-                record["seconds"] = time.perf_counter() - start
-                print(json.dumps(record), flush=True)
-                out.write(json.dumps(record) + "\n")
-                out.flush()
+                base = dict(case=f"{cell} D={directions} B={batch} T={frames} H={hidden}", dtype=dtype)
+                measure(base, CASE_TIMEOUT_S,
+                        functools.partial(parity_case, cell, directions, batch, frames, hidden, dtype, seed), write)
 
 
 def step_record(impl: str, dtype: str, batch_size: int, world) -> dict:
@@ -176,24 +205,23 @@ def run_steps(path: Path) -> None:
     world = jaxring.init()
     has_torch = importlib.util.find_spec("torch") is not None
     records = []
+
+    def write(record):
+        print(json.dumps(record), flush=True)
+        path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                    "device": str(jax.devices()[0].device_kind), "config": CONFIG,
+                                    "seconds": SECONDS, "records": [*records, record],
+                                    "targets": targets([*records, record])}, indent=1))
+
     for dtype, batch_size in STEP_CASES:
         for impl in IMPLS:
             if impl == "torch" and not has_torch:
                 records.append(dict(impl="torch-cudnn", dtype=dtype, global_batch=batch_size,
                                     error="torch is not installed here"))
                 continue
-            start = time.perf_counter()
-            try:
-                record = step_record(impl, dtype, batch_size, world)
-            except Exception:  # noqa: BLE001  (one failing measurement leaves the others)
-                record = dict(impl=impl, dtype=dtype, global_batch=batch_size, error=traceback.format_exc(limit=4))
-            record["seconds"] = time.perf_counter() - start
-            print(json.dumps(record), flush=True)
-            records.append(record)
-            path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d", time.gmtime()),
-                                        "device": str(jax.devices()[0].device_kind), "config": CONFIG,
-                                        "seconds": SECONDS, "records": records, "targets": targets(records)},
-                                       indent=1))
+            base = dict(impl=impl, dtype=dtype, global_batch=batch_size)
+            run = functools.partial(step_record, impl, dtype, batch_size, world)
+            records.append(measure(base, STEP_TIMEOUT_S, run, write))
 
 
 def main() -> None:

@@ -75,3 +75,24 @@ def test_torch_twin_has_the_models_frames_and_takes_a_step():
     assert tuple(logits.shape) == (output_lengths(config, batch["features"].shape[1]), 2, 29)
     record = bench_torch(config, batch, "float32", steps=1, device="cpu")
     assert record["impl"] == "torch" and record["step_s"] > 0 and np.isfinite(record["last_loss"])
+
+
+def test_a_failing_measurement_is_recorded_and_the_next_still_runs():
+    written = []
+
+    def fail():
+        raise RuntimeError("cudaErrorCooperativeLaunchTooLarge")
+
+    failed = check.measure(dict(case="a"), 30, fail, written.append)
+    passed = check.measure(dict(case="b"), 30, lambda: dict(ok=True), written.append)
+    assert written == [failed, passed]
+    assert failed["ok"] is False and "cudaErrorCooperativeLaunchTooLarge" in failed["error"]
+    assert passed["ok"] is True and passed["case"] == "b"
+
+
+def test_a_hung_measurement_is_recorded_and_ends_the_process_in_its_limit():
+    code = ("import json, sys, time; sys.path.insert(0, 'scripts'); import check_persistent_rnn as c; "
+            "c.measure(dict(case='hangs'), 0.5, lambda: time.sleep(60), lambda r: print(json.dumps(r), flush=True))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert result.returncode == 3
+    assert "no result in 0.5 s: hung" in result.stdout and '"case": "hangs"' in result.stdout
