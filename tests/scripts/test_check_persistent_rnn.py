@@ -48,7 +48,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 sys.path[:0] = ["scripts", "."]
 import bench_torch_ds2, bench_train, check_persistent_rnn, compile_time, models
-task = models.build_task(models.load_config("configs/ds2_tiny.yaml", ["model.rnn_impl=persistent"]))
+task = models.build_task(models.load_config("configs/ds2_tiny.yaml", []))
 print(sorted(task.init(__import__("jax").random.key(0))["params"])[:1])
 """
 
