@@ -5,7 +5,10 @@
 Times the full pmapped step (forward, backward, all-reduce, update) on
 fixed-shape random batches, so the data pipeline and compilation are left
 out; the all-reduce alone is timed on a gradient-shaped tree to give its
-share of the step. On a GPU, MFU = achieved FLOP/s over the peak given with
+share of the step. With --loop-steps N, loops of N steps are also timed
+three ways, alternated and repeated (median): blocking after every step,
+blocking every 10 steps (the trainer before steps were queued: its default
+log_every), and keeping the trainer's STEPS_IN_FLIGHT steps queued. On a GPU, MFU = achieved FLOP/s over the peak given with
 --peak-tflops, from model_summary's analytic FLOPs per audio second.
 """
 
@@ -58,6 +61,43 @@ def random_batch(batch_size: int, seconds: float, labels_per_second: int = 12, s
     }
 
 
+# Loops timed for --loop-steps (loop_seconds_per_step says how each waits), medians of LOOP_REPEATS.
+LOOP_KINDS = ("blocked", "every_10", "queued")
+LOOP_REPEATS = 3
+
+
+def loop_seconds_per_step(step, steps: int) -> dict:
+    """Seconds per step of `steps`-step loops (median of LOOP_REPEATS, the three kinds alternated):
+    "blocked" waits for each step, "every_10" for every 10th and all before it, "queued" keeps the
+    trainer's STEPS_IN_FLIGHT steps queued."""
+    import collections
+    import statistics
+
+    import jax
+
+    from jaxring.engine.trainer import STEPS_IN_FLIGHT
+
+    def run(kept: int, every: int) -> float:
+        in_flight = collections.deque()
+        start = time.perf_counter()
+        for k in range(1, steps + 1):
+            in_flight.append(step()["loss"])
+            if every and k % every == 0:
+                jax.block_until_ready(list(in_flight))
+                in_flight.clear()
+            while len(in_flight) > kept:
+                in_flight.popleft().block_until_ready()
+        jax.block_until_ready(list(in_flight))
+        return (time.perf_counter() - start) / steps
+
+    kinds = dict(zip(LOOP_KINDS, [(0, 0), (steps, 10), (STEPS_IN_FLIGHT, 0)]))
+    times = collections.defaultdict(list)
+    for _ in range(LOOP_REPEATS):
+        for name, (kept, every) in kinds.items():
+            times[name].append(run(kept, every))
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
 
@@ -82,6 +122,7 @@ def bench(name: str, allreduce: str, args, world) -> dict:
         return out
 
     step_s = median_seconds(step, args.steps, warmup=0)  # compiled above
+    loops = loop_seconds_per_step(step, args.loop_steps) if args.loop_steps else {}
     allreduce_s = trainer.time_sync(state)
     audio_seconds = args.batch_size * args.seconds
     flops = model_summary.flops_per_audio_second(config.model, training=True) * audio_seconds
@@ -101,6 +142,7 @@ def bench(name: str, allreduce: str, args, world) -> dict:
         "allreduce_s": allreduce_s,
         "allreduce_share": allreduce_s / step_s,
         "tflops_per_s": flops / step_s / 1e12,
+        **{f"loop_step_s_{name}": seconds for name, seconds in loops.items()},
     }
     if args.peak_tflops:
         record["mfu"] = record["tflops_per_s"] / (args.peak_tflops * trainer.n_local * world.size)
@@ -114,6 +156,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="global batch")
     parser.add_argument("--seconds", type=float, default=2.0, help="audio per utterance")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median reported)")
+    parser.add_argument("--loop-steps", type=int, default=0,
+                        help="also time loops of this many steps: blocked each step, every 10, queued")
     parser.add_argument("--host-devices", type=int, default=os.cpu_count())
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak dense TFLOP/s of one device (e.g. 989 for H100 bf16) to report MFU")
@@ -137,6 +181,14 @@ def main() -> None:
                 f"{r['parameters']:>10,} {1e3 * r['step_s']:>9.1f} {r['steps_per_s']:>8.2f} {r['utt_per_s']:>7.1f} "
                 f"{1e3 * r['allreduce_s']:>7.2f} {100 * r['allreduce_share']:>7.1f}% {r['tflops_per_s']:>8.4f}")
         print(line + (f" {100 * r['mfu']:>5.1f}%" if args.peak_tflops else ""))
+    if args.loop_steps:
+        print(f"\nloops of {args.loop_steps} steps, ms per step (median of {LOOP_REPEATS}, alternated); "
+              "ratio: blocked each step / queued")
+        print(f"{'config':<10} {'allreduce':<9} " + " ".join(f"{name:>9}" for name in LOOP_KINDS) + f" {'ratio':>6}")
+        for r in records:
+            loop = [r[f"loop_step_s_{name}"] for name in LOOP_KINDS]
+            print(f"{r['config']:<10} {r['allreduce']:<9} " + " ".join(f"{1e3 * s:>9.1f}" for s in loop)
+                  + f" {r['loop_step_s_blocked'] / r['loop_step_s_queued']:>6.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d", time.gmtime()), "records": records}, indent=2))

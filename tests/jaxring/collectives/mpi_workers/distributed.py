@@ -3,13 +3,15 @@
 jaxring.allreduce over a mesh axis that spans processes works as lax.psum
 does there: the same sums as float64 numpy, and the same bits on every device
 as allreduce(processes=True) over each process' own devices (which it
-computes). What it cannot serve is refused while compiling, at once, saying
+computes), with 500 chained steps queued as a training loop queues them.
+What it cannot serve is refused while compiling, at once, saying
 what to do (never a wait for the timeout): reduce_scatter and all_gather over
 such an axis, processes=True over it (which would sum over the processes
 twice), and a mesh whose rings hold each process' devices in different local
 orders. JAX's process index must be the MPI rank.
 """
 
+import pathlib
 import socket
 import sys
 import time
@@ -22,6 +24,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxring
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[4]))  # the repository root, for tests.*
+from tests.jaxring.collectives import queued_loops  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -131,6 +136,22 @@ for _ in range(30):
         np.testing.assert_allclose(np.asarray(out.addressable_shards[0].data)[0], exact[i], rtol=1e-5, atol=1e-5)
 print(f"rank {rank}: equal all-reduces of one program, each its own tag and op ids", flush=True)
 
+
+# Steps queued as a training loop queues them (queued_loops.py): chained, donated, values per step,
+# over the axis that spans every process, each step's mean and the final parameters against float64.
+steps = 500
+every = [queued_loops.rows(p, L) for p in range(size)]
+w0 = np.cos(np.arange(queued_loops.SIZE, dtype=np.float32))
+expected_means, expected_w = queued_loops.replay(np.concatenate(every), steps, w0)
+replicated = NamedSharding(mesh, P())
+step = queued_loops.shard_mapped(jax.devices())
+w = jax.make_array_from_process_local_data(replicated, w0)
+x_rows = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), every[rank])
+scales = [jax.make_array_from_process_local_data(replicated, queued_loops.scale(k)) for k in range(5)]
+w, means = queued_loops.queue(step, w, x_rows, steps, lambda k: scales[k % 5], queued_loops.STEPS_IN_FLIGHT)
+queued_loops.check("jax.distributed, queued", means, w, expected_means, expected_w,
+                   lambda a: np.asarray(a.addressable_shards[0].data))
+print(f"rank {rank}: {steps} queued steps over the global axis", flush=True)
 
 # What the leg cannot serve is refused while compiling, far below any timeout.
 x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows_of(rank, 4 * L * size, np.float32))
