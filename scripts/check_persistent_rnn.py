@@ -60,6 +60,7 @@ IMPLS = ("persistent", "scan", "torch")
 BF16_PEAK_TFLOPS = 989
 CONFIG = "ds2_paper"
 SECONDS = 4.0
+TIMED_STEPS = 10  # per measurement, the median reported
 
 
 def parity_case(cell, directions, batch, frames, hidden, dtype_name, seed) -> dict:
@@ -169,8 +170,9 @@ def step_record(impl: str, dtype: str, batch_size: int, world) -> dict:
 
     if impl == "torch":
         config = models.load_config(ROOT / "configs" / f"{CONFIG}.yaml", [f"model.dtype={dtype}"])
-        return bench_torch(config.model, random_batch(batch_size, SECONDS), dtype, steps=10)
-    args = argparse.Namespace(batch_size=batch_size, seconds=SECONDS, steps=10,
+        return bench_torch(config.model, random_batch(batch_size, SECONDS), dtype, steps=TIMED_STEPS)
+    # bench_train.py's command line, as bench() reads it.
+    args = argparse.Namespace(batch_size=batch_size, seconds=SECONDS, steps=TIMED_STEPS, loop_steps=0,
                               overrides=[f"model.dtype={dtype}", f"model.rnn_impl={impl}"],
                               peak_tflops=BF16_PEAK_TFLOPS if dtype == "bfloat16" else None)
     return {"impl": impl, "dtype": dtype, **bench(CONFIG, "ring", args, world)}

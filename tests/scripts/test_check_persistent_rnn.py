@@ -96,3 +96,14 @@ def test_a_hung_measurement_is_recorded_and_ends_the_process_in_its_limit():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert result.returncode == 3
     assert "no result in 0.5 s: hung" in result.stdout and '"case": "hangs"' in result.stdout
+
+
+def test_a_step_record_comes_from_bench_train_as_it_is(monkeypatch):
+    import jaxring
+
+    monkeypatch.setattr(check, "CONFIG", "ds2_tiny")
+    monkeypatch.setattr(check, "SECONDS", 0.5)
+    monkeypatch.setattr(check, "TIMED_STEPS", 1)
+    record = check.step_record("scan", "float32", 8, jaxring.init())  # the tests' 8 host devices
+    assert (record["impl"], record["dtype"], record["global_batch"]) == ("scan", "float32", 8)
+    assert record["step_s"] > 0 and record["compile_s"] > 0
