@@ -41,7 +41,7 @@ def cuda_module():
 
 
 def platform() -> str:
-    """"cpu", "cuda", or the default backend's other name (ROCm's GPUs are "rocm", not "cuda")."""
+    """The default backend: "cpu", "cuda", or its other name (ROCm's GPUs are "rocm", not "cuda")."""
     backend = jax.default_backend()
     if backend != "gpu":
         return backend

@@ -101,7 +101,7 @@ ffi::Error Forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, 
                     "one dtype");
   cudaError_t error = cudaSetDevice(device);
   // Each direction's state before its first frame is zero; the kernel writes the other slots.
-  const size_t slot = size_t(B) * H * (storage == Storage::kBfloat16 ? 2 : 4);
+  const size_t slot = size_t(B) * H * StorageBytes(storage);
   for (int64_t d = 0; d < D && error == cudaSuccess; ++d)
     error = cudaMemsetAsync(static_cast<char*>(states->untyped_data()) + d * (T + 1) * slot, 0, slot, stream);
   if (error == cudaSuccess)

@@ -165,7 +165,6 @@ __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, 
 
 namespace {
 
-size_t StorageBytes(Storage storage) { return storage == Storage::kBfloat16 ? 2 : 4; }
 int MaxUnits(const Shape& s) { return (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction; }
 
 // Launches go through cudaLaunchCooperativeKernel, which refuses (cudaErrorCooperativeLaunchTooLarge)

@@ -23,6 +23,7 @@ struct Shape {
 
 // The compute dtype of weights, inputs, states and outputs; accumulation is float32 in both.
 enum class Storage { kFloat32, kBfloat16 };
+inline size_t StorageBytes(Storage storage) { return storage == Storage::kBfloat16 ? 2 : 4; }
 
 // Threads per block: 64 registers each (the kernels' ceiling, checked by
 // tests/jaxring/rnn/test_persistent_rnn_source.py) is half an SM's register file, so a block
