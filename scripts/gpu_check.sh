@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in three calls of at most 10 minutes each, on a
+# Everything that needs a GPU, in four calls of at most 10 minutes each, on a
 # machine with only its image (python3 with jax + CUDA plugin, flax, optax,
 # nvcc, cmake, ninja, scikit-build-core, nanobind; no network):
 #
-#   scripts/gpu_check.sh 1     # decisive: build, smoke, correctness, queued steps, latency, bandwidth, crossover
+#   scripts/gpu_check.sh 1     # first: build, smoke, correctness, queued steps, the persistent RNN's parity
 #   scripts/gpu_check.sh 2     # sanitizer, jax under each engine, the MPI leg, compile time
-#   scripts/gpu_check.sh 3     # large sizes, bucket sweep
+#   scripts/gpu_check.sh 3     # latency, bandwidth, crossover, large sizes, bucket sweep
+#   scripts/gpu_check.sh 4     # ds2_paper's step: persistent RNN vs the scan vs cuDNN's GRU
 #   GPU_CHECK_DRY_RUN=1 scripts/gpu_check.sh 1   # on CPU: every command resolves, CPU stages run
 #
 # Every stage runs under `timeout`, and the whole part under a budget
@@ -22,8 +23,8 @@
 set -u
 cd "$(dirname "$0")/.."
 PART="${1:-}"
-if [[ "$PART" != 1 && "$PART" != 2 && "$PART" != 3 ]]; then
-  echo "usage: $0 1|2|3  (part 1: the decisive numbers; part 2: sanitizer, jax, MPI leg, compile time; part 3: large sizes)" >&2
+if [[ "$PART" != 1 && "$PART" != 2 && "$PART" != 3 && "$PART" != 4 ]]; then
+  echo "usage: $0 1|2|3|4  (part 1: what never ran on a GPU: queued steps, the persistent RNN's parity, correctness; part 2: sanitizer, jax, MPI leg, compile time; part 3: latency, bandwidth, large sizes; part 4: ds2_paper's step with the persistent RNN)" >&2
   exit 2
 fi
 OUT="${OUT:-./gpu-results}"
@@ -91,6 +92,24 @@ stage() {
   record "$name" "$status" "$rc" "$((SECONDS - start))" "$limit"
 }
 
+# Issue 39's persistent recurrent layer (docs/PERSISTENT_RNN.md), in two stages: the kernel against
+# the scan (values and gradients, float32 and bfloat16, several shapes), where a case that hangs
+# ends the stage in 45 s; then, if it passed, ds2_paper's step with rnn_impl=persistent, with
+# the scan and with PyTorch's cuDNN GRU (batch 256's compile included), each record written as it
+# comes, so running out of time keeps what was measured.
+persistent_rnn_parity_stage() {
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn-parity gpu 100 "$PYTHON" scripts/check_persistent_rnn.py \
+    --out "$OUT" --part parity --name persistent-rnn-parity
+}
+persistent_rnn_steps_stage() {
+  if grep -qE '"stage": "persistent-rnn-parity", "status": "(failed|timed_out)"' "$OUT/stages.jsonl"; then
+    echo "=== persistent-rnn: skipped, the kernel failed its parity stage" | tee -a "$OUT/summary.txt"
+    record persistent-rnn skipped null 0 0; failed+=(persistent-rnn); return
+  fi
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn gpu 300 "$PYTHON" scripts/check_persistent_rnn.py \
+    --out "$OUT" --part steps --name persistent-rnn
+}
+
 HARNESS=("$PYTHON" scripts/check_cuda_ring.py)
 if [ "$DRY_RUN" != 1 ]; then
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
@@ -114,6 +133,7 @@ absent = [m for m in ('jiwer', 'soundfile', 'soxr', 'espeakng_loader', 'tensorbo
           if importlib.util.find_spec(m) is None]
 print('import jaxring: ok; absent here:', absent)
 print('platforms:', jaxring.collectives._ffi.register())"
+  persistent_rnn_parity_stage
   # Both engines, every path, k = 2 and 8, tiny sizes: a hang shows in seconds.
   stage smoke gpu 40 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
     --dtypes float32 --timeout 5 --max-failures 3
@@ -131,10 +151,6 @@ print('platforms:', jaxring.collectives._ffi.register())"
   # stall fails each case within 5 s.
   stage cuda-queued gpu 90 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
     --ranks 2,8 --steps 256 --timeout 5
-  # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets.
-  mkdir -p "$OUT/bench-decisive"
-  stage bench-decisive gpu 90 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
-    --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
 elif [ "$PART" = 2 ]; then
   stage protocol cpu 50 "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py
@@ -168,13 +184,20 @@ elif [ "$PART" = 2 ]; then
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 \
     stage compile-time-no-autotune gpu 60 "$PYTHON" scripts/compile_time.py --config ds2_paper \
     --batch-size 256 --seconds 4 --variants as-is --json "$OUT/compile-time-no-autotune.json"
-else
+elif [ "$PART" = 3 ]; then
+  # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets (measured on an
+  # H200, 2026-11-26: part 1 now holds the checks of what has never run on a GPU).
+  mkdir -p "$OUT/bench-decisive"
+  stage bench-decisive gpu 90 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
+    --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
   # 64M elements: the float64 reference on the host is most of it (163 s on an H200, 2026-11-26).
   stage correctness-large gpu 240 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
     --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
   mkdir -p "$OUT/bench-buckets"
   stage bench-buckets gpu 60 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
     --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
+else
+  persistent_rnn_steps_stage
 fi
 
 timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"

@@ -22,13 +22,20 @@ import sys
 TARGETS = [
     ("smoke: both engines, k=2 and 8, tiny sizes", 1, ("cases", "smoke")),
     ("correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes", 1, ("cases", "correctness")),
-    ("4KiB_f32_k8_device_us<=40", 1, ("bench", "bench-decisive")),
-    ("4KiB_f32_k2_device_us<=20", 1, ("bench", "bench-decisive")),
-    ("4KiB_f32_k8_host_speedup>=8", 1, ("bench", "bench-decisive")),
-    ("256MiB_f32_k8_copy_fraction>=0.85", 1, ("bench", "bench-decisive")),
-    ("256MiB_bf16_k8_copy_fraction>=0.80", 1, ("bench", "bench-decisive")),
+    ("4KiB_f32_k8_device_us<=40", 3, ("bench", "bench-decisive")),
+    ("4KiB_f32_k2_device_us<=20", 3, ("bench", "bench-decisive")),
+    ("4KiB_f32_k8_host_speedup>=8", 3, ("bench", "bench-decisive")),
+    ("256MiB_f32_k8_copy_fraction>=0.85", 3, ("bench", "bench-decisive")),
+    ("256MiB_bf16_k8_copy_fraction>=0.80", 3, ("bench", "bench-decisive")),
     ("500 queued steps through the MPI leg's CUDA handler", 1, ("stage", "mpi-cuda-queued")),
     ("256 queued steps through both CUDA engines, k=2 and 8", 1, ("cases", "cuda-queued")),
+    ("persistent RNN kernel equals the scan: values and gradients, float32 and bfloat16",
+     1, ("cases", "persistent-rnn-parity")),
+    ("ds2_paper_bf16_b64_speedup_vs_cudnn>=2", 4, ("bench", "persistent-rnn")),
+    ("ds2_paper_f32_b32_speedup_vs_cudnn>=1.5", 4, ("bench", "persistent-rnn")),
+    ("ds2_paper_bf16_b256_speedup_vs_cudnn>=1.5", 4, ("bench", "persistent-rnn")),
+    ("ds2_paper_bf16_b64_persistent_mfu>=0.12", 4, ("bench", "persistent-rnn")),
+    ("ds2_paper_b256_persistent_compile_s<=30", 4, ("bench", "persistent-rnn")),
     ("protocol tests on CPU", 2, ("stage", "protocol")),
     ("compute-sanitizer memcheck, host engine", 2, ("stage", "sanitizer-host")),
     ("compute-sanitizer memcheck, one tiny device case", 2, ("stage", "sanitizer-device")),
@@ -56,6 +63,11 @@ FLIPS = [
      "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
      "(jaxring/collectives/fusion.py) by the step it gives in scripts/project_scaling.py, which "
      "chose 64 MiB: the smallest bucket within 5% of the best step (docs/SCALING.md)"),
+    ("default rnn_impl", ["persistent RNN kernel equals the scan: values and gradients, float32 and bfloat16",
+                          "ds2_paper_bf16_b64_speedup_vs_cudnn>=2", "ds2_paper_f32_b32_speedup_vs_cudnn>=1.5",
+                          "ds2_paper_bf16_b256_speedup_vs_cudnn>=1.5"],
+     "make 'auto' the default of model.rnn_impl (models/deepspeech2/model.py's ModelConfig) and record the "
+     "step times in docs/PERSISTENT_RNN.md"),
 ]
 _BOUND = re.compile(r"(?P<name>.*?)(?P<op><=|>=)(?P<threshold>[0-9.]+)$")
 
@@ -124,7 +136,7 @@ def summarise(out, part):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the folder gpu_check.sh wrote")
-    parser.add_argument("--part", type=int, choices=(1, 2, 3), required=True)
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4), required=True)
     args = parser.parse_args()
     summary = summarise(args.out, args.part)
     with open(os.path.join(args.out, "summary.json"), "w") as f:

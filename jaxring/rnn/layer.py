@@ -1,10 +1,11 @@
 """model.rnn_impl's choice between the scan and the persistent layer, and the persistent layer as a JAX op.
 
-On CPU the persistent layer is the host mirror (host_mirror.py) called back from
-the compiled program, with a custom VJP running the mirror's backward pass: it
-proves the kernel's split and barriers inside the real model, far slower than
-the scan. The CUDA kernel is not written yet (docs/PERSISTENT_RNN.md, "Status"),
-so on a GPU `persistent` is refused and `auto` keeps the scan.
+On CUDA the persistent layer is the kernel of csrc/persistent_rnn.cu, called through
+the XLA FFI handlers of csrc/module_rnn_cuda.cc, with a custom VJP running the
+backward kernel; its split is planned for the device it runs on. On CPU it is the
+host mirror (host_mirror.py) called back from the compiled program, with the
+mirror's backward pass: it proves the kernel's split and barriers inside the real
+model, far slower than the scan, so `auto` keeps the scan there.
 """
 
 from __future__ import annotations
@@ -16,40 +17,81 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxring.rnn import host_mirror
-from jaxring.rnn.plan import H100, Plan, plan_layer
+from jaxring.rnn.plan import H100, DeviceBudget, Plan, plan_layer
 
 IMPLEMENTATIONS = ("scan", "persistent", "auto")
 GATES = {"gru": 3, "rnn": 1}
 # The split the host mirror runs: the one the kernel would use on an H100.
 MIRRORED_DEVICE = H100
+# The CUDA kernel's storage types (csrc/persistent_rnn.h's Storage); it accumulates in float32.
+KERNEL_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
+_REBUILD = "rebuild jaxring where nvcc is on the PATH (pip install --no-build-isolation -e .)"
 
 
-def layer_plan(cell: str, kernels, projected) -> Plan | str:
-    """The split of a layer with `kernels` [D, H, gates * H] and `projected` [D, B, T, gates * H], or why none fits."""
-    directions, hidden = kernels.shape[:2]
-    return plan_layer(hidden, GATES[cell], projected.shape[1], directions,
-                      np.dtype(projected.dtype).itemsize, MIRRORED_DEVICE)
+@functools.cache
+def cuda_module():
+    """The compiled CUDA handlers, registered with XLA, or None where jaxring was built without a CUDA toolkit."""
+    try:
+        from jaxring.rnn import _jaxring_rnn_cuda
+    except ImportError:
+        return None
+    for name, capsule in _jaxring_rnn_cuda.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+    return _jaxring_rnn_cuda
+
+
+def platform() -> str:
+    """The default backend: "cpu", "cuda", or its other name (ROCm's GPUs are "rocm", not "cuda")."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return backend
+    return "rocm" if "rocm" in jax.devices()[0].client.platform_version.lower() else "cuda"
+
+
+@functools.cache
+def cuda_budget() -> DeviceBudget | str:
+    """The first local GPU's budget for the kernel, or why the kernel cannot run on it."""
+    module = cuda_module()
+    if module is None:
+        return f"jaxring was built without the persistent layer's CUDA handlers; {_REBUILD}"
+    budget = module.device_budget(jax.local_devices()[0].local_hardware_id)
+    if not budget["cooperative_launch"]:
+        return f"{budget['name']} cannot launch cooperative grids, which the kernel's grid barrier needs"
+    return DeviceBudget(budget["name"], budget["sms"], budget["shared_bytes_per_block"])
+
+
+def layer_plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Plan | str:
+    """The split of a layer on this platform's device (the mirrored H100 on CPU), or why none fits."""
+    budget = MIRRORED_DEVICE
+    if platform() == "cuda":
+        if np.dtype(dtype) not in KERNEL_DTYPES:
+            return f"the CUDA kernel computes in float32 or bfloat16, not {np.dtype(dtype).name}"
+        budget = cuda_budget()
+        if isinstance(budget, str):
+            return budget
+    return plan_layer(hidden, GATES[cell], batch, directions, np.dtype(dtype).itemsize, budget)
 
 
 def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
-    """(whether to run the persistent layer, the sentence to log when `impl` asked for it and the scan runs)."""
+    """(whether to run the persistent layer, the sentence to log when `impl` asked for it and the scan runs).
+
+    `kernels` [D, H, gates * H], `projected` [D, B, T, gates * H], as `recurrence` takes them."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"model.rnn_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl == "scan":
         return False, None
-    platform = jax.default_backend()
-    if platform != "cpu":
-        if impl == "persistent":
-            raise NotImplementedError(
-                f"model.rnn_impl=persistent: the CUDA kernel of the persistent layer is not written yet, so it "
-                f"cannot run on {platform} (docs/PERSISTENT_RNN.md, 'Status'); set model.rnn_impl=scan or auto"
-            )
-        return False, f"model.rnn_impl=auto: the scan on {platform}, the persistent CUDA kernel is not written yet"
-    if impl == "auto":
+    here = platform()
+    if here == "cpu" and impl == "auto":
         return False, "model.rnn_impl=auto: the scan on cpu, where the persistent layer is the slow host mirror"
-    plan = layer_plan(cell, kernels, projected)
+    if here not in ("cpu", "cuda"):
+        return False, f"model.rnn_impl={impl}: the scan on {here}, the persistent layer's kernel is for CUDA"
+    if here == "cuda" and impl == "persistent" and cuda_module() is None:
+        raise RuntimeError(f"model.rnn_impl=persistent on CUDA: jaxring was built without the persistent layer's "
+                           f"CUDA handlers (jaxring/rnn/_jaxring_rnn_cuda); {_REBUILD}, or set model.rnn_impl=auto")
+    directions, hidden = kernels.shape[:2]
+    plan = layer_plan(cell, hidden, directions, projected.shape[1], projected.dtype)
     if isinstance(plan, str):
-        return False, f"model.rnn_impl=persistent: the scan, the layer does not fit: {plan}"
+        return False, f"model.rnn_impl={impl}: the scan on {here}, the layer does not fit: {plan}"
     return True, None
 
 
@@ -67,24 +109,34 @@ def _accumulator_dtype(dtype):
     return jnp.float64 if dtype == jnp.float64 else jnp.float32
 
 
-def _forward(cell, relu_clip, kernels, biases, projected, mask):
-    plan = layer_plan(cell, kernels, projected)
+def _plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Plan:
+    plan = layer_plan(cell, hidden, directions, batch, dtype)
     if isinstance(plan, str):
         raise ValueError(f"persistent_recurrence: {plan}; use the scan (model.rnn_impl=auto falls back to it)")
+    return plan
+
+
+def _forward(cell, relu_clip, kernels, biases, projected, mask):
     directions, batch, frames, _ = projected.shape
-    hidden, dtype = plan.hidden, projected.dtype
+    hidden, dtype = kernels.shape[1], projected.dtype
+    plan = _plan(cell, hidden, directions, batch, dtype)
     results = (
         jax.ShapeDtypeStruct((directions, batch, frames, hidden), dtype),
         jax.ShapeDtypeStruct((directions, frames + 1, batch, hidden), dtype),
         jax.ShapeDtypeStruct((directions, frames, batch, host_mirror.saved_width(cell, hidden)),
                              _accumulator_dtype(dtype)),
     )
+    mask = mask.astype(jnp.bool_)
+    if platform() == "cuda":
+        outputs, states, saved = jax.ffi.ffi_call(cuda_module().FORWARD_TARGET, results)(
+            kernels, biases, projected, mask,
+            blocks_per_direction=np.int64(plan.blocks_per_direction), relu_clip=np.float32(relu_clip))
+    else:
+        def run(kernels, biases, projected, mask):
+            return host_mirror.forward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(biases),
+                                       np.asarray(projected), np.asarray(mask), np.random.default_rng(0))
 
-    def run(kernels, biases, projected, mask):
-        return host_mirror.forward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(biases),
-                                   np.asarray(projected), np.asarray(mask), np.random.default_rng(0))
-
-    outputs, states, saved = _callback(run, results, kernels, biases, projected, mask)
+        outputs, states, saved = _callback(run, results, kernels, biases, projected, mask)
     return outputs, (kernels, biases, mask, states, saved)
 
 
@@ -92,20 +144,26 @@ def _backward(cell, relu_clip, residuals, d_outputs):
     kernels, biases, mask, states, saved = residuals
     directions, frames, batch, hidden = states.shape[0], states.shape[1] - 1, states.shape[2], states.shape[3]
     width = kernels.shape[-1]
-    plan = plan_layer(hidden, GATES[cell], batch, directions, np.dtype(d_outputs.dtype).itemsize, MIRRORED_DEVICE)
+    plan = _plan(cell, hidden, directions, batch, d_outputs.dtype)
     acc = _accumulator_dtype(d_outputs.dtype)
     results = (
         jax.ShapeDtypeStruct(kernels.shape, acc),
         jax.ShapeDtypeStruct(biases.shape, acc),
         jax.ShapeDtypeStruct((directions, batch, frames, width), d_outputs.dtype),
     )
+    if platform() == "cuda":
+        # The last result is the kernel's scratch for the exchanged gradients, by frame parity.
+        exchange = jax.ShapeDtypeStruct((directions, 2, batch, width), jnp.float32)
+        d_kernels, d_biases, d_projected, _ = jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, (*results, exchange))(
+            kernels, mask, states, saved, d_outputs,
+            blocks_per_direction=np.int64(plan.blocks_per_direction), relu_clip=np.float32(relu_clip))
+    else:
+        def run(kernels, mask, states, saved, d_outputs):
+            return host_mirror.backward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(mask),
+                                        np.asarray(states), np.asarray(saved), np.asarray(d_outputs),
+                                        np.random.default_rng(0))
 
-    def run(kernels, mask, states, saved, d_outputs):
-        return host_mirror.backward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(mask),
-                                    np.asarray(states), np.asarray(saved), np.asarray(d_outputs),
-                                    np.random.default_rng(0))
-
-    d_kernels, d_biases, d_projected = _callback(run, results, kernels, mask, states, saved, d_outputs)
+        d_kernels, d_biases, d_projected = _callback(run, results, kernels, mask, states, saved, d_outputs)
     return d_kernels.astype(kernels.dtype), d_biases.astype(biases.dtype), d_projected, None
 
 

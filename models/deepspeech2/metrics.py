@@ -4,8 +4,6 @@ Evaluation sums edit_counts() over batches (and processes) before taking
 error_rates(), so a corpus's rate weighs every character equally.
 """
 
-import jiwer
-
 
 def _check(refs, hyps):
     refs, hyps = list(refs), list(hyps)
@@ -16,6 +14,8 @@ def _check(refs, hyps):
 
 def edit_counts(refs, hyps) -> dict[str, int]:
     """Additive counts: character and word edits of `hyps` against `refs`, and the references' lengths."""
+    import jiwer  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+
     refs, hyps = _check(refs, hyps)
     chars = jiwer.process_characters(refs, hyps)
     words = jiwer.process_words(refs, hyps)

@@ -3,8 +3,8 @@
 //
 // The split, buffers and barriers are jaxring/rnn/host_mirror.py's, which the tests prove
 // against the model's scan on the host; jaxring/rnn/plan.py decides the block count and that
-// the shared memory asked for here fits (docs/PERSISTENT_RNN.md). Not yet called from XLA:
-// the FFI handler and the build into the extension are still to write.
+// the shared memory asked for here fits (docs/PERSISTENT_RNN.md). XLA calls the launchers
+// through the FFI handlers of module_rnn_cuda.cc.
 //
 // Layouts, D directions, B utterances, T frames, H units, G gates (3 for a GRU, 1 for a plain
 // RNN), W = G * H: kernels [D, H, W], biases [D, W], projected [D, B, T, W], mask [D, B, T],
@@ -13,6 +13,8 @@
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+
+#include "persistent_rnn.h"
 
 namespace jaxring::rnn {
 
@@ -25,11 +27,6 @@ template <> __device__ inline float FromFloat<float>(float x) { return x; }
 template <> __device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 __device__ inline float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
-
-struct Shape {
-  int directions, batch, frames, hidden, gates, blocks_per_direction;
-  float relu_clip;
-};
 
 // plan.split_units: the first hidden % blocks blocks own one unit more.
 struct Units {
@@ -49,7 +46,7 @@ __global__ void PersistentForward(Shape s, const T* kernels, const T* biases, co
   cg::grid_group grid = cg::this_grid();
   const int d = blockIdx.x / s.blocks_per_direction;
   const Units units(s, blockIdx.x % s.blocks_per_direction);
-  const int H = s.hidden, W = s.gates * H, columns = s.gates * units.count, S = s.gates == 3 ? 4 * H : H;
+  const int H = s.hidden, W = s.gates * H, columns = s.gates * units.count, S = SavedWidth(s);
   extern __shared__ unsigned char shared[];
   float* sums = reinterpret_cast<float*>(shared);                            // [B, columns]
   T* weights = reinterpret_cast<T*>(sums + s.batch * columns);               // [H, columns]
@@ -103,7 +100,7 @@ __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, 
   cg::grid_group grid = cg::this_grid();
   const int d = blockIdx.x / s.blocks_per_direction;
   const Units units(s, blockIdx.x % s.blocks_per_direction);
-  const int H = s.hidden, W = s.gates * H, columns = s.gates * units.count, S = s.gates == 3 ? 4 * H : H;
+  const int H = s.hidden, W = s.gates * H, columns = s.gates * units.count, S = SavedWidth(s);
   extern __shared__ unsigned char shared[];
   float* d_weights = reinterpret_cast<float*>(shared);                       // [H, columns]
   float* d_h = d_weights + H * columns;                                      // [B, units]
@@ -166,55 +163,75 @@ __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, 
     d_kernels[(size_t(d) * H + i / columns) * W + units.Column(s, i % columns)] = d_weights[i];
 }
 
-// Shared memory each pass asks for: plan.Plan.forward_bytes and backward_bytes.
-inline size_t ForwardSharedBytes(const Shape& s, int max_units, size_t weight_bytes) {
-  size_t columns = size_t(s.gates) * max_units;
-  return s.hidden * columns * weight_bytes + s.batch * columns * sizeof(float);
-}
-inline size_t BackwardSharedBytes(const Shape& s, int max_units, size_t weight_bytes) {
-  size_t columns = size_t(s.gates) * max_units;
-  return s.hidden * columns * (weight_bytes + sizeof(float)) + s.batch * max_units * sizeof(float);
-}
+namespace {
+
+int MaxUnits(const Shape& s) { return (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction; }
 
 // Launches go through cudaLaunchCooperativeKernel, which refuses (cudaErrorCooperativeLaunchTooLarge)
 // a grid that cannot be resident at once instead of letting grid.sync() hang.
-template <typename T>
-cudaError_t LaunchForward(cudaStream_t stream, Shape s, int threads, const T* kernels, const T* biases,
-                          const T* projected, const bool* mask, T* outputs, T* states, float* saved) {
-  int max_units = (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction;
-  size_t bytes = ForwardSharedBytes(s, max_units, sizeof(T));
-  auto kernel = PersistentForward<T>;
+cudaError_t LaunchCooperative(const void* kernel, const Shape& s, size_t bytes, void** args, cudaStream_t stream) {
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (error != cudaSuccess) return error;
-  void* args[] = {&s, &kernels, &biases, &projected, &mask, &outputs, &states, &saved};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(s.directions * s.blocks_per_direction),
-                                     dim3(threads), args, bytes, stream);
+  return cudaLaunchCooperativeKernel(kernel, dim3(s.directions * s.blocks_per_direction), dim3(kThreadsPerBlock),
+                                     args, bytes, stream);
 }
 
 template <typename T>
-cudaError_t LaunchBackward(cudaStream_t stream, Shape s, int threads, const T* kernels, const bool* mask,
-                           const T* states, const float* saved, const T* d_outputs, float* d_recurrent,
-                           float* d_kernels, float* d_biases, T* d_projected) {
-  int max_units = (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction;
-  size_t bytes = BackwardSharedBytes(s, max_units, sizeof(T));
-  auto kernel = PersistentBackward<T>;
-  cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (error != cudaSuccess) return error;
+cudaError_t ForwardTyped(cudaStream_t stream, Shape s, const T* kernels, const T* biases, const T* projected,
+                         const bool* mask, T* outputs, T* states, float* saved, size_t bytes) {
+  void* args[] = {&s, &kernels, &biases, &projected, &mask, &outputs, &states, &saved};
+  return LaunchCooperative(reinterpret_cast<const void*>(PersistentForward<T>), s, bytes, args, stream);
+}
+
+template <typename T>
+cudaError_t BackwardTyped(cudaStream_t stream, Shape s, const T* kernels, const bool* mask, const T* states,
+                          const float* saved, const T* d_outputs, float* d_recurrent, float* d_kernels,
+                          float* d_biases, T* d_projected, size_t bytes) {
   void* args[] = {&s, &kernels, &mask, &states, &saved, &d_outputs, &d_recurrent, &d_kernels, &d_biases,
                   &d_projected};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), dim3(s.directions * s.blocks_per_direction),
-                                     dim3(threads), args, bytes, stream);
+  return LaunchCooperative(reinterpret_cast<const void*>(PersistentBackward<T>), s, bytes, args, stream);
 }
 
-template cudaError_t LaunchForward<float>(cudaStream_t, Shape, int, const float*, const float*, const float*,
-                                          const bool*, float*, float*, float*);
-template cudaError_t LaunchForward<__nv_bfloat16>(cudaStream_t, Shape, int, const __nv_bfloat16*,
-                                                  const __nv_bfloat16*, const __nv_bfloat16*, const bool*,
-                                                  __nv_bfloat16*, __nv_bfloat16*, float*);
-template cudaError_t LaunchBackward<float>(cudaStream_t, Shape, int, const float*, const bool*, const float*,
-                                           const float*, const float*, float*, float*, float*, float*);
-template cudaError_t LaunchBackward<__nv_bfloat16>(cudaStream_t, Shape, int, const __nv_bfloat16*, const bool*,
-                                                   const __nv_bfloat16*, const float*, const __nv_bfloat16*,
-                                                   float*, float*, float*, __nv_bfloat16*);
+}  // namespace
+
+size_t ForwardSharedBytes(const Shape& s, Storage storage) {
+  size_t columns = size_t(s.gates) * MaxUnits(s);
+  return s.hidden * columns * StorageBytes(storage) + s.batch * columns * sizeof(float);
+}
+
+size_t BackwardSharedBytes(const Shape& s, Storage storage) {
+  size_t columns = size_t(s.gates) * MaxUnits(s);
+  return s.hidden * columns * (StorageBytes(storage) + sizeof(float)) + size_t(s.batch) * MaxUnits(s) * sizeof(float);
+}
+
+cudaError_t LaunchForward(cudaStream_t stream, const Shape& s, Storage storage, const void* kernels,
+                          const void* biases, const void* projected, const bool* mask, void* outputs,
+                          void* states, float* saved) {
+  size_t bytes = ForwardSharedBytes(s, storage);
+  if (storage == Storage::kBfloat16) {
+    using T = __nv_bfloat16;
+    return ForwardTyped<T>(stream, s, static_cast<const T*>(kernels), static_cast<const T*>(biases),
+                           static_cast<const T*>(projected), mask, static_cast<T*>(outputs), static_cast<T*>(states),
+                           saved, bytes);
+  }
+  return ForwardTyped<float>(stream, s, static_cast<const float*>(kernels), static_cast<const float*>(biases),
+                             static_cast<const float*>(projected), mask, static_cast<float*>(outputs),
+                             static_cast<float*>(states), saved, bytes);
+}
+
+cudaError_t LaunchBackward(cudaStream_t stream, const Shape& s, Storage storage, const void* kernels,
+                           const bool* mask, const void* states, const float* saved, const void* d_outputs,
+                           float* d_recurrent, float* d_kernels, float* d_biases, void* d_projected) {
+  size_t bytes = BackwardSharedBytes(s, storage);
+  if (storage == Storage::kBfloat16) {
+    using T = __nv_bfloat16;
+    return BackwardTyped<T>(stream, s, static_cast<const T*>(kernels), mask, static_cast<const T*>(states), saved,
+                            static_cast<const T*>(d_outputs), d_recurrent, d_kernels, d_biases,
+                            static_cast<T*>(d_projected), bytes);
+  }
+  return BackwardTyped<float>(stream, s, static_cast<const float*>(kernels), mask, static_cast<const float*>(states),
+                              saved, static_cast<const float*>(d_outputs), d_recurrent, d_kernels, d_biases,
+                              static_cast<float*>(d_projected), bytes);
+}
 
 }  // namespace jaxring::rnn

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.fft
 import scipy.signal
-import soxr
 
 SAMPLE_RATE = 16000
 NOISE_COLOURS = {"white": 0.0, "pink": 1.0, "brown": 2.0}  # power falls as 1 / f^exponent
@@ -29,6 +28,8 @@ def change_speed(samples: np.ndarray, factor: float, rate: int = SAMPLE_RATE) ->
         raise ValueError(f"a speed factor must be positive; got {factor}")
     if factor == 1:
         return samples
+    import soxr  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+
     # Read as if recorded at rate * factor and resampled to rate: len / factor samples.
     return soxr.resample(samples, rate * factor, rate).astype(np.float32, copy=False)
 

@@ -3,8 +3,6 @@
 import os
 
 import numpy as np
-import soundfile
-import soxr
 
 SAMPLE_RATE = 16000
 
@@ -16,6 +14,8 @@ class AudioError(Exception):
 def resample(samples: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) -> np.ndarray:
     if from_rate == to_rate:
         return samples
+    import soxr  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+
     return soxr.resample(samples, from_rate, to_rate).astype(np.float32, copy=False)
 
 
@@ -27,6 +27,8 @@ def read_audio(path: str, sample_rate: int = SAMPLE_RATE) -> tuple[np.ndarray, b
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(path)
+    import soundfile  # here, not at the top: see resample
+
     try:
         with soundfile.SoundFile(path) as f:
             expected, rate = f.frames, f.samplerate
@@ -43,6 +45,8 @@ def read_audio(path: str, sample_rate: int = SAMPLE_RATE) -> tuple[np.ndarray, b
 
 def duration(path: str) -> float:
     """Seconds of audio according to the file's header (raises AudioError if unreadable)."""
+    import soundfile  # here, not at the top: see resample
+
     try:
         info = soundfile.info(path)
     except (soundfile.LibsndfileError, RuntimeError, EOFError, ValueError) as e:

@@ -12,7 +12,6 @@ import ctypes
 import functools
 import threading
 
-import espeakng_loader
 import numpy as np
 
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
@@ -33,6 +32,8 @@ class EspeakError(RuntimeError):
 
 class _Engine:
     def __init__(self):
+        import espeakng_loader  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+
         lib = ctypes.CDLL(espeakng_loader.get_library_path())
         lib.espeak_Initialize.restype = ctypes.c_int
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]

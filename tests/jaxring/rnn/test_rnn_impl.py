@@ -1,6 +1,7 @@
 """model.rnn_impl: the persistent layer (on CPU, the host mirror) inside Deep Speech 2 against the scan."""
 
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxring.rnn import layer
+from jaxring.rnn.plan import A100
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables
 
 
@@ -64,3 +66,82 @@ def test_a_layer_that_does_not_fit_falls_back_to_the_scan_with_a_log_line(caplog
 def test_unknown_implementation_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"model.rnn_impl must be one of \('scan', 'persistent', 'auto'\)"):
         tiny(rnn_impl="cudnn")
+
+
+# On CUDA (faked here: no GPU on the test machines), the choice by the device's own budget.
+ds2_paper_layer = dict(kernels=jnp.zeros((2, 620, 3 * 620)), projected=jnp.zeros((2, 32, 5, 3 * 620)))
+
+
+def on_cuda(monkeypatch, budget=layer.H100, module=object()):
+    monkeypatch.setattr(layer, "platform", lambda: "cuda")
+    monkeypatch.setattr(layer, "cuda_module", lambda: module)
+    monkeypatch.setattr(layer, "cuda_budget", lambda: budget)
+
+
+def test_auto_picks_the_kernel_on_cuda_where_the_layer_fits(monkeypatch):
+    on_cuda(monkeypatch)
+    assert layer.choose("auto", "gru", **ds2_paper_layer) == (True, None)
+    assert layer.choose("persistent", "gru", **ds2_paper_layer) == (True, None)
+
+
+def test_on_cuda_a_layer_too_large_for_the_device_falls_back_saying_why(monkeypatch):
+    on_cuda(monkeypatch, budget=A100)  # float32 batch 32 needs 180 KB a block; an A100 has 163 KiB
+    for impl in ("auto", "persistent"):
+        persistent, reason = layer.choose(impl, "gru", **ds2_paper_layer)
+        assert not persistent and f"rnn_impl={impl}" in reason and "does not fit" in reason and "A100" in reason
+
+
+def test_on_cuda_float64_falls_back_naming_the_kernels_dtypes(monkeypatch):
+    on_cuda(monkeypatch)
+    # choose reads shapes and dtypes only: numpy stands in for float64 arrays without enabling x64.
+    persistent, reason = layer.choose("auto", "gru", np.zeros((2, 7, 21)), np.zeros((2, 3, 5, 21)))
+    assert not persistent and "float32 or bfloat16, not float64" in reason
+
+
+def test_on_cuda_without_the_compiled_handlers_persistent_is_refused_and_auto_falls_back(monkeypatch):
+    on_cuda(monkeypatch, budget="jaxring was built without the persistent layer's CUDA handlers", module=None)
+    with pytest.raises(RuntimeError, match=r"built without the persistent layer's CUDA handlers.*rebuild jaxring"):
+        layer.choose("persistent", "gru", **ds2_paper_layer)
+    persistent, reason = layer.choose("auto", "gru", **ds2_paper_layer)
+    assert not persistent and "built without" in reason
+
+
+def test_other_gpus_keep_the_scan(monkeypatch):
+    monkeypatch.setattr(layer, "platform", lambda: "rocm")
+    persistent, reason = layer.choose("persistent", "gru", **ds2_paper_layer)
+    assert not persistent and "the scan on rocm" in reason and "CUDA" in reason
+
+
+def custom_calls(text: str) -> dict[str, str]:
+    """Target -> its signature `(operands) -> (results)`, from lowered StableHLO."""
+    calls = re.findall(r"custom_call @(\w+)\(.*?\{.*?blocks_per_direction = (\d+).*\}\s*:\s*(\(.*\) -> \(.*\))", text)
+    return {target: (int(blocks), signature) for target, blocks, signature in calls}
+
+
+@pytest.mark.skipif(layer.cuda_module() is None, reason="jaxring was built without a CUDA toolkit")
+@pytest.mark.parametrize("cell, dtype, directions", [("gru", "bf16", 2), ("rnn", "f32", 1)])
+def test_on_cuda_the_gradient_lowers_to_the_handlers_with_the_buffers_they_check(monkeypatch, cell, dtype, directions):
+    on_cuda(monkeypatch, module=layer.cuda_module())
+    gates, hidden, batch, frames = layer.GATES[cell], 7, 3, 5
+    width, saved = gates * hidden, (4 if cell == "gru" else 1) * hidden
+    kernels = jnp.zeros((directions, hidden, width), jnp.dtype({"bf16": "bfloat16", "f32": "float32"}[dtype]))
+    biases, projected = jnp.zeros((directions, width), kernels.dtype), jnp.zeros((directions, batch, frames, width), kernels.dtype)
+    mask = jnp.ones((directions, batch, frames), bool)
+
+    def loss(kernels, biases, projected):
+        return layer.persistent_recurrence(cell, 20.0, kernels, biases, projected, mask).astype(jnp.float32).sum()
+
+    gradient = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    calls = custom_calls(gradient.trace(kernels, biases, projected).lower(lowering_platforms=("cuda",)).as_text())
+    D, B, T, H, W, S = directions, batch, frames, hidden, width, saved  # noqa: N806  (the handlers' names)
+    kernels_t, mask_t = f"tensor<{D}x{H}x{W}x{dtype}>", f"tensor<{D}x{B}x{T}xi1>"
+    states_t, saved_t = f"tensor<{D}x{T + 1}x{B}x{H}x{dtype}>", f"tensor<{D}x{T}x{B}x{S}xf32>"
+    outputs_t = f"tensor<{D}x{B}x{T}x{H}x{dtype}>"
+    assert calls == {
+        "jaxring_persistent_rnn_forward": (
+            H, f"({kernels_t}, tensor<{D}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>, {mask_t}) -> "
+               f"({outputs_t}, {states_t}, {saved_t})"),
+        "jaxring_persistent_rnn_backward": (
+            H, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> (tensor<{D}x{H}x{W}xf32>, "
+               f"tensor<{D}x{W}xf32>, tensor<{D}x{B}x{T}x{W}x{dtype}>, tensor<{D}x2x{B}x{W}xf32>)"),
+    }

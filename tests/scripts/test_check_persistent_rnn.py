@@ -1,0 +1,109 @@
+"""scripts/check_persistent_rnn.py and scripts/bench_torch_ds2.py on CPU: the parity check runs (on the host
+mirror here), the targets come out of the records, the GPU image's missing audio packages are not needed,
+and the PyTorch twin has the model's shapes."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import check_persistent_rnn as check  # noqa: E402
+
+
+@pytest.mark.parametrize("cell, dtype", [("gru", "float32"), ("rnn", "bfloat16")])
+def test_parity_case_passes_on_the_host_mirror(cell, dtype):
+    record = check.parity_case(cell, 2, 3, 9, 5, dtype, seed=1)
+    assert record["ok"] and not record["kernel_called"], record
+    assert set(record["errors"]) == {"outputs", "d_kernels", "d_biases", "d_projected"}
+
+
+def test_targets_are_cudnns_step_over_the_persistent_one():
+    def step(impl, dtype, batch, step_s, **extra):
+        return dict(impl=impl, dtype=dtype, global_batch=batch, step_s=step_s, **extra)
+
+    records = [step("persistent", "bfloat16", 64, 0.05, mfu=0.13), step("scan", "bfloat16", 64, 0.11),
+               step("torch-cudnn", "bfloat16", 64, 0.125), step("persistent", "float32", 32, 0.1),
+               dict(impl="torch-cudnn", dtype="float32", global_batch=32, error="torch is not installed here"),
+               step("persistent", "bfloat16", 256, 0.2, compile_s=41.0)]
+    targets = check.targets(records)
+    assert targets["ds2_paper_bf16_b64_speedup_vs_cudnn>=2"] == pytest.approx(2.5)
+    assert targets["ds2_paper_f32_b32_speedup_vs_cudnn>=1.5"] is None
+    assert targets["ds2_paper_bf16_b256_speedup_vs_cudnn>=1.5"] is None
+    assert targets["ds2_paper_bf16_b64_persistent_mfu>=0.12"] == 0.13
+    assert targets["ds2_paper_b256_persistent_compile_s<=30"] == 41.0
+
+
+_WITHOUT_AUDIO = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("soundfile", "soxr", "jiwer", "espeakng_loader", "ttspico", "tensorboardX"):
+            raise ImportError("not installed: " + name)
+sys.meta_path.insert(0, Block())
+sys.path[:0] = ["scripts", "."]
+import bench_torch_ds2, bench_train, check_persistent_rnn, compile_time, models
+task = models.build_task(models.load_config("configs/ds2_tiny.yaml", []))
+print(sorted(task.init(__import__("jax").random.key(0))["params"])[:1])
+"""
+
+
+def test_the_gpu_stages_build_the_step_without_the_audio_packages():
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_AUDIO], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['conv0']"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_torch_twin_has_the_models_frames_and_takes_a_step():
+    import torch
+
+    import models
+    from bench_torch_ds2 import bench_torch, build_model
+    from bench_train import random_batch
+    from models.deepspeech2.model import output_lengths
+
+    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", []).model
+    batch = random_batch(2, 0.5)
+    logits = build_model(torch, config)(torch.from_numpy(batch["features"]).permute(0, 2, 1).unsqueeze(1))
+    assert tuple(logits.shape) == (output_lengths(config, batch["features"].shape[1]), 2, 29)
+    record = bench_torch(config, batch, "float32", steps=1, device="cpu")
+    assert record["impl"] == "torch" and record["step_s"] > 0 and np.isfinite(record["last_loss"])
+
+
+def test_a_failing_measurement_is_recorded_and_the_next_still_runs():
+    written = []
+
+    def fail():
+        raise RuntimeError("cudaErrorCooperativeLaunchTooLarge")
+
+    failed = check.measure(dict(case="a"), 30, fail, written.append)
+    passed = check.measure(dict(case="b"), 30, lambda: dict(ok=True), written.append)
+    assert written == [failed, passed]
+    assert failed["ok"] is False and "cudaErrorCooperativeLaunchTooLarge" in failed["error"]
+    assert passed["ok"] is True and passed["case"] == "b"
+
+
+def test_a_hung_measurement_is_recorded_and_ends_the_process_in_its_limit():
+    code = ("import json, sys, time; sys.path.insert(0, 'scripts'); import check_persistent_rnn as c; "
+            "c.measure(dict(case='hangs'), 0.5, lambda: time.sleep(60), lambda r: print(json.dumps(r), flush=True))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert result.returncode == 3
+    assert "no result in 0.5 s: hung" in result.stdout and '"case": "hangs"' in result.stdout
+
+
+def test_a_step_record_comes_from_bench_train_as_it_is(monkeypatch):
+    import jaxring
+
+    monkeypatch.setattr(check, "CONFIG", "ds2_tiny")
+    monkeypatch.setattr(check, "SECONDS", 0.5)
+    monkeypatch.setattr(check, "TIMED_STEPS", 1)
+    record = check.step_record("scan", "float32", 8, jaxring.init())  # the tests' 8 host devices
+    assert (record["impl"], record["dtype"], record["global_batch"]) == ("scan", "float32", 8)
+    assert record["step_s"] > 0 and record["compile_s"] > 0
