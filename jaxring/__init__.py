@@ -5,6 +5,11 @@ import importlib
 from jaxring.collectives.fusion import tree_allreduce
 from jaxring.collectives.ring import all_gather, allreduce, reduce_scatter
 from jaxring.collectives.timeout import default_timeout, set_default_timeout
+from jaxring.collectives.xla_threads import reserve_client_threads
+
+# Before JAX makes its CPU client: steps queued over host devices need more of its threads than it
+# would make (xla_threads.py).
+reserve_client_threads()
 
 # Importing mpi4py starts MPI and mpi4jax takes seconds to load, so the
 # cross-process names load on first use.

@@ -57,10 +57,14 @@ def parse_args(argv=None):
 
 
 def expose_host_devices(count: int) -> None:
-    """Splits the CPU into `count` XLA devices, unless XLA_FLAGS already says how many."""
+    """Splits the CPU into `count` XLA devices, unless XLA_FLAGS already says how many, and gives XLA's
+    CPU client the threads steps queued over them need (jaxring/collectives/xla_threads.py)."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    from jaxring.collectives.xla_threads import reserve_client_threads
+
+    reserve_client_threads()
 
 
 _task_lines = None  # the handler show_task_progress added, replaced when main() runs again

@@ -3,12 +3,13 @@
 jaxring's primitive needs a few things JAX has no public API for: whether
 shard_map is type-checking varying axes (check_vma), reading and setting the
 varying axes of an abstract value, the mesh behind the lowering context,
-whether a traced value was computed by the program being traced, and
-re-deciding a primitive's params at every bind.
+whether a traced value was computed by the program being traced,
+re-deciding a primitive's params at every bind, and whether JAX has started
+its backends (XLA's clients) yet.
 When JAX changes them, this module is the one to update.
 """
 
-from jax._src import config as _config, core as _core
+from jax._src import config as _config, core as _core, xla_bridge as _xla_bridge
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import SPMDAxisContext
 
@@ -74,3 +75,9 @@ def decide_params_at_every_bind(primitive, decide):
         return _core.Primitive.bind_with_trace(primitive, trace, operands, avals, decide(trace, operands, params))
 
     primitive.def_bind_with_trace(bind_with_trace)
+
+
+def backends_started() -> bool:
+    """True once JAX has made its XLA clients (the first use of a device): settings XLA reads
+    from the environment when it makes a client no longer apply."""
+    return bool(_xla_bridge._backends)

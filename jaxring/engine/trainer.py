@@ -43,11 +43,9 @@ from jaxring.engine.tasks import check_task_class, checked_loss
 # ran 10-20 ms in one of three against 2 ms after (ds2_tiny, 2 processes,
 # docs/PERFORMANCE.md), so many untimed calls come first.
 # The most training steps left in flight: JAX queues steps without waiting, and
-# XLA's CPU client (jaxlib 0.10.2) stops starting some devices' executions of a
-# multi-device program once more than about 32 are queued, so the collectives
-# of the others wait for devices that never come (jax.lax's as jaxring's;
-# docs/USAGE.md, "Steps in flight"). Waiting for the step this far back keeps
-# the queue full without reaching that.
+# each queued step holds its batch and outputs; waiting for the step this far
+# back keeps the queue full and that memory bounded (the results do not depend
+# on it: docs/USAGE.md, "Steps in flight").
 STEPS_IN_FLIGHT = 16
 SYNC_TIMING_WARMUP = 20
 SYNC_TIMING_REPEATS = 10

@@ -267,9 +267,9 @@ std::string DescribeTimeout(const RingCall& call, RingSlot* slot, const CpuRing&
   const std::string advice =
       ". Either those devices run other collectives or in another order (every device of the "
       "axis must run the same ones in the same order), or the runtime never started this "
-      "execution on them: XLA's CPU client can leave a device's execution unstarted when more "
-      "than about 32 executions are queued without a block, and jax.lax's collectives hang "
-      "there too (docs/USAGE.md, \"Steps in flight\"): block on a result every few steps. "
+      "execution on them: XLA's CPU client runs out of threads with many steps queued unless "
+      "NPROC gives it enough, which importing jaxring before JAX's first use of a device does "
+      "(docs/USAGE.md, \"Steps in flight\"). "
       "Raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
   const std::string here = " in execution " + std::to_string(meeting.run_id) + " (call " +
                            std::to_string(meeting.occurrence + 1) + " of this op there)";

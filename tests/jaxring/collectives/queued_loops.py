@@ -1,10 +1,10 @@
 """Training-shaped loops of jaxring collectives queued without a block, as JAX users write them.
 
-Each step's parameters are the previous step's output (chained, donated), its
-values change per step, and nothing blocks until the end (on more than 4 host
-devices, nothing but the step 16 back: window_for); every step's
-all-reduced value and the final parameters are then checked against a
-float64 numpy replay. Shared by test_queued_steps.py (host devices, one
+Each step's parameters are the previous step's output (chained, donated), or
+each step reads the same input (unchained: nothing orders the steps but the
+queue, as in the issue's first loop); its values change per step, and nothing
+blocks until the end; every step's all-reduced value and the final parameters
+are then checked against a float64 numpy replay. Shared by test_queued_steps.py (host devices, one
 process) and mpi_workers/ (processes=True under mpirun, jax.distributed).
 
 Run as a script, it runs every single-process scenario on N host devices:
@@ -20,7 +20,6 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
-from jaxring.engine.trainer import STEPS_IN_FLIGHT
 
 AXIS = "q"
 SIZE = 301  # odd, several elements per device
@@ -72,13 +71,6 @@ def shard_mapped(devices, with_lax=False):
     return jax.jit(step, donate_argnums=0)
 
 
-def window_for(n_devices):
-    """How many steps may be in flight: all of them on up to 4 host devices; on more,
-    XLA's CPU client (jaxlib 0.10.2) hangs with more than about 32 queued, jax.lax's
-    collectives too (docs/USAGE.md, "Steps in flight"), so as many as the trainer keeps."""
-    return None if n_devices <= 4 else STEPS_IN_FLIGHT
-
-
 def queue(step, w, x, steps, k_of, window=None):
     """Runs `steps` steps, blocking only on the step `window` back (never, for None);
     returns the final w and every step's mean."""
@@ -108,12 +100,19 @@ def run_single_process(n, steps):
     w0 = np.cos(np.arange(SIZE, dtype=np.float32))
     expected_means, expected_w = replay(x, steps, w0)
     per_device_k = lambda k: np.full((n,), scale(k))
-    window = window_for(n)
     for with_lax in (False, True):
-        w, means = queue(pmapped(devices, with_lax=with_lax), np.stack([w0] * n), x, steps, per_device_k, window)
+        w, means = queue(pmapped(devices, with_lax=with_lax), np.stack([w0] * n), x, steps, per_device_k)
         check(f"pmap over {n}, lax beside: {with_lax}", means, w, expected_means, expected_w)
-        w, means = queue(shard_mapped(devices, with_lax), jnp.asarray(w0), x, steps, scale, window)
+        w, means = queue(shard_mapped(devices, with_lax), jnp.asarray(w0), x, steps, scale)
         check(f"shard_map over {n}, lax beside: {with_lax}", means, w, expected_means, expected_w)
+    # Unchained: every step all-reduces the same input times its own k; only the queue orders them.
+    summed = jax.pmap(lambda v, k: jaxring.allreduce(jnp.sin(v) * k, AXIS, timeout=TIMEOUT_S), AXIS, devices=devices)
+    sums = [summed(x, per_device_k(k)) for k in range(steps)]
+    jax.block_until_ready(sums)
+    total = np.sin(x.astype(np.float64)).sum(0)
+    for k, got in enumerate(sums):
+        np.testing.assert_allclose(np.asarray(got), np.broadcast_to(total * scale(k), got.shape), rtol=1e-4,
+                                   atol=1e-4, err_msg=f"unchained over {n}, step {k}")
     # Two jaxring programs queued in turn: the chained step and a reduce_scatter + all_gather of other values.
     other = rows(0, n, salt=1)
     gathered = jax.pmap(lambda v, k: jaxring.all_gather(jaxring.reduce_scatter(v * k, AXIS, tiled=True,
@@ -126,8 +125,6 @@ def run_single_process(n, steps):
         w, mean, _ = step(w, x, per_device_k(k))
         means.append(mean)
         sums.append(gathered(blocks, per_device_k(k)))
-        if window is not None and k >= window // 2:
-            sums[k - window // 2].block_until_ready()
     jax.block_until_ready((w, means, sums))
     check(f"interleaved with a second program over {n}", means, w, expected_means, expected_w)
     total = blocks.astype(np.float64).sum(0)

@@ -1,9 +1,9 @@
 """jaxring's collectives with many executions in flight, as a JAX training loop queues them.
 
-Each scenario (queued_loops.py) queues 500 chained steps with values that
-change per step and blocks only at the end, under pmap and shard_map, with
-and without a lax collective in the same step, and beside a second jaxring
-program (on 8 devices with at most 16 steps in flight: queued_loops.window_for); every value is checked against float64 numpy. Each device count
+Each scenario (queued_loops.py) queues 500 steps, chained or not, with values
+that change per step and blocks only at the end, under pmap and shard_map,
+with and without a lax collective in the same step, and beside a second
+jaxring program; every value is checked against float64 numpy. Each device count
 runs in a process of its own, under a deadline: a stall fails within
 minutes at worst (each op's timeout is seconds), never hangs the suite. The
 multi-process loops are in mpi_workers/ (test_mpi.py).
@@ -21,7 +21,10 @@ STEPS = 500
 
 
 def run_loops(n_devices, repeats, timeout_s=300):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    # Without NPROC: importing jaxring sizes XLA's CPU client for the devices (xla_threads.py).
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    # Exactly the devices it uses: XLA's CPU client makes at least one thread per device.
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
     done = subprocess.run([sys.executable, "-m", "tests.jaxring.collectives.queued_loops", str(n_devices), str(STEPS),
                            str(repeats)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]

@@ -148,7 +148,7 @@ step = queued_loops.shard_mapped(jax.devices())
 w = jax.make_array_from_process_local_data(replicated, w0)
 x_rows = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), every[rank])
 scales = [jax.make_array_from_process_local_data(replicated, queued_loops.scale(k)) for k in range(5)]
-w, means = queued_loops.queue(step, w, x_rows, steps, lambda k: scales[k % 5], queued_loops.STEPS_IN_FLIGHT)
+w, means = queued_loops.queue(step, w, x_rows, steps, lambda k: scales[k % 5])
 queued_loops.check("jax.distributed, queued", means, w, expected_means, expected_w,
                    lambda a: np.asarray(a.addressable_shards[0].data))
 print(f"rank {rank}: {steps} queued steps over the global axis", flush=True)

@@ -1,0 +1,42 @@
+"""Enough threads in XLA's CPU client for steps queued over several host devices.
+
+XLA's CPU client runs each device's part of an execution on a thread of one
+pool, sized max(cores, devices), and holds the thread until that part ends,
+a collective's wait for its peers included; a device with its limit of
+executions queued holds a launching thread too. When a loop queues steps
+faster than they run (JAX's asynchronous dispatch), every thread of the pool
+can end up waiting for a device whose execution has no thread left to start
+on: jax.lax.psum hangs there as jaxring's collectives did (docs/USAGE.md,
+"Steps in flight", measured on 2, 4 and 8 host devices of a 2-core machine).
+XLA takes the pool's size from $NPROC, read when JAX makes the client; with
+THREADS_PER_DEVICE threads per host device no queued loop measured there
+waited. jaxring sets $NPROC so unless the user set it (which it respects).
+"""
+
+import os
+import re
+
+from jaxring.collectives import _jax_compat
+
+THREADS_PER_DEVICE = 4
+_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+
+
+def host_devices_in(xla_flags: str) -> int:
+    """The host devices `xla_flags` asks XLA's CPU client for (the last setting wins; 1 when none)."""
+    counts = _DEVICE_COUNT_FLAG.findall(xla_flags)
+    return int(counts[-1]) if counts else 1
+
+
+def reserve_client_threads(host_devices: int | None = None) -> bool:
+    """Sets $NPROC to THREADS_PER_DEVICE threads per host device (`host_devices`, else what $XLA_FLAGS
+    asks for) or the cores, whichever is more; False, changing nothing, where the user set $NPROC, there
+    is one host device, or JAX has already made its clients."""
+    if "NPROC" in os.environ or _jax_compat.backends_started():
+        return False
+    if host_devices is None:
+        host_devices = host_devices_in(os.environ.get("XLA_FLAGS", ""))
+    if host_devices <= 1:
+        return False
+    os.environ["NPROC"] = str(max(os.cpu_count() or 1, THREADS_PER_DEVICE * host_devices))
+    return True
