@@ -11,13 +11,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cpu_engine.h"
+#include "execution_orders.h"
 #include "ring_handler_common.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -29,14 +28,12 @@ namespace {
 using Values = nb::ndarray<float, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
 
 // Runs the all-reduce of x[run, occurrence, rank, :] over the ranks into
-// out[run, occurrence, rank, :], as a runtime that keeps up to `in_flight`
-// executions in flight on each device would: rank r starts the runs of
-// orders[r] in that order, each on a thread of its own, once fewer than
-// `in_flight` of its runs are unfinished; a run makes its calls (its
-// occurrences, as a loop in the program would) one after the other, each as
-// the handler does (cpu_ring.cc: a short wait for the peers, then the call).
-// Rank `late_rank` starts once every other rank's runs have ended. Returns
-// the errors of the calls that failed.
+// out[run, occurrence, rank, :], each rank starting its runs in orders[rank]
+// with up to `in_flight` unfinished (execution_orders.h, `late_rank` there
+// too); a run makes its calls (its occurrences, as a loop in the program
+// would) one after the other, each as the handler does (cpu_ring.cc: a short
+// wait for the peers, then the call). Returns the errors of the calls that
+// failed.
 std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int64_t>> orders,
                               int64_t in_flight, int64_t path, int64_t timeout_ms,
                               int64_t inline_wait_us, int64_t late_rank) {
@@ -48,11 +45,7 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
   const xla::ffi::Span<const int64_t> ring(devices.data(), devices.size());
   const int64_t slice_bytes = 4 << 20;
   SetCpuForcedPath(static_cast<CpuPath>(path));
-  std::mutex mu;
-  std::condition_variable finished;
-  std::vector<int64_t> unfinished(ranks, 0);
-  size_t others_finished = 0, others_runs = 0;  // the runs of the ranks other than late_rank
-  for (int64_t r = 0; r < ranks; ++r) others_runs += r == late_rank ? 0 : orders[r].size();
+  std::mutex mu;  // guards errors
   std::vector<std::string> errors;
   auto run_calls = [&](int64_t rank, int64_t run) {
     for (int64_t k = 0; k < occurrences; ++k) {
@@ -69,34 +62,10 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
         errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
       }
     }
-    std::lock_guard<std::mutex> lock(mu);
-    --unfinished[rank];
-    if (rank != late_rank) ++others_finished;
-    finished.notify_all();
   };
   {
     nb::gil_scoped_release released;
-    std::vector<std::thread> launchers, runs;
-    std::mutex runs_mu;
-    for (int64_t rank = 0; rank < ranks; ++rank) {
-      launchers.emplace_back([&, rank] {
-        if (rank == late_rank) {
-          std::unique_lock<std::mutex> lock(mu);
-          finished.wait(lock, [&] { return others_finished == others_runs; });
-        }
-        for (const int64_t run : orders[rank]) {
-          {
-            std::unique_lock<std::mutex> lock(mu);
-            finished.wait(lock, [&] { return unfinished[rank] < in_flight; });
-            ++unfinished[rank];
-          }
-          std::lock_guard<std::mutex> lock(runs_mu);
-          runs.emplace_back(run_calls, rank, run);
-        }
-      });
-    }
-    for (auto& launcher : launchers) launcher.join();
-    for (auto& run : runs) run.join();
+    RunInOrders(orders, in_flight, late_rank, run_calls);
   }
   SetCpuForcedPath(CpuPath::kAuto);
   return errors;
