@@ -11,6 +11,22 @@ namespace jaxring::rnn {
 
 namespace cg = cooperative_groups;
 
+template <typename T> struct Exactly { using type = T; };
+
+// One cooperative launch of `blocks` x `threads` with `shared_bytes` of dynamic shared memory.
+// cudaLaunchCooperativeKernel refuses (cudaErrorCooperativeLaunchTooLarge) a grid that cannot be
+// resident at once instead of letting a grid barrier hang. The arguments take the kernel's
+// parameter types exactly, as the kernel will read them.
+template <typename... Params>
+cudaError_t LaunchCooperativeGrid(void (*kernel)(Params...), int blocks, int threads, size_t shared_bytes,
+                                  cudaStream_t stream, typename Exactly<Params>::type... args) {
+  const void* function = reinterpret_cast<const void*>(kernel);
+  cudaError_t error = cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
+  if (error != cudaSuccess) return error;
+  void* pointers[] = {static_cast<void*>(&args)...};
+  return cudaLaunchCooperativeKernel(function, dim3(blocks), dim3(threads), pointers, shared_bytes, stream);
+}
+
 // The block's dynamic shared memory (the launch's shared-memory bytes).
 __device__ inline unsigned char* DynamicShared() {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];

@@ -10,29 +10,21 @@ namespace {
 
 int MaxUnits(const Shape& s) { return (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction; }
 
-// Launches go through cudaLaunchCooperativeKernel, which refuses (cudaErrorCooperativeLaunchTooLarge)
-// a grid that cannot be resident at once instead of letting grid.sync() hang.
-cudaError_t LaunchCooperative(const void* kernel, const Shape& s, size_t bytes, void** args, cudaStream_t stream) {
-  cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (error != cudaSuccess) return error;
-  return cudaLaunchCooperativeKernel(kernel, dim3(s.directions * s.blocks_per_direction), dim3(kThreadsPerBlock),
-                                     args, bytes, stream);
-}
+int Blocks(const Shape& s) { return s.directions * s.blocks_per_direction; }
 
 template <typename T>
-cudaError_t ForwardTyped(cudaStream_t stream, Shape s, const T* kernels, const T* biases, const T* projected,
+cudaError_t ForwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, const T* biases, const T* projected,
                          const bool* mask, T* outputs, T* states, float* saved, size_t bytes) {
-  void* args[] = {&s, &kernels, &biases, &projected, &mask, &outputs, &states, &saved};
-  return LaunchCooperative(reinterpret_cast<const void*>(PersistentForward<T>), s, bytes, args, stream);
+  return LaunchCooperativeGrid(PersistentForward<T>, Blocks(s), kThreadsPerBlock, bytes, stream, s, kernels, biases,
+                               projected, mask, outputs, states, saved);
 }
 
 template <typename T>
-cudaError_t BackwardTyped(cudaStream_t stream, Shape s, const T* kernels, const bool* mask, const T* states,
+cudaError_t BackwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, const bool* mask, const T* states,
                           const float* saved, const T* d_outputs, float* d_recurrent, float* d_kernels,
                           float* d_biases, T* d_projected, size_t bytes) {
-  void* args[] = {&s, &kernels, &mask, &states, &saved, &d_outputs, &d_recurrent, &d_kernels, &d_biases,
-                  &d_projected};
-  return LaunchCooperative(reinterpret_cast<const void*>(PersistentBackward<T>), s, bytes, args, stream);
+  return LaunchCooperativeGrid(PersistentBackward<T>, Blocks(s), kThreadsPerBlock, bytes, stream, s, kernels, mask,
+                               states, saved, d_outputs, d_recurrent, d_kernels, d_biases, d_projected);
 }
 
 }  // namespace
