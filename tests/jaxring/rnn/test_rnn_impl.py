@@ -1,7 +1,12 @@
 """model.rnn_impl: the persistent layer (on CPU, the host mirror) inside Deep Speech 2 against the scan."""
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +16,8 @@ import pytest
 from jaxring.rnn import layer
 from jaxring.rnn.plan import A100
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tiny(**overrides) -> ModelConfig:
@@ -145,3 +152,23 @@ def test_on_cuda_the_gradient_lowers_to_the_handlers_with_the_buffers_they_check
             H, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> (tensor<{D}x{H}x{W}xf32>, "
                f"tensor<{D}x{W}xf32>, tensor<{D}x{B}x{T}x{W}x{dtype}>, tensor<{D}x2x{B}x{W}xf32>)"),
     }
+
+
+def test_persistent_trains_like_the_scan_under_pmap_over_two_host_devices():
+    # Its own process with exactly 2 devices and XLA's pool as jaxring sizes it: with NPROC=2 (XLA's
+    # own size on 2 cores) the host mirror's callbacks held the pool's threads and
+    # `bench_train.py --host-devices 2 --set model.rnn_impl=persistent` hung (docs/PERSISTENT_RNN.md).
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    done = subprocess.run([sys.executable, "-m", "tests.jaxring.rnn.persistent_under_pmap"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout)
+    scan, persistent = runs["scan"], runs["persistent"]
+    assert scan["devices"] == persistent["devices"] == 2
+    np.testing.assert_allclose(persistent["losses"], scan["losses"], rtol=1e-4)
+    assert len(set(scan["losses"])) == len(scan["losses"])  # each step its own values
+    for path, want in scan["grads"].items():
+        want, got = np.asarray(want), np.asarray(persistent["grads"][path])
+        assert np.abs(want).max() > 0, path
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * np.abs(want).max(), err_msg=path)
