@@ -2,17 +2,72 @@
 
 Each block owns a contiguous run of hidden units, with every gate's column for
 those units, so a GRU's gates combine inside the block. The forward pass holds
-the recurrent kernel's columns for its units; the backward pass holds the rows
-for its units and accumulates the kernel gradient's columns in float32
-(docs/PERSISTENT_RNN.md, "Partitioning").
+the recurrent kernel's columns for its units and multiplies the whole previous
+state by them; the backward pass holds the rows for its units and multiplies
+the whole recurrent input's gradient by them, both on the tensor cores, the
+left operand staged in shared memory a chunk of columns at a time
+(docs/PERSISTENT_RNN.md, "Partitioning"). The byte counts here are the
+kernels' (csrc/persistent_rnn.h's Tiling, csrc/persistent_rnn.cu's
+ForwardSharedBytes and BackwardSharedBytes), held equal by
+tests/jaxring/rnn/test_persistent_rnn_source.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# Float32 accumulators, and the float32 kernel-gradient slice, whatever the compute dtype.
+# Float32 accumulators and carried gradients, whatever the compute dtype.
 ACCUMULATOR_BYTES = 4
+# csrc/persistent_rnn.h's kThreadsPerBlock, kWarpSize, kTile and kColumnTilesPerWarp.
+THREADS_PER_BLOCK = 512
+WARPS = THREADS_PER_BLOCK // 32
+TILE = 16
+COLUMN_TILES_PER_WARP = 2
+
+
+def round_to_tile(n: int) -> int:
+    return -(-n // TILE) * TILE
+
+
+def padded_lead(n: int, element_bytes: int) -> int:
+    """A tile-padded operand's row stride in shared memory: 16 bytes more, against bank conflicts."""
+    return round_to_tile(n) + 16 // element_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """One block's product [batch, depth] x [depth, outputs] in tiles (csrc/persistent_rnn.h's Tiling):
+    warps take a row tile, COLUMN_TILES_PER_WARP column tiles and a split of each staged chunk's depth."""
+
+    batch: int
+    depth_units: int
+    outputs: int
+    chunk: int
+
+    @property
+    def rows(self) -> int:
+        return round_to_tile(self.batch)
+
+    @property
+    def columns(self) -> int:
+        return round_to_tile(self.outputs)
+
+    @property
+    def depth(self) -> int:
+        return round_to_tile(self.depth_units)
+
+    @property
+    def splits(self) -> int:
+        column_groups = -(-(self.columns // TILE) // COLUMN_TILES_PER_WARP)
+        by_warps = WARPS // ((self.rows // TILE) * column_groups)
+        return max(1, min(by_warps, self.chunk // TILE))
+
+    @property
+    def sums_bytes(self) -> int:
+        return self.splits * self.rows * self.columns * ACCUMULATOR_BYTES
+
+    def staged_bytes(self, element_bytes: int) -> int:
+        return self.rows * padded_lead(self.chunk, element_bytes) * element_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +95,8 @@ class Plan:
     directions: int
     weight_bytes: int  # bytes of one compute-dtype weight
     starts: tuple[int, ...]
+    forward_chunk: int = TILE  # columns of the state staged at once going forward
+    backward_chunk: int = TILE  # columns of the recurrent input's gradient staged at once going backward
 
     @property
     def blocks_per_direction(self) -> int:
@@ -61,16 +118,26 @@ class Plan:
         return [gate * self.hidden + unit for gate in range(self.gates) for unit in self.units(block)]
 
     @property
+    def forward_tiling(self) -> Tiling:
+        """The state [B, H] times the block's kernel columns [H, gates x units]."""
+        return Tiling(self.batch, self.hidden, self.gates * self.max_units, self.forward_chunk)
+
+    @property
+    def backward_tiling(self) -> Tiling:
+        """The recurrent input's gradient [B, gates x H] times the block's kernel rows, transposed."""
+        return Tiling(self.batch, self.gates * self.hidden, self.max_units, self.backward_chunk)
+
+    @property
     def forward_bytes(self) -> int:
-        """On chip per block going forward: its kernel columns and its batch's gate accumulators."""
-        columns = self.gates * self.max_units
-        return self.hidden * columns * self.weight_bytes + self.batch * columns * ACCUMULATOR_BYTES
+        """Shared memory per block going forward: split sums, its kernel columns, the staged state chunk."""
+        t, size = self.forward_tiling, self.weight_bytes
+        return t.sums_bytes + t.depth * padded_lead(t.columns, size) * size + t.staged_bytes(size)
 
     @property
     def backward_bytes(self) -> int:
-        """Going backward: its kernel rows, its float32 kernel-gradient columns, its units' carried gradient."""
-        columns = self.gates * self.max_units
-        return (self.hidden * columns * (self.weight_bytes + ACCUMULATOR_BYTES)
+        """Going backward: split sums, its kernel rows, the staged gradient chunk, its units' carried gradient."""
+        t, size = self.backward_tiling, self.weight_bytes
+        return (t.sums_bytes + t.columns * padded_lead(t.depth, size) * size + t.staged_bytes(size)
                 + self.batch * self.max_units * ACCUMULATOR_BYTES)
 
 
@@ -94,8 +161,23 @@ def plan_layer(hidden: int, gates: int, batch: int, directions: int, weight_byte
     if blocks < 1:
         return f"{directions} directions need at least {directions} SMs, {device.name} has {device.sms}"
     plan = Plan(hidden, gates, batch, directions, weight_bytes, split_units(hidden, blocks))
-    need = max(plan.forward_bytes, plan.backward_bytes)
-    if need > device.shared_bytes_per_block:
+    budget = device.shared_bytes_per_block
+    forward_chunk = _widest_chunk(hidden, lambda c: dataclasses.replace(plan, forward_chunk=c).forward_bytes <= budget)
+    backward_chunk = _widest_chunk(gates * hidden,
+                                   lambda c: dataclasses.replace(plan, backward_chunk=c).backward_bytes <= budget)
+    if forward_chunk is None or backward_chunk is None:
+        need = max(plan.forward_bytes, plan.backward_bytes)  # at the narrowest chunks
         return (f"hidden {hidden} x {gates} gates at batch {batch} needs {need} bytes per block over "
-                f"{blocks} blocks per direction, {device.name} has {device.shared_bytes_per_block}")
-    return plan
+                f"{blocks} blocks per direction, {device.name} has {budget}")
+    return dataclasses.replace(plan, forward_chunk=forward_chunk, backward_chunk=backward_chunk)
+
+
+def _widest_chunk(depth: int, fits) -> int | None:
+    """The widest chunk that `fits`, of the tile-multiple widths that cut `depth` into equal pieces:
+    the fewer chunks, the fewer block barriers per frame."""
+    tiles = round_to_tile(depth) // TILE
+    for pieces in range(1, tiles + 1):
+        chunk = -(-tiles // pieces) * TILE
+        if fits(chunk):
+            return chunk
+    return None

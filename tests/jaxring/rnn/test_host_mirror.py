@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxring.rnn import host_mirror
+from jaxring.rnn import host_mirror, layer
 from jaxring.rnn.plan import DeviceBudget, plan_layer
 from models.deepspeech2.model import scan_recurrence
 
@@ -40,8 +40,12 @@ def mirror(cell, dtype, blocks, kernels, biases, projected, mask, d_outputs, see
     rng = np.random.default_rng(seed)
     kernels, biases, projected = (a.astype(dtype) for a in (kernels, biases, projected))
     outputs, states, saved = host_mirror.forward(cell, RELU_CLIP, plan, kernels, biases, projected, mask, rng)
-    grads = host_mirror.backward(cell, RELU_CLIP, plan, kernels, mask, states, saved, d_outputs.astype(dtype), rng)
-    return [np.asarray(a, np.float64) for a in (outputs, *grads)]
+    d_recurrent, d_projected = host_mirror.backward(cell, RELU_CLIP, plan, kernels, mask, states, saved,
+                                                    d_outputs.astype(dtype), rng)
+    # The kernel and bias gradients as layer.py takes them from the mirror's (or the kernel's) outputs.
+    with jax.enable_x64(dtype == np.float64):
+        d_kernels, d_biases = layer.weight_gradients(states, d_recurrent, np.float64 if dtype == np.float64 else np.float32)
+    return [np.asarray(a, np.float64) for a in (outputs, d_kernels, d_biases, d_projected)]
 
 
 SHAPES = [  # cell, directions, batch, frames, hidden, blocks per direction

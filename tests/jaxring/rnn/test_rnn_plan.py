@@ -1,5 +1,7 @@
 """The persistent layer's split of hidden units over thread blocks, and its fit test."""
 
+import dataclasses
+
 import pytest
 
 from jaxring.rnn.plan import A100, H100, DeviceBudget, plan_layer, split_units
@@ -23,20 +25,42 @@ def test_block_columns_are_each_gates_columns_of_its_units():
     assert plan.columns(1) == [4, 5, 6, 7, 15, 16, 17, 18, 26, 27, 28, 29]
 
 
-def test_ds2_paper_fits_hopper_in_both_dtypes_and_ampere_in_bfloat16():
-    for weight_bytes, batch, devices in [(2, 256, (H100, A100)), (2, 64, (H100, A100)), (4, 32, (H100,))]:
-        for device in devices:
+def test_ds2_paper_fits_hopper_and_ampere_in_both_dtypes():
+    for weight_bytes, batch in [(2, 256), (2, 64), (4, 32)]:
+        for device in (H100, A100):
             plan = plan_layer(620, 3, batch, 2, weight_bytes, device)
             assert not isinstance(plan, str), plan
             assert plan.blocks <= device.sms
-    # 54 blocks per direction on 108 SMs: 12 units, 620 x 36 x (4 + 4) bytes backward, over 163 KiB.
-    assert "180096 bytes" in plan_layer(620, 3, 32, 2, 4, A100)
-    # By hand: 66 blocks per direction on 132 SMs, 10 units each, bfloat16 at batch 256:
-    # weights 620 x 30 x 2 + accumulators 256 x 30 x 4 forward; rows and float32 gradient backward.
-    plan = plan_layer(620, 3, 256, 2, 2, H100)
+            assert max(plan.forward_bytes, plan.backward_bytes) <= device.shared_bytes_per_block
+
+
+def test_ds2_paper_at_bfloat16_batch_64_on_hopper_by_hand():
+    # 66 blocks per direction on 132 SMs, 10 units each: forward 30 columns, padded to 32.
+    plan = plan_layer(620, 3, 64, 2, 2, H100)
     assert (plan.blocks_per_direction, plan.max_units) == (66, 10)
-    assert plan.forward_bytes == 620 * 30 * 2 + 256 * 30 * 4
-    assert plan.backward_bytes == 620 * 30 * 6 + 256 * 10 * 4
+    # The whole state (620 columns, padded to 624) is staged at once; 4 row tiles x 1 column group
+    # leave 16 warps 4 splits of the depth: sums 4 x 64 x 32 float, weights 624 x (32 + 8) bfloat16,
+    # the staged state 64 x (624 + 8) bfloat16.
+    assert plan.forward_chunk == 624
+    assert plan.forward_bytes == 4 * 64 * 32 * 4 + 624 * 40 * 2 + 64 * 632 * 2
+    # Backward the depth is 1860 (padded 1872): two chunks of 944 columns, its 10 rows padded to 16,
+    # the carried gradient 64 x 10 float.
+    assert plan.backward_chunk == 944
+    assert plan.backward_bytes == 4 * 64 * 16 * 4 + 16 * 1880 * 2 + 64 * 952 * 2 + 64 * 10 * 4
+
+
+def test_chunks_narrow_until_the_layer_fits_and_cut_the_depth_evenly():
+    roomy = plan_layer(620, 3, 256, 2, 2, DeviceBudget("roomy", sms=132, shared_bytes_per_block=1 << 30))
+    assert (roomy.forward_chunk, roomy.backward_chunk) == (624, 1872)
+    tight = plan_layer(620, 3, 256, 2, 2, H100)
+    assert tight.forward_chunk < 624 and tight.backward_chunk < 1872
+    for field, depth, bytes_of in [("forward_chunk", 624, lambda p: p.forward_bytes),
+                                   ("backward_chunk", 1872, lambda p: p.backward_bytes)]:
+        chunk = getattr(tight, field)
+        pieces = -(-depth // chunk)
+        assert chunk % 16 == 0 and chunk == -(-depth // 16 // pieces) * 16  # equal pieces of whole tiles
+        wider = -(-depth // 16 // (pieces - 1)) * 16  # one piece fewer does not fit
+        assert bytes_of(dataclasses.replace(tight, **{field: wider})) > H100.shared_bytes_per_block
 
 
 def test_a_layer_too_large_for_the_chip_is_refused_with_the_reason():
