@@ -129,7 +129,8 @@ def _forward(cell, relu_clip, kernels, biases, projected, mask):
     mask = mask.astype(jnp.bool_)
     if platform() == "cuda":
         outputs, states, saved = jax.ffi.ffi_call(cuda_module().FORWARD_TARGET, results)(
-            kernels, biases, projected, mask, blocks_per_direction=np.int64(plan.blocks_per_direction),
+            kernels, biases, projected, mask, unit_groups=np.int64(plan.unit_groups),
+            batch_rows=np.int64(plan.batch_rows),
             chunk=np.int64(plan.forward_chunk), relu_clip=np.float32(relu_clip))
     else:
         def run(kernels, biases, projected, mask):
@@ -159,7 +160,8 @@ def _backward(cell, relu_clip, residuals, d_outputs):
     )
     if platform() == "cuda":
         d_recurrent, d_projected = jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, results)(
-            kernels, mask, states, saved, d_outputs, blocks_per_direction=np.int64(plan.blocks_per_direction),
+            kernels, mask, states, saved, d_outputs, unit_groups=np.int64(plan.unit_groups),
+            batch_rows=np.int64(plan.batch_rows),
             chunk=np.int64(plan.backward_chunk), relu_clip=np.float32(relu_clip))
     else:
         def run(kernels, mask, states, saved, d_outputs):

@@ -1,7 +1,9 @@
 """How a persistent recurrent layer splits its hidden units over thread blocks, and whether it fits.
 
 Each block owns a contiguous run of hidden units, with every gate's column for
-those units, so a GRU's gates combine inside the block. The forward pass holds
+those units, so a GRU's gates combine inside the block, for a contiguous run
+of the batch's utterances (all of them, or a share where that cuts the state
+each block reads from L2). The forward pass holds
 the recurrent kernel's columns for its units and multiplies the whole previous
 state by them; the backward pass holds the rows for its units and multiplies
 the whole recurrent input's gradient by them, both on the tensor cores, the
@@ -23,6 +25,9 @@ THREADS_PER_BLOCK = 512
 WARPS = THREADS_PER_BLOCK // 32
 TILE = 16
 COLUMN_TILES_PER_WARP = 2
+# A staged chunk's exposed L2 round trip (about 1 us, in which an SM could stage about 32 KB at its
+# share of L2's bandwidth): an assumption for choosing splits (docs/PERSISTENT_RNN.md), not a measurement.
+STAGING_ROUND_TRIP_BYTES = 32 * 1024
 
 
 def round_to_tile(n: int) -> int:
@@ -87,7 +92,8 @@ A100 = DeviceBudget("A100 (sm_80)", sms=108, shared_bytes_per_block=163 * 1024)
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A layer's split: `blocks_per_direction` blocks per direction, units [starts[j], starts[j + 1]) each."""
+    """A layer's split: per direction, `batch_groups` runs of `batch_rows` utterances times `unit_groups`
+    runs of units [starts[g], starts[g + 1]), one block for each pair."""
 
     hidden: int
     gates: int
@@ -95,12 +101,21 @@ class Plan:
     directions: int
     weight_bytes: int  # bytes of one compute-dtype weight
     starts: tuple[int, ...]
+    batch_rows: int  # utterances per block: the whole batch, or a multiple of TILE
     forward_chunk: int = TILE  # columns of the state staged at once going forward
     backward_chunk: int = TILE  # columns of the recurrent input's gradient staged at once going backward
 
     @property
-    def blocks_per_direction(self) -> int:
+    def unit_groups(self) -> int:
         return len(self.starts) - 1
+
+    @property
+    def batch_groups(self) -> int:
+        return -(-self.batch // self.batch_rows)
+
+    @property
+    def blocks_per_direction(self) -> int:
+        return self.batch_groups * self.unit_groups
 
     @property
     def blocks(self) -> int:
@@ -111,7 +126,14 @@ class Plan:
         return max(b - a for a, b in zip(self.starts, self.starts[1:]))
 
     def units(self, block: int) -> range:
-        return range(self.starts[block], self.starts[block + 1])
+        """Block `block` (of a direction's blocks_per_direction) owns these units..."""
+        group = block % self.unit_groups
+        return range(self.starts[group], self.starts[group + 1])
+
+    def rows(self, block: int) -> range:
+        """... for these utterances."""
+        first = block // self.unit_groups * self.batch_rows
+        return range(first, min(self.batch, first + self.batch_rows))
 
     def columns(self, block: int) -> list[int]:
         """The block's columns of the [H, gates * H] kernel: each gate's columns for its units, gate by gate."""
@@ -119,13 +141,13 @@ class Plan:
 
     @property
     def forward_tiling(self) -> Tiling:
-        """The state [B, H] times the block's kernel columns [H, gates x units]."""
-        return Tiling(self.batch, self.hidden, self.gates * self.max_units, self.forward_chunk)
+        """A block's rows of the state [rows, H] times its kernel columns [H, gates x units]."""
+        return Tiling(self.batch_rows, self.hidden, self.gates * self.max_units, self.forward_chunk)
 
     @property
     def backward_tiling(self) -> Tiling:
-        """The recurrent input's gradient [B, gates x H] times the block's kernel rows, transposed."""
-        return Tiling(self.batch, self.gates * self.hidden, self.max_units, self.backward_chunk)
+        """A block's rows of the recurrent input's gradient [rows, gates x H] times its kernel rows, transposed."""
+        return Tiling(self.batch_rows, self.gates * self.hidden, self.max_units, self.backward_chunk)
 
     @property
     def forward_bytes(self) -> int:
@@ -135,10 +157,19 @@ class Plan:
 
     @property
     def backward_bytes(self) -> int:
-        """Going backward: split sums, its kernel rows, the staged gradient chunk, its units' carried gradient."""
+        """Going backward: split sums, its kernel rows, the staged gradient chunk, its carried gradient."""
         t, size = self.backward_tiling, self.weight_bytes
         return (t.sums_bytes + t.columns * padded_lead(t.depth, size) * size + t.staged_bytes(size)
-                + self.batch * self.max_units * ACCUMULATOR_BYTES)
+                + self.batch_rows * self.max_units * ACCUMULATOR_BYTES)
+
+    @property
+    def staging_cost(self) -> int:
+        """What a block's staging costs a frame, forward and backward, in bytes of L2 reads: its rows of
+        the state and of the recurrent input's gradient, plus each chunk's exposed L2 round trip."""
+        chunks = (-(-round_to_tile(self.hidden) // self.forward_chunk)
+                  - (-round_to_tile(self.gates * self.hidden) // self.backward_chunk))
+        return (self.batch_rows * (1 + self.gates) * self.hidden * self.weight_bytes
+                + chunks * STAGING_ROUND_TRIP_BYTES)
 
 
 def split_units(hidden: int, blocks: int) -> tuple[int, ...]:
@@ -152,23 +183,43 @@ def split_units(hidden: int, blocks: int) -> tuple[int, ...]:
 
 def plan_layer(hidden: int, gates: int, batch: int, directions: int, weight_bytes: int,
                device: DeviceBudget) -> Plan | str:
-    """The split of a layer over `device`, or a sentence saying why it does not fit (for the fallback's log line)."""
+    """The split of a layer over `device`, or a sentence saying why it does not fit (for the fallback's log line).
+
+    Every block stages its utterances' whole state (forward) and recurrent-input gradient (backward)
+    from L2 each frame; splitting the batch as well as the units cuts that traffic, at the price of
+    more weights a block. Of the splits that fit, the one with the least staging_cost."""
     for name, value in dict(hidden=hidden, gates=gates, batch=batch, directions=directions,
                             weight_bytes=weight_bytes).items():
         if value < 1:
             raise ValueError(f"plan_layer: {name} must be at least 1, got {value}")
-    blocks = min(hidden, device.sms // directions)
-    if blocks < 1:
+    per_direction = device.sms // directions
+    if per_direction < 1:
         return f"{directions} directions need at least {directions} SMs, {device.name} has {device.sms}"
-    plan = Plan(hidden, gates, batch, directions, weight_bytes, split_units(hidden, blocks))
+    fits, refusal = [], None
+    for groups in range(1, min(per_direction, -(-batch // TILE)) + 1):
+        rows = batch if groups == 1 else round_to_tile(-(-batch // groups))
+        if -(-batch // rows) != groups:
+            continue  # the same split as fewer groups
+        plan = _fit(Plan(hidden, gates, batch, directions, weight_bytes,
+                         split_units(hidden, min(hidden, per_direction // groups)), rows), device)
+        if isinstance(plan, str):
+            refusal = refusal or plan
+        else:
+            fits.append(plan)
+    return min(fits, key=lambda plan: plan.staging_cost) if fits else refusal
+
+
+def _fit(plan: Plan, device: DeviceBudget) -> Plan | str:
+    """`plan` with the widest chunks that fit `device`, or why none do."""
     budget = device.shared_bytes_per_block
-    forward_chunk = _widest_chunk(hidden, lambda c: dataclasses.replace(plan, forward_chunk=c).forward_bytes <= budget)
-    backward_chunk = _widest_chunk(gates * hidden,
+    forward_chunk = _widest_chunk(plan.hidden,
+                                  lambda c: dataclasses.replace(plan, forward_chunk=c).forward_bytes <= budget)
+    backward_chunk = _widest_chunk(plan.gates * plan.hidden,
                                    lambda c: dataclasses.replace(plan, backward_chunk=c).backward_bytes <= budget)
     if forward_chunk is None or backward_chunk is None:
         need = max(plan.forward_bytes, plan.backward_bytes)  # at the narrowest chunks
-        return (f"hidden {hidden} x {gates} gates at batch {batch} needs {need} bytes per block over "
-                f"{blocks} blocks per direction, {device.name} has {budget}")
+        return (f"hidden {plan.hidden} x {plan.gates} gates at batch {plan.batch} needs {need} bytes per block over "
+                f"{plan.blocks_per_direction} blocks per direction, {device.name} has {budget}")
     return dataclasses.replace(plan, forward_chunk=forward_chunk, backward_chunk=backward_chunk)
 
 

@@ -3,8 +3,9 @@
 //
 // Each handler checks that its buffers have the shapes of one layer (persistent_rnn_kernels.cuh's
 // layouts), zeroes what the kernels expect zero, and makes one cooperative launch on XLA's
-// stream. The block count comes from jaxring/rnn/plan.py as an attribute; a grid that cannot
-// be resident at once is refused by the launch, so a wrong plan fails the call, never hangs it.
+// stream. The split (unit_groups, batch_rows) and the staged chunk come from jaxring/rnn/plan.py
+// as attributes; a grid that cannot be resident at once is refused by the launch, so a wrong plan
+// fails the call, never hangs it.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -49,16 +50,19 @@ std::string CheckDims(const char* target, const char* name, const Buffer& buffer
 // `chunk` is the pass's staged columns (plan.py's forward_chunk or backward_chunk), checked by
 // the caller, which knows the product's depth.
 std::string DescribeLayer(const char* target, const ffi::AnyBuffer& kernels, const ffi::AnyBuffer& activation,
-                          int64_t blocks_per_direction, float relu_clip, Shape* shape) {
+                          int64_t unit_groups, int64_t batch_rows, float relu_clip, Shape* shape) {
   ffi::Span<const int64_t> k = kernels.dimensions(), a = activation.dimensions();
   if (k.size() != 3 || a.size() != 4 || k[1] < 1 || k[2] % k[1] != 0 || (k[2] / k[1] != 1 && k[2] / k[1] != 3))
     return std::string(target) + ": kernels " + Dims(k) + " are not [directions, hidden, gates * hidden] with 1 or "
            "3 gates, or the activations " + Dims(a) + " are not [directions, batch, frames, ...]";
-  if (blocks_per_direction < 1 || blocks_per_direction > k[1])
-    return std::string(target) + ": blocks_per_direction is " + std::to_string(blocks_per_direction) +
+  if (unit_groups < 1 || unit_groups > k[1])
+    return std::string(target) + ": unit_groups is " + std::to_string(unit_groups) +
            ", it must be between 1 and the hidden size " + std::to_string(k[1]) + " (jaxring/rnn/plan.py)";
-  *shape = Shape{int(k[0]), int(a[1]), int(a[2]), int(k[1]), int(k[2] / k[1]), int(blocks_per_direction), relu_clip,
-                 0, 0};
+  if (batch_rows < 1 || batch_rows > a[1])
+    return std::string(target) + ": batch_rows is " + std::to_string(batch_rows) +
+           ", it must be between 1 and the batch " + std::to_string(a[1]) + " (jaxring/rnn/plan.py)";
+  *shape = Shape{int(k[0]), int(a[1]), int(a[2]), int(k[1]), int(k[2] / k[1]), int(unit_groups), int(batch_rows),
+                 relu_clip, 0, 0};
   return "";
 }
 
@@ -83,7 +87,7 @@ ffi::Error Refuse(const std::string& why) { return ffi::Error::InvalidArgument(w
 ffi::Error LaunchError(const char* target, const Shape& s, int32_t device, cudaError_t error) {
   std::string why = std::string(target) + " on device " + std::to_string(device) + ": " + cudaGetErrorString(error);
   if (error == cudaErrorCooperativeLaunchTooLarge)
-    why += " (" + std::to_string(s.directions * s.blocks_per_direction) + " blocks cannot all be resident at "
+    why += " (" + std::to_string(s.directions * BlocksPerDirection(s)) + " blocks cannot all be resident at "
            "once: jaxring/rnn/plan.py's budget does not match this device; set model.rnn_impl=scan)";
   return ffi::Error::Internal(why);
 }
@@ -91,10 +95,11 @@ ffi::Error LaunchError(const char* target, const Shape& s, int32_t device, cudaE
 ffi::Error Forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, ffi::AnyBuffer biases,
                    ffi::AnyBuffer projected, ffi::Buffer<ffi::PRED> mask, ffi::Result<ffi::AnyBuffer> outputs,
                    ffi::Result<ffi::AnyBuffer> states, ffi::Result<ffi::Buffer<ffi::F32>> saved,
-                   int64_t blocks_per_direction, int64_t chunk, float relu_clip) {
+                   int64_t unit_groups, int64_t batch_rows, int64_t chunk,
+                   float relu_clip) {
   Shape s;
   Storage storage;
-  if (auto why = DescribeLayer(kForwardTarget, kernels, projected, blocks_per_direction, relu_clip, &s); !why.empty())
+  if (auto why = DescribeLayer(kForwardTarget, kernels, projected, unit_groups, batch_rows, relu_clip, &s); !why.empty())
     return Refuse(why);
   if (auto why = CheckChunk(kForwardTarget, chunk, s.hidden); !why.empty()) return Refuse(why);
   s.forward_chunk = int(chunk);
@@ -128,10 +133,11 @@ ffi::Error Forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, 
 ffi::Error Backward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, ffi::Buffer<ffi::PRED> mask,
                     ffi::AnyBuffer states, ffi::Buffer<ffi::F32> saved, ffi::AnyBuffer d_outputs,
                     ffi::Result<ffi::AnyBuffer> d_recurrent, ffi::Result<ffi::AnyBuffer> d_projected,
-                    int64_t blocks_per_direction, int64_t chunk, float relu_clip) {
+                    int64_t unit_groups, int64_t batch_rows, int64_t chunk,
+                   float relu_clip) {
   Shape s;
   Storage storage;
-  if (auto why = DescribeLayer(kBackwardTarget, kernels, d_outputs, blocks_per_direction, relu_clip, &s); !why.empty())
+  if (auto why = DescribeLayer(kBackwardTarget, kernels, d_outputs, unit_groups, batch_rows, relu_clip, &s); !why.empty())
     return Refuse(why);
   if (auto why = CheckChunk(kBackwardTarget, chunk, int64_t(s.gates) * s.hidden); !why.empty()) return Refuse(why);
   s.backward_chunk = int(chunk);
@@ -173,7 +179,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kPersistentForward, Forward,
                                   .Ret<ffi::AnyBuffer>()          // outputs [D, B, T, H]
                                   .Ret<ffi::AnyBuffer>()          // states [D, T + 1, B, H]
                                   .Ret<ffi::Buffer<ffi::F32>>()   // saved [D, T, B, S]
-                                  .Attr<int64_t>("blocks_per_direction")
+                                  .Attr<int64_t>("unit_groups")
+                                  .Attr<int64_t>("batch_rows")
                                   .Attr<int64_t>("chunk")         // plan.py's forward_chunk
                                   .Attr<float>("relu_clip"));
 
@@ -188,7 +195,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kPersistentBackward, Backward,
                                   .Arg<ffi::AnyBuffer>()          // d_outputs [D, B, T, H]
                                   .Ret<ffi::AnyBuffer>()          // d_recurrent [D, T, B, W]
                                   .Ret<ffi::AnyBuffer>()          // d_projected [D, B, T, W]
-                                  .Attr<int64_t>("blocks_per_direction")
+                                  .Attr<int64_t>("unit_groups")
+                                  .Attr<int64_t>("batch_rows")
                                   .Attr<int64_t>("chunk")         // plan.py's backward_chunk
                                   .Attr<float>("relu_clip"));
 
@@ -199,16 +207,16 @@ NB_MODULE(_jaxring_rnn_cuda, m) {
   m.attr("BACKWARD_TARGET") = jaxring::rnn::kBackwardTarget;
   m.attr("THREADS_PER_BLOCK") = jaxring::rnn::kThreadsPerBlock;
   // The kernels' shared memory per block, for the tests to hold plan.py's byte counts to.
-  m.def("shared_bytes", [](int directions, int batch, int hidden, int gates, int blocks_per_direction,
+  m.def("shared_bytes", [](int directions, int batch, int hidden, int gates, int unit_groups, int batch_rows,
                            int forward_chunk, int backward_chunk, int storage_bytes) {
     using namespace jaxring::rnn;
     if (storage_bytes != 2 && storage_bytes != 4)
       throw std::invalid_argument("shared_bytes: storage_bytes is " + std::to_string(storage_bytes) +
                                   ", the kernels store bfloat16 (2) or float32 (4)");
-    Shape s{directions, batch, 1, hidden, gates, blocks_per_direction, 0.f, forward_chunk, backward_chunk};
+    Shape s{directions, batch, 1, hidden, gates, unit_groups, batch_rows, 0.f, forward_chunk, backward_chunk};
     Storage storage = storage_bytes == 2 ? Storage::kBfloat16 : Storage::kFloat32;
     return nb::make_tuple(ForwardSharedBytes(s, storage), BackwardSharedBytes(s, storage));
-  }, nb::arg("directions"), nb::arg("batch"), nb::arg("hidden"), nb::arg("gates"), nb::arg("blocks_per_direction"),
+  }, nb::arg("directions"), nb::arg("batch"), nb::arg("hidden"), nb::arg("gates"), nb::arg("unit_groups"), nb::arg("batch_rows"),
      nb::arg("forward_chunk"), nb::arg("backward_chunk"), nb::arg("storage_bytes"));
   m.def("registrations", []() {
     nb::dict targets;

@@ -8,7 +8,7 @@ namespace jaxring::rnn {
 
 namespace {
 
-int Blocks(const Shape& s) { return s.directions * s.blocks_per_direction; }
+int Blocks(const Shape& s) { return s.directions * BlocksPerDirection(s); }
 
 template <typename T>
 cudaError_t ForwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, const T* biases, const T* projected,
@@ -39,7 +39,7 @@ size_t BackwardSharedBytes(const Shape& s, Storage storage) {
   const int bytes = int(StorageBytes(storage));
   const Tiling tiling = BackwardTiling(s, kWarps);
   return tiling.SumsBytes() + tiling.ColumnMajorWeightBytes(bytes) + tiling.StagedBytes(bytes) +
-         size_t(s.batch) * MaxUnits(s) * sizeof(float);
+         size_t(s.batch_rows) * MaxUnits(s) * sizeof(float);
 }
 
 cudaError_t LaunchForward(cudaStream_t stream, const Shape& s, Storage storage, const void* kernels,

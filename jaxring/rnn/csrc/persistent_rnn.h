@@ -15,16 +15,20 @@
 
 namespace jaxring::rnn {
 
-// D directions, B utterances, T frames, H units, G gates (3 for a GRU, 1 for a plain RNN);
-// blocks_per_direction from jaxring/rnn/plan.py, one block per SM. forward_chunk and
+// D directions, B utterances, T frames, H units, G gates (3 for a GRU, 1 for a plain RNN); from
+// jaxring/rnn/plan.py, each direction's blocks (one per SM) own a run of units of unit_groups
+// runs for a run of batch_rows utterances (the last run shorter). forward_chunk and
 // backward_chunk (plan.py's, multiples of kTile): how many columns of the product's left operand
 // (the state going forward, the recurrent input's gradient going backward) a block stages in
 // shared memory at once.
 struct Shape {
-  int directions, batch, frames, hidden, gates, blocks_per_direction;
+  int directions, batch, frames, hidden, gates, unit_groups, batch_rows;
   float relu_clip;
   int forward_chunk, backward_chunk;
 };
+
+JAXRING_RNN_HOST_DEVICE inline int BatchGroups(const Shape& s) { return (s.batch + s.batch_rows - 1) / s.batch_rows; }
+JAXRING_RNN_HOST_DEVICE inline int BlocksPerDirection(const Shape& s) { return s.unit_groups * BatchGroups(s); }
 
 // The compute dtype of weights, inputs, states and outputs; accumulation is float32 in both.
 enum class Storage { kFloat32, kBfloat16 };
@@ -78,16 +82,15 @@ struct Tiling {
   }
 };
 
-JAXRING_RNN_HOST_DEVICE inline int MaxUnits(const Shape& s) {
-  return (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction;
-}
-// Going forward a block multiplies the state [B, H] by its G x units kernel columns; going
-// backward the recurrent input's gradient [B, G * H] by its units' kernel rows, transposed.
+JAXRING_RNN_HOST_DEVICE inline int MaxUnits(const Shape& s) { return (s.hidden + s.unit_groups - 1) / s.unit_groups; }
+// Going forward a block multiplies its rows of the state [rows, H] by its G x units kernel
+// columns; going backward its rows of the recurrent input's gradient [rows, G * H] by its units'
+// kernel rows, transposed.
 JAXRING_RNN_HOST_DEVICE inline Tiling ForwardTiling(const Shape& s, int warps) {
-  return Tiling(s.batch, s.hidden, s.gates * MaxUnits(s), s.forward_chunk, warps);
+  return Tiling(s.batch_rows, s.hidden, s.gates * MaxUnits(s), s.forward_chunk, warps);
 }
 JAXRING_RNN_HOST_DEVICE inline Tiling BackwardTiling(const Shape& s, int warps) {
-  return Tiling(s.batch, s.gates * s.hidden, MaxUnits(s), s.backward_chunk, warps);
+  return Tiling(s.batch_rows, s.gates * s.hidden, MaxUnits(s), s.backward_chunk, warps);
 }
 
 // Dynamic shared memory per block: plan.Plan.forward_bytes and backward_bytes.

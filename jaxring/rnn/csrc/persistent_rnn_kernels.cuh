@@ -31,13 +31,18 @@ template <> __device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { 
 
 __device__ inline float Sigmoid(float x) { return 1.f / (1.f + __expf(-x)); }
 
-// plan.split_units: the first hidden % blocks blocks own one unit more.
-struct Units {
-  int start, count;
-  __device__ Units(const Shape& s, int block) {
-    int base = s.hidden / s.blocks_per_direction, longer = s.hidden % s.blocks_per_direction;
-    start = block * base + min(block, longer);
-    count = base + (block < longer);
+// What this block owns (plan.Plan.units and rows): its direction, a run of units (plan.split_units:
+// the first hidden % unit_groups runs one unit longer) and a run of utterances.
+struct Block {
+  int direction, start, count, first_row, rows;
+  __device__ explicit Block(const Shape& s) {
+    const int per_direction = BlocksPerDirection(s), block = blockIdx.x % per_direction;
+    const int group = block % s.unit_groups, base = s.hidden / s.unit_groups, longer = s.hidden % s.unit_groups;
+    direction = blockIdx.x / per_direction;
+    start = group * base + min(group, longer);
+    count = base + (group < longer);
+    first_row = block / s.unit_groups * s.batch_rows;
+    rows = min(s.batch, first_row + s.batch_rows) - first_row;
   }
   // Column c in [0, G * count) of the block's slice: gate c / count, unit start + c % count.
   __device__ int Column(const Shape& s, int c) const { return (c / count) * s.hidden + start + c % count; }
@@ -149,15 +154,15 @@ __device__ inline float ProductAt(const Tiling& tiling, const float* sums, int b
   return total;
 }
 
+// Each block multiplies its utterances' rows of the state by its units' kernel columns.
 // Shared memory: sums [splits][rows][columns] float, the block's kernel columns
 // [depth][RowMajorLead], the staged state [rows][PaddedLead(chunk)] (ForwardSharedBytes).
 template <typename T>
 __global__ void PersistentForward(Shape s, const T* kernels, const T* biases, const T* projected,
                                   const bool* mask, T* outputs, T* states, float* saved) {
   cg::grid_group grid = cg::this_grid();
-  const int d = blockIdx.x / s.blocks_per_direction;
-  const Units units(s, blockIdx.x % s.blocks_per_direction);
-  const int H = s.hidden, W = s.gates * H, columns = s.gates * units.count, S = SavedWidth(s);
+  const Block block(s);
+  const int d = block.direction, H = s.hidden, W = s.gates * H, columns = s.gates * block.count, S = SavedWidth(s);
   const Tiling tiling = ForwardTiling(s, blockDim.x / kWarpSize);
   const int lead = tiling.RowMajorLead(sizeof(T));
   unsigned char* shared = DynamicShared();
@@ -166,29 +171,30 @@ __global__ void PersistentForward(Shape s, const T* kernels, const T* biases, co
   T* staged = reinterpret_cast<T*>(shared + tiling.SumsBytes() + tiling.RowMajorWeightBytes(sizeof(T)));
   for (int i = threadIdx.x; i < tiling.depth * lead; i += blockDim.x) {
     int k = i / lead, c = i % lead;
-    weights[i] = k < H && c < columns ? kernels[(size_t(d) * H + k) * W + units.Column(s, c)] : FromFloat<T>(0.f);
+    weights[i] = k < H && c < columns ? kernels[(size_t(d) * H + k) * W + block.Column(s, c)] : FromFloat<T>(0.f);
   }
   for (int t = 0; t < s.frames; ++t) {
     const T* h_prev = states + (size_t(d) * (s.frames + 1) + t) * s.batch * H;
     T* h_next = states + (size_t(d) * (s.frames + 1) + t + 1) * s.batch * H;
-    BlockProduct<T, wmma::row_major>(tiling, h_prev, s.batch, H, weights, lead, staged, sums);
-    for (int i = threadIdx.x; i < s.batch * units.count; i += blockDim.x) {
-      int b = i / units.count, u = i % units.count, unit = units.start + u;
+    BlockProduct<T, wmma::row_major>(tiling, h_prev + size_t(block.first_row) * H, block.rows, H, weights, lead, staged,
+                                     sums);
+    for (int i = threadIdx.x; i < block.rows * block.count; i += blockDim.x) {
+      int row = i / block.count, b = block.first_row + row, u = i % block.count, unit = block.start + u;
       const T* x = projected + ((size_t(d) * s.batch + b) * s.frames + t) * W;
       float* keep = saved + ((size_t(d) * s.frames + t) * s.batch + b) * S;
       const T* bias = biases + size_t(d) * W;
       float h_old = ToFloat(h_prev[b * H + unit]), h_new;
       if (s.gates == 3) {
-        float h_r = ProductAt(tiling, sums, b, u) + ToFloat(bias[unit]);
-        float h_z = ProductAt(tiling, sums, b, units.count + u) + ToFloat(bias[H + unit]);
-        float h_n = ProductAt(tiling, sums, b, 2 * units.count + u) + ToFloat(bias[2 * H + unit]);
+        float h_r = ProductAt(tiling, sums, row, u) + ToFloat(bias[unit]);
+        float h_z = ProductAt(tiling, sums, row, block.count + u) + ToFloat(bias[H + unit]);
+        float h_n = ProductAt(tiling, sums, row, 2 * block.count + u) + ToFloat(bias[2 * H + unit]);
         float reset = Sigmoid(ToFloat(x[unit]) + h_r);
         float update = Sigmoid(ToFloat(x[H + unit]) + h_z);
         float candidate = tanhf(ToFloat(x[2 * H + unit]) + reset * h_n);
         h_new = (1 - update) * candidate + update * h_old;
         keep[unit] = reset, keep[H + unit] = update, keep[2 * H + unit] = candidate, keep[3 * H + unit] = h_n;
       } else {
-        float pre = ToFloat(x[unit]) + ProductAt(tiling, sums, b, u) + ToFloat(bias[unit]);
+        float pre = ToFloat(x[unit]) + ProductAt(tiling, sums, row, u) + ToFloat(bias[unit]);
         h_new = fminf(fmaxf(pre, 0.f), s.relu_clip);
         keep[unit] = pre;
       }
@@ -209,14 +215,13 @@ __global__ void PersistentForward(Shape s, const T* kernels, const T* biases, co
 // which jaxring/rnn/layer.py takes as one large product off this sequential path.
 // Shared memory: sums [splits][rows][columns] float, the block's kernel rows
 // [columns][ColumnMajorLead], the staged gradient [rows][PaddedLead(chunk)], the carried
-// gradient [B, units] float (BackwardSharedBytes).
+// gradient [its rows, units] float (BackwardSharedBytes).
 template <typename T>
 __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, const T* states,
                                    const float* saved, const T* d_outputs, T* d_recurrent, T* d_projected) {
   cg::grid_group grid = cg::this_grid();
-  const int d = blockIdx.x / s.blocks_per_direction;
-  const Units units(s, blockIdx.x % s.blocks_per_direction);
-  const int H = s.hidden, W = s.gates * H, S = SavedWidth(s);
+  const Block block(s);
+  const int d = block.direction, H = s.hidden, W = s.gates * H, S = SavedWidth(s);
   const Tiling tiling = BackwardTiling(s, blockDim.x / kWarpSize);
   const int lead = tiling.ColumnMajorLead(sizeof(T));
   unsigned char* shared = DynamicShared();
@@ -227,15 +232,15 @@ __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, 
   float* d_h = reinterpret_cast<float*>(shared + staged_at + tiling.StagedBytes(sizeof(T)));
   for (int i = threadIdx.x; i < tiling.columns * lead; i += blockDim.x) {
     int u = i / lead, k = i % lead;
-    weight_rows[i] = u < units.count && k < W ? kernels[(size_t(d) * H + units.start + u) * W + k] : FromFloat<T>(0.f);
+    weight_rows[i] = u < block.count && k < W ? kernels[(size_t(d) * H + block.start + u) * W + k] : FromFloat<T>(0.f);
   }
-  for (int i = threadIdx.x; i < s.batch * units.count; i += blockDim.x) d_h[i] = 0;
+  for (int i = threadIdx.x; i < block.rows * block.count; i += blockDim.x) d_h[i] = 0;
   for (int t = s.frames - 1; t >= 0; --t) {
     const T* h_prev = states + (size_t(d) * (s.frames + 1) + t) * s.batch * H;
     T* recurrent = d_recurrent + (size_t(d) * s.frames + t) * s.batch * W;
     // Each thread keeps the same (utterance, unit) pairs of d_h in both loops: no block barrier between.
-    for (int i = threadIdx.x; i < s.batch * units.count; i += blockDim.x) {
-      int b = i / units.count, u = i % units.count, unit = units.start + u;
+    for (int i = threadIdx.x; i < block.rows * block.count; i += blockDim.x) {
+      int b = block.first_row + i / block.count, u = i % block.count, unit = block.start + u;
       bool real = mask[(size_t(d) * s.batch + b) * s.frames + t];
       size_t frame = (size_t(d) * s.batch + b) * s.frames + t;
       float grad = d_h[i] + (real ? ToFloat(d_outputs[frame * H + unit]) : 0.f);
@@ -261,9 +266,10 @@ __global__ void PersistentBackward(Shape s, const T* kernels, const bool* mask, 
       }
     }
     grid.sync();  // every block's columns of frame t's recurrent gradient are written
-    BlockProduct<T, wmma::col_major>(tiling, recurrent, s.batch, W, weight_rows, lead, staged, sums);
-    for (int i = threadIdx.x; i < s.batch * units.count; i += blockDim.x)
-      d_h[i] += ProductAt(tiling, sums, i / units.count, i % units.count);
+    BlockProduct<T, wmma::col_major>(tiling, recurrent + size_t(block.first_row) * W, block.rows, W, weight_rows, lead,
+                                     staged, sums);
+    for (int i = threadIdx.x; i < block.rows * block.count; i += blockDim.x)
+      d_h[i] += ProductAt(tiling, sums, i / block.count, i % block.count);
   }
 }
 

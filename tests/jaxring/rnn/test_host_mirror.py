@@ -54,7 +54,17 @@ SHAPES = [  # cell, directions, batch, frames, hidden, blocks per direction
     ("gru", 2, 256, 3, 7, 3),
     ("rnn", 2, 5, 11, 9, 2),
     ("rnn", 1, 256, 4, 3, 3),
+    ("gru", 2, 40, 4, 13, 8),  # 3 runs of utterances x 2 runs of units a direction
+    ("rnn", 2, 33, 3, 10, 6),
 ]
+
+
+def test_shapes_split_the_batch_and_the_units_alone_and_together():
+    plans = [plan_layer(hidden, GATES[cell], batch, directions, 8,
+                        DeviceBudget("test", sms=blocks * directions, shared_bytes_per_block=1 << 30))
+             for cell, directions, batch, _, hidden, blocks in SHAPES]
+    splits = {(plan.batch_groups > 1, plan.unit_groups > 1) for plan in plans}
+    assert splits == {(False, True), (True, False), (True, True)}
 
 
 @pytest.mark.parametrize("cell, directions, batch, frames, hidden, blocks", SHAPES)

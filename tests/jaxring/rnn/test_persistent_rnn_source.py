@@ -82,7 +82,7 @@ def test_plan_sizes_shared_memory_and_blocks_as_the_kernels_do():
             (800, 1, 3, 1, 4, rnn_plan.DeviceBudget("tight", sms=32, shared_bytes_per_block=140_000))]:
         plan = rnn_plan.plan_layer(hidden, gates, batch, directions, weight_bytes, device)
         assert not isinstance(plan, str), plan
-        got = module.shared_bytes(directions, batch, hidden, gates, plan.blocks_per_direction, plan.forward_chunk,
-                                  plan.backward_chunk, weight_bytes)
+        got = module.shared_bytes(directions, batch, hidden, gates, plan.unit_groups, plan.batch_rows,
+                                  plan.forward_chunk, plan.backward_chunk, weight_bytes)
         assert got == (plan.forward_bytes, plan.backward_bytes), (hidden, gates, batch, weight_bytes, device.name)
 

@@ -115,11 +115,11 @@ def test_other_gpus_keep_the_scan(monkeypatch):
 
 
 def custom_calls(text: str) -> dict[str, str]:
-    """Target -> (its blocks per direction, its staged chunk, its signature `(operands) -> (results)`),
+    """Target -> (its batch rows, its staged chunk, its unit groups, its signature `(operands) -> (results)`),
     from lowered StableHLO."""
-    calls = re.findall(r"custom_call @(\w+)\(.*?\{.*?blocks_per_direction = (\d+) : i64, chunk = (\d+).*\}"
-                       r"\s*:\s*(\(.*\) -> \(.*\))", text)
-    return {target: (int(blocks), int(chunk), signature) for target, blocks, chunk, signature in calls}
+    calls = re.findall(r"custom_call @(\w+)\(.*?\{batch_rows = (\d+) : i64, chunk = (\d+) : i64, .*?"
+                       r"unit_groups = (\d+) : i64\}.*?\s*:\s*(\(.*\) -> \(.*\))", text)
+    return {target: (int(rows), int(chunk), int(groups), signature) for target, rows, chunk, groups, signature in calls}
 
 
 @pytest.mark.skipif(layer.cuda_module() is None, reason="jaxring was built without a CUDA toolkit")
@@ -141,12 +141,13 @@ def test_on_cuda_the_gradient_lowers_to_the_handlers_with_the_buffers_they_check
     kernels_t, mask_t = f"tensor<{D}x{H}x{W}x{dtype}>", f"tensor<{D}x{B}x{T}xi1>"
     states_t, saved_t = f"tensor<{D}x{T + 1}x{B}x{H}x{dtype}>", f"tensor<{D}x{T}x{B}x{S}xf32>"
     outputs_t = f"tensor<{D}x{B}x{T}x{H}x{dtype}>"
-    # The chunks: the whole depth padded to the tile, H going forward, W going backward.
+    # The whole batch a block, a unit a block; the chunks: the whole depth padded to the tile, H going
+    # forward, W going backward.
     assert calls == {
         "jaxring_persistent_rnn_forward": (
-            H, 16, f"({kernels_t}, tensor<{D}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>, {mask_t}) -> "
+            B, 16, H, f"({kernels_t}, tensor<{D}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>, {mask_t}) -> "
                f"({outputs_t}, {states_t}, {saved_t})"),
         "jaxring_persistent_rnn_backward": (
-            H, -(-W // 16) * 16, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> "
+            B, -(-W // 16) * 16, H, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> "
                                  f"(tensor<{D}x{T}x{B}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>)"),
     }

@@ -35,18 +35,30 @@ def test_ds2_paper_fits_hopper_and_ampere_in_both_dtypes():
 
 
 def test_ds2_paper_at_bfloat16_batch_64_on_hopper_by_hand():
-    # 66 blocks per direction on 132 SMs, 10 units each: forward 30 columns, padded to 32.
     plan = plan_layer(620, 3, 64, 2, 2, H100)
-    assert (plan.blocks_per_direction, plan.max_units) == (66, 10)
-    # The whole state (620 columns, padded to 624) is staged at once; 4 row tiles x 1 column group
-    # leave 16 warps 4 splits of the depth: sums 4 x 64 x 32 float, weights 624 x (32 + 8) bfloat16,
-    # the staged state 64 x (624 + 8) bfloat16.
+    # 4 runs of 16 utterances x 16 runs of 38-39 units: 64 of a direction's 66 SMs. Each block reads
+    # a quarter of the state from L2 a frame, against the whole of it with 66 runs of units alone.
+    assert (plan.batch_rows, plan.batch_groups, plan.unit_groups, plan.max_units) == (16, 4, 16, 39)
+    # Forward: 1 row tile x 4 pairs of column tiles (117 columns padded to 128) leave 16 warps 4 splits
+    # of the depth: sums 4 x 16 x 128 float, weights 624 x (128 + 8) bfloat16, the whole state's rows
+    # staged at once, 16 x (624 + 8) bfloat16.
     assert plan.forward_chunk == 624
-    assert plan.forward_bytes == 4 * 64 * 32 * 4 + 624 * 40 * 2 + 64 * 632 * 2
-    # Backward the depth is 1860 (padded 1872): two chunks of 944 columns, its 10 rows padded to 16,
-    # the carried gradient 64 x 10 float.
-    assert plan.backward_chunk == 944
-    assert plan.backward_bytes == 4 * 64 * 16 * 4 + 16 * 1880 * 2 + 64 * 952 * 2 + 64 * 10 * 4
+    assert plan.forward_bytes == 4 * 16 * 128 * 4 + 624 * 136 * 2 + 16 * 632 * 2
+    # Backward the depth is 1860 (padded 1872), staged in three chunks of 624; the rows of 39 units
+    # padded to 48 (3 column tiles: 2 groups, 8 splits); the carried gradient 16 x 39 float.
+    assert plan.backward_chunk == 624
+    assert plan.backward_bytes == 8 * 16 * 48 * 4 + 48 * 1880 * 2 + 16 * 632 * 2 + 16 * 39 * 4
+
+
+def test_the_split_with_the_least_staging_is_chosen():
+    chosen = plan_layer(620, 3, 64, 2, 2, H100)
+    # The whole batch a block, 66 runs of units (it fits with chunks of 624 and 944).
+    whole_batch = dataclasses.replace(chosen, batch_rows=64, starts=split_units(620, 66), forward_chunk=624,
+                                      backward_chunk=944)
+    assert whole_batch.backward_bytes <= H100.shared_bytes_per_block
+    assert chosen.staging_cost < whole_batch.staging_cost
+    # A batch under one tile is never split.
+    assert plan_layer(620, 3, 15, 2, 2, H100).batch_groups == 1
 
 
 def test_chunks_narrow_until_the_layer_fits_and_cut_the_depth_evenly():
