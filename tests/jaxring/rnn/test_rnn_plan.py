@@ -84,3 +84,14 @@ def test_a_layer_too_large_for_the_chip_is_refused_with_the_reason():
 def test_nonsense_sizes_are_errors():
     with pytest.raises(ValueError, match="hidden must be at least 1"):
         plan_layer(0, 3, 4, 1, 4, H100)
+
+
+@pytest.mark.parametrize("batch, hidden, sms", [(64, 620, 132), (256, 620, 132), (40, 13, 16), (3, 7, 4), (33, 10, 12)])
+def test_blocks_cover_every_utterance_and_unit_once(batch, hidden, sms):
+    plan = plan_layer(hidden, 3, batch, 2, 2, DeviceBudget("test", sms=sms, shared_bytes_per_block=H100.shared_bytes_per_block))
+    assert not isinstance(plan, str), plan
+    assert plan.blocks <= sms
+    pairs = sorted((b, u) for block in range(plan.blocks_per_direction)
+                   for b in plan.rows(block) for u in plan.units(block))
+    assert pairs == [(b, u) for b in range(batch) for u in range(hidden)]
+    assert plan.batch_rows == batch or plan.batch_rows % 16 == 0
