@@ -50,9 +50,8 @@ struct Block {
 
 // The tensor-core product per storage type. bfloat16: m16n16k16 with bfloat16 inputs. float32:
 // TF32 m16n16k8 (inputs rounded to 10 mantissa bits, float32 accumulation), which is what the
-// float32 baselines use on Ampere and Hopper: XLA's default precision for a float32 dot on
-// those GPUs is TF32 (JAX's jax_default_matmul_precision, "default": bfloat16 or TF32 passes as
-// the hardware offers), and PyTorch runs cuDNN's convolutions and RNNs in TF32 by default
+// float32 baselines use on Ampere and Hopper: JAX's default precision computes a float32 dot
+// with TF32 on recent GPUs, and PyTorch lets cuDNN (its RNNs included) use TF32 by default
 // (torch.backends.cudnn.allow_tf32 = True; only torch.backends.cuda.matmul.allow_tf32 is off).
 // docs/PERSISTENT_RNN.md ("Dtypes") says where each is documented.
 template <typename T> struct TensorCore;
