@@ -71,7 +71,8 @@ std::string DescribeLayer(const char* target, const ffi::AnyBuffer& kernels, con
 std::string CheckChunk(const char* target, int64_t chunk, int64_t depth) {
   if (chunk >= kTile && chunk % kTile == 0 && chunk <= RoundUpToTile(int(depth))) return "";
   return std::string(target) + ": chunk is " + std::to_string(chunk) + ", it must be a multiple of " +
-         std::to_string(kTile) + " between " + std::to_string(kTile) + " and " + std::to_string(RoundUpToTile(int(depth))) +
+         std::to_string(kTile) + " between " + std::to_string(kTile) + " and " +
+         std::to_string(RoundUpToTile(int(depth))) +
          " (jaxring/rnn/plan.py's forward_chunk or backward_chunk)";
 }
 
@@ -95,25 +96,25 @@ ffi::Error LaunchError(const char* target, const Shape& s, int32_t device, cudaE
 ffi::Error Forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, ffi::AnyBuffer biases,
                    ffi::AnyBuffer projected, ffi::Buffer<ffi::PRED> mask, ffi::Result<ffi::AnyBuffer> outputs,
                    ffi::Result<ffi::AnyBuffer> states, ffi::Result<ffi::Buffer<ffi::F32>> saved,
-                   int64_t unit_groups, int64_t batch_rows, int64_t chunk,
-                   float relu_clip) {
+                   int64_t unit_groups, int64_t batch_rows, int64_t chunk, float relu_clip) {
   Shape s;
   Storage storage;
-  if (auto why = DescribeLayer(kForwardTarget, kernels, projected, unit_groups, batch_rows, relu_clip, &s); !why.empty())
-    return Refuse(why);
-  if (auto why = CheckChunk(kForwardTarget, chunk, s.hidden); !why.empty()) return Refuse(why);
+  std::string why = DescribeLayer(kForwardTarget, kernels, projected, unit_groups, batch_rows, relu_clip, &s);
+  if (!why.empty()) return Refuse(why);
+  why = CheckChunk(kForwardTarget, chunk, s.hidden);
+  if (!why.empty()) return Refuse(why);
   s.forward_chunk = int(chunk);
   if (!StorageOf(kernels.element_type(), &storage))
     return Refuse(std::string(kForwardTarget) + ": the compute dtype must be float32 or bfloat16");
   const int64_t D = s.directions, B = s.batch, T = s.frames, H = s.hidden, W = s.gates * s.hidden;
-  for (const std::string& why : {
+  for (const std::string& mismatch : {
            CheckDims(kForwardTarget, "biases", biases, {D, W}),
            CheckDims(kForwardTarget, "projected", projected, {D, B, T, W}),
            CheckDims(kForwardTarget, "mask", mask, {D, B, T}),
            CheckDims(kForwardTarget, "outputs", *outputs, {D, B, T, H}),
            CheckDims(kForwardTarget, "states", *states, {D, T + 1, B, H}),
            CheckDims(kForwardTarget, "saved", *saved, {D, T, B, SavedWidth(s)})})
-    if (!why.empty()) return Refuse(why);
+    if (!mismatch.empty()) return Refuse(mismatch);
   for (const ffi::AnyBuffer* same : {&biases, &projected, &*outputs, &*states})
     if (same->element_type() != kernels.element_type())
       return Refuse(std::string(kForwardTarget) + ": kernels, biases, projected, outputs and states must share "
@@ -133,25 +134,25 @@ ffi::Error Forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, 
 ffi::Error Backward(cudaStream_t stream, int32_t device, ffi::AnyBuffer kernels, ffi::Buffer<ffi::PRED> mask,
                     ffi::AnyBuffer states, ffi::Buffer<ffi::F32> saved, ffi::AnyBuffer d_outputs,
                     ffi::Result<ffi::AnyBuffer> d_recurrent, ffi::Result<ffi::AnyBuffer> d_projected,
-                    int64_t unit_groups, int64_t batch_rows, int64_t chunk,
-                   float relu_clip) {
+                    int64_t unit_groups, int64_t batch_rows, int64_t chunk, float relu_clip) {
   Shape s;
   Storage storage;
-  if (auto why = DescribeLayer(kBackwardTarget, kernels, d_outputs, unit_groups, batch_rows, relu_clip, &s); !why.empty())
-    return Refuse(why);
-  if (auto why = CheckChunk(kBackwardTarget, chunk, int64_t(s.gates) * s.hidden); !why.empty()) return Refuse(why);
+  std::string why = DescribeLayer(kBackwardTarget, kernels, d_outputs, unit_groups, batch_rows, relu_clip, &s);
+  if (!why.empty()) return Refuse(why);
+  why = CheckChunk(kBackwardTarget, chunk, int64_t(s.gates) * s.hidden);
+  if (!why.empty()) return Refuse(why);
   s.backward_chunk = int(chunk);
   if (!StorageOf(kernels.element_type(), &storage))
     return Refuse(std::string(kBackwardTarget) + ": the compute dtype must be float32 or bfloat16");
   const int64_t D = s.directions, B = s.batch, T = s.frames, H = s.hidden, W = s.gates * s.hidden;
-  for (const std::string& why : {
+  for (const std::string& mismatch : {
            CheckDims(kBackwardTarget, "mask", mask, {D, B, T}),
            CheckDims(kBackwardTarget, "states", states, {D, T + 1, B, H}),
            CheckDims(kBackwardTarget, "saved", saved, {D, T, B, SavedWidth(s)}),
            CheckDims(kBackwardTarget, "d_outputs", d_outputs, {D, B, T, H}),
            CheckDims(kBackwardTarget, "d_recurrent", *d_recurrent, {D, T, B, W}),
            CheckDims(kBackwardTarget, "d_projected", *d_projected, {D, B, T, W})})
-    if (!why.empty()) return Refuse(why);
+    if (!mismatch.empty()) return Refuse(mismatch);
   for (const ffi::AnyBuffer* same : {&states, &d_outputs, &*d_recurrent, &*d_projected})
     if (same->element_type() != kernels.element_type())
       return Refuse(std::string(kBackwardTarget) + ": kernels, states, d_outputs, d_recurrent and d_projected must "
@@ -216,8 +217,8 @@ NB_MODULE(_jaxring_rnn_cuda, m) {
     Shape s{directions, batch, 1, hidden, gates, unit_groups, batch_rows, 0.f, forward_chunk, backward_chunk};
     Storage storage = storage_bytes == 2 ? Storage::kBfloat16 : Storage::kFloat32;
     return nb::make_tuple(ForwardSharedBytes(s, storage), BackwardSharedBytes(s, storage));
-  }, nb::arg("directions"), nb::arg("batch"), nb::arg("hidden"), nb::arg("gates"), nb::arg("unit_groups"), nb::arg("batch_rows"),
-     nb::arg("forward_chunk"), nb::arg("backward_chunk"), nb::arg("storage_bytes"));
+  }, nb::arg("directions"), nb::arg("batch"), nb::arg("hidden"), nb::arg("gates"), nb::arg("unit_groups"),
+     nb::arg("batch_rows"), nb::arg("forward_chunk"), nb::arg("backward_chunk"), nb::arg("storage_bytes"));
   m.def("registrations", []() {
     nb::dict targets;
     targets[jaxring::rnn::kForwardTarget] = nb::capsule(reinterpret_cast<void*>(jaxring::rnn::kPersistentForward));

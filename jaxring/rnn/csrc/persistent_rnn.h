@@ -50,7 +50,9 @@ JAXRING_RNN_HOST_DEVICE inline int RoundUpToTile(int n) { return (n + kTile - 1)
 // Row stride in shared memory of a tile-padded operand: 16 bytes past the tile multiple, so the
 // eight 16-byte rows a tensor-core load reads fall in different banks; rows stay 32-byte
 // aligned at tile boundaries, as wmma requires.
-JAXRING_RNN_HOST_DEVICE inline int PaddedLead(int n, int element_bytes) { return RoundUpToTile(n) + 16 / element_bytes; }
+JAXRING_RNN_HOST_DEVICE inline int PaddedLead(int n, int element_bytes) {
+  return RoundUpToTile(n) + 16 / element_bytes;
+}
 
 // One block's product sums[B, N] = left[B, K] x weights[K, N], in float32. Its warps take
 // items: a row tile, a group of kColumnTilesPerWarp column tiles, and a share (split) of each

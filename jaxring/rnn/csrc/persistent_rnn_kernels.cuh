@@ -149,7 +149,8 @@ __device__ void BlockProduct(const Tiling& tiling, const T* left, int batch, int
 // Output (b, c) of BlockProduct: its splits added up.
 __device__ inline float ProductAt(const Tiling& tiling, const float* sums, int b, int c) {
   float total = 0;
-  for (int split = 0; split < tiling.splits; ++split) total += sums[(size_t(split) * tiling.rows + b) * tiling.columns + c];
+  for (int split = 0; split < tiling.splits; ++split)
+    total += sums[(size_t(split) * tiling.rows + b) * tiling.columns + c];
   return total;
 }
 

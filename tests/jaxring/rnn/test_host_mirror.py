@@ -44,7 +44,8 @@ def mirror(cell, dtype, blocks, kernels, biases, projected, mask, d_outputs, see
                                                     d_outputs.astype(dtype), rng)
     # The kernel and bias gradients as layer.py takes them from the mirror's (or the kernel's) outputs.
     with jax.enable_x64(dtype == np.float64):
-        d_kernels, d_biases = layer.weight_gradients(states, d_recurrent, np.float64 if dtype == np.float64 else np.float32)
+        accumulator = np.float64 if dtype == np.float64 else np.float32
+        d_kernels, d_biases = layer.weight_gradients(states, d_recurrent, accumulator)
     return [np.asarray(a, np.float64) for a in (outputs, d_kernels, d_biases, d_projected)]
 
 

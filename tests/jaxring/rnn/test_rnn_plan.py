@@ -88,7 +88,8 @@ def test_nonsense_sizes_are_errors():
 
 @pytest.mark.parametrize("batch, hidden, sms", [(64, 620, 132), (256, 620, 132), (40, 13, 16), (3, 7, 4), (33, 10, 12)])
 def test_blocks_cover_every_utterance_and_unit_once(batch, hidden, sms):
-    plan = plan_layer(hidden, 3, batch, 2, 2, DeviceBudget("test", sms=sms, shared_bytes_per_block=H100.shared_bytes_per_block))
+    device = DeviceBudget("test", sms=sms, shared_bytes_per_block=H100.shared_bytes_per_block)
+    plan = plan_layer(hidden, 3, batch, 2, 2, device)
     assert not isinstance(plan, str), plan
     assert plan.blocks <= sms
     pairs = sorted((b, u) for block in range(plan.blocks_per_direction)
