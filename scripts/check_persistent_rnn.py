@@ -45,7 +45,9 @@ PARITY_CASES = [
     ("rnn", 2, 32, 21, 620),
 ]
 PARITY_DTYPES = ("float32", "bfloat16")
-FLOAT32_TOLERANCE = 1e-3  # of the reference's largest value: summation order only
+# Of the reference's largest value: the float32 kernel multiplies in TF32 (10-bit mantissa, as
+# XLA's and cuDNN's float32 defaults on these GPUs do) against a full-float32 reference.
+FLOAT32_TOLERANCE = 5e-3
 BFLOAT16_SCAN_FACTOR = 2  # the bfloat16 kernel may be this many times further from float32 than the bfloat16 scan
 BFLOAT16_FLOOR = 1e-2     # ... or this far, where the scan happens to land very close
 # A parity case (its compiles included, the first one JAX's start on the GPU too) taking longer has
@@ -109,7 +111,8 @@ def parity_case(cell, directions, batch, frames, hidden, dtype_name, seed) -> di
     # On CUDA the kernel, elsewhere the host mirror (a CPU run of this check tests the check).
     on_cuda = layer.platform() == "cuda"
     record["kernel_called"] = on_cuda and layer.cuda_module().FORWARD_TARGET in lowered
-    reference = values_and_gradients(scan, jnp.float32)
+    with jax.default_matmul_precision("highest"):  # full float32, not the GPU's TF32 default
+        reference = values_and_gradients(scan, jnp.float32)
     got = values_and_gradients(persistent, dtype)
     names = ("outputs", "d_kernels", "d_biases", "d_projected")
     scale = [float(np.abs(r).max()) or 1.0 for r in reference]

@@ -72,28 +72,28 @@ def forward(cell: str, relu_clip: float, plan: Plan, kernels, biases, projected,
     saved = np.zeros((directions, frames, batch, saved_width(cell, hidden)), acc)
 
     def block_program(d, j):
-        units, columns = np.array(plan.units(j)), plan.columns(j)
+        units, columns, rows = np.array(plan.units(j)), np.array(plan.columns(j)), np.array(plan.rows(j))
         weights = kernels[d][:, columns].astype(acc)  # held on chip for the whole sequence
         bias = biases[d][columns].astype(acc)
         for t in range(frames):
-            h_prev = states[d, t].astype(acc)
+            h_prev = states[d, t][rows].astype(acc)  # its utterances' rows of every block's units
             recurrent = h_prev @ weights + bias
-            x = projected[d, :, t][:, columns].astype(acc)
+            x = projected[d, rows, t][:, columns].astype(acc)
             if cell == "gru":
                 x_r, x_z, x_n = np.split(x, 3, axis=-1)
                 h_r, h_z, h_n = np.split(recurrent, 3, axis=-1)
                 reset, update = _sigmoid(x_r + h_r), _sigmoid(x_z + h_z)
                 candidate = np.tanh(x_n + reset * h_n)
                 h_new = (1 - update) * candidate + update * h_prev[:, units]
-                saved[d, t][:, columns] = np.concatenate([reset, update, candidate], axis=-1)
-                saved[d, t][:, 3 * hidden + units] = h_n
+                saved[d, t][np.ix_(rows, columns)] = np.concatenate([reset, update, candidate], axis=-1)
+                saved[d, t][np.ix_(rows, 3 * hidden + units)] = h_n
             else:
                 pre = x + recurrent
                 h_new = np.clip(pre, 0, relu_clip)
-                saved[d, t][:, units] = pre
-            real = mask[d, :, t, None]
-            states[d, t + 1][:, units] = np.where(real, h_new, h_prev[:, units])
-            outputs[d, :, t][:, units] = np.where(real, h_new, 0)
+                saved[d, t][np.ix_(rows, units)] = pre
+            real = mask[d, rows, t, None]
+            states[d, t + 1][np.ix_(rows, units)] = np.where(real, h_new, h_prev[:, units])
+            outputs[d, rows[:, None], t, units] = np.where(real, h_new, 0)
             yield BARRIER
 
     run_blocks([block_program(d, j) for d in range(directions) for j in range(plan.blocks_per_direction)], rng)
@@ -101,34 +101,35 @@ def forward(cell: str, relu_clip: float, plan: Plan, kernels, biases, projected,
 
 
 def backward(cell: str, relu_clip: float, plan: Plan, kernels, mask, states, saved, d_outputs, rng):
-    """Gradients (d_kernels [D, H, gates * H], d_biases [D, gates * H], d_projected [D, B, T, gates * H])
-    of the outputs' cotangent `d_outputs` through `forward`'s recurrence, starting from zero states."""
+    """(d_recurrent [D, T, B, gates * H], d_projected [D, B, T, gates * H]) of the outputs' cotangent
+    `d_outputs` through `forward`'s recurrence, starting from zero states, both in the compute dtype.
+
+    d_recurrent[d, t] is frame t's gradient of the recurrent input (states[d, t] @ kernels[d] + biases[d]):
+    the kernel and bias gradients are its sums over frames (jaxring/rnn/layer.py's weight_gradients),
+    taken off the sequential path as cuDNN does."""
     directions, frames, batch, hidden = states.shape[0], states.shape[1] - 1, states.shape[2], plan.hidden
     dtype = d_outputs.dtype
     acc = _accumulator(dtype)
     width = plan.gates * hidden
-    d_kernels = np.zeros((directions, hidden, width), acc)
-    d_biases = np.zeros((directions, width), acc)
     d_projected = np.zeros((directions, batch, frames, width), dtype)
-    # Each block publishes its columns of the recurrent input's gradient, then every block
-    # reads all of them for its units' rows. Two buffers, by frame parity: a block may write
-    # frame t - 1's while a slower one still reads frame t's, never frame t + 1's (that one
-    # had to pass the barrier after frame t first).
-    d_recurrent = np.zeros((directions, 2, batch, width), acc)
+    # Each block publishes its columns of frame t's recurrent-input gradient to the frame's own
+    # slot, then every block reads all of them for its units' rows. No slot is written twice, so
+    # one barrier per frame suffices: a fast block writing frame t - 1's slot never touches the
+    # frame t slot a slower one still reads.
+    d_recurrent = np.zeros((directions, frames, batch, width), dtype)
 
     def block_program(d, j):
-        units, columns = np.array(plan.units(j)), plan.columns(j)
+        units, columns, rows = np.array(plan.units(j)), np.array(plan.columns(j)), np.array(plan.rows(j))
         weight_rows = kernels[d][units, :].astype(acc)  # held on chip for the whole sequence
-        d_weights = np.zeros((hidden, len(columns)), acc)
-        d_bias = np.zeros(len(columns), acc)
-        d_h = np.zeros((batch, len(units)), acc)
+        d_h = np.zeros((len(rows), len(units)), acc)
         for t in reversed(range(frames)):
-            real = mask[d, :, t, None]
-            d_h = d_h + np.where(real, d_outputs[d, :, t][:, units].astype(acc), 0)
-            h_prev = states[d, t].astype(acc)
+            real = mask[d, rows, t, None]
+            d_h = d_h + np.where(real, d_outputs[d, rows, t][:, units].astype(acc), 0)
+            h_prev = states[d, t][rows].astype(acc)
+            saved_t = saved[d, t][rows]
             if cell == "gru":
-                reset, update, candidate = np.split(saved[d, t][:, columns], 3, axis=-1)
-                h_n = saved[d, t][:, 3 * hidden + units]
+                reset, update, candidate = np.split(saved_t[:, columns], 3, axis=-1)
+                h_n = saved_t[:, 3 * hidden + units]
                 d_candidate = d_h * (1 - update) * (1 - candidate**2)
                 d_update = d_h * (h_prev[:, units] - candidate) * update * (1 - update)
                 d_reset = d_candidate * h_n * reset * (1 - reset)
@@ -136,19 +137,16 @@ def backward(cell: str, relu_clip: float, plan: Plan, kernels, mask, states, sav
                 d_rec = np.concatenate([d_reset, d_update, d_candidate * reset], axis=-1)
                 d_direct = d_h * update
             else:
-                pre = saved[d, t][:, units]
+                pre = saved_t[:, units]
                 d_input = d_rec = d_h * ((pre > 0) & (pre < relu_clip))
                 d_direct = np.zeros_like(d_h)
-            d_input, d_rec = np.where(real, d_input, 0), np.where(real, d_rec, 0)
-            d_weights += h_prev.T @ d_rec
-            d_bias += d_rec.sum(axis=0)
-            d_recurrent[d, t % 2][:, columns] = d_rec
-            d_projected[d, :, t][:, columns] = d_input
+            d_recurrent[d, t][np.ix_(rows, columns)] = np.where(real, d_rec, 0)
+            d_projected[d, rows[:, None], t, columns] = np.where(real, d_input, 0)
             yield BARRIER
-            d_h = np.where(real, d_direct, d_h) + d_recurrent[d, t % 2] @ weight_rows.T
+            # The product reads the stored (compute-dtype) gradient, as the kernel's tensor cores do:
+            # its utterances' rows, every block's columns.
+            d_h = np.where(real, d_direct, d_h) + d_recurrent[d, t][rows].astype(acc) @ weight_rows.T
             yield None  # another block may run its next frame's first phase in between
-        d_kernels[d][:, columns] = d_weights
-        d_biases[d][columns] = d_bias
 
     run_blocks([block_program(d, j) for d in range(directions) for j in range(plan.blocks_per_direction)], rng)
-    return d_kernels, d_biases, d_projected
+    return d_recurrent, d_projected

@@ -129,8 +129,9 @@ def _forward(cell, relu_clip, kernels, biases, projected, mask):
     mask = mask.astype(jnp.bool_)
     if platform() == "cuda":
         outputs, states, saved = jax.ffi.ffi_call(cuda_module().FORWARD_TARGET, results)(
-            kernels, biases, projected, mask,
-            blocks_per_direction=np.int64(plan.blocks_per_direction), relu_clip=np.float32(relu_clip))
+            kernels, biases, projected, mask, unit_groups=np.int64(plan.unit_groups),
+            batch_rows=np.int64(plan.batch_rows),
+            chunk=np.int64(plan.forward_chunk), relu_clip=np.float32(relu_clip))
     else:
         def run(kernels, biases, projected, mask):
             return host_mirror.forward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(biases),
@@ -140,30 +141,36 @@ def _forward(cell, relu_clip, kernels, biases, projected, mask):
     return outputs, (kernels, biases, mask, states, saved)
 
 
+def weight_gradients(states, d_recurrent, accumulator):
+    """The kernel and bias gradients [D, H, W], [D, W] from every frame's recurrent-input gradient
+    `d_recurrent` [D, T, B, W] and the state before it, `states` [D, T + 1, B, H]: sums over frames and
+    utterances, one large product (accumulating in `accumulator`) instead of a small one per frame."""
+    d_kernels = jnp.einsum("dtbh,dtbw->dhw", states[:, :-1], d_recurrent, preferred_element_type=accumulator)
+    return d_kernels, jnp.sum(d_recurrent, axis=(1, 2), dtype=accumulator)
+
+
 def _backward(cell, relu_clip, residuals, d_outputs):
     kernels, biases, mask, states, saved = residuals
     directions, frames, batch, hidden = states.shape[0], states.shape[1] - 1, states.shape[2], states.shape[3]
-    width = kernels.shape[-1]
-    plan = _plan(cell, hidden, directions, batch, d_outputs.dtype)
-    acc = _accumulator_dtype(d_outputs.dtype)
+    width, dtype = kernels.shape[-1], d_outputs.dtype
+    plan = _plan(cell, hidden, directions, batch, dtype)
     results = (
-        jax.ShapeDtypeStruct(kernels.shape, acc),
-        jax.ShapeDtypeStruct(biases.shape, acc),
-        jax.ShapeDtypeStruct((directions, batch, frames, width), d_outputs.dtype),
+        jax.ShapeDtypeStruct((directions, frames, batch, width), dtype),
+        jax.ShapeDtypeStruct((directions, batch, frames, width), dtype),
     )
     if platform() == "cuda":
-        # The last result is the kernel's scratch for the exchanged gradients, by frame parity.
-        exchange = jax.ShapeDtypeStruct((directions, 2, batch, width), jnp.float32)
-        d_kernels, d_biases, d_projected, _ = jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, (*results, exchange))(
-            kernels, mask, states, saved, d_outputs,
-            blocks_per_direction=np.int64(plan.blocks_per_direction), relu_clip=np.float32(relu_clip))
+        d_recurrent, d_projected = jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, results)(
+            kernels, mask, states, saved, d_outputs, unit_groups=np.int64(plan.unit_groups),
+            batch_rows=np.int64(plan.batch_rows),
+            chunk=np.int64(plan.backward_chunk), relu_clip=np.float32(relu_clip))
     else:
         def run(kernels, mask, states, saved, d_outputs):
             return host_mirror.backward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(mask),
                                         np.asarray(states), np.asarray(saved), np.asarray(d_outputs),
                                         np.random.default_rng(0))
 
-        d_kernels, d_biases, d_projected = _callback(run, results, kernels, mask, states, saved, d_outputs)
+        d_recurrent, d_projected = _callback(run, results, kernels, mask, states, saved, d_outputs)
+    d_kernels, d_biases = weight_gradients(states, d_recurrent, _accumulator_dtype(dtype))
     return d_kernels.astype(kernels.dtype), d_biases.astype(biases.dtype), d_projected, None
 
 

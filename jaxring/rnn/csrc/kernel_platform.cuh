@@ -6,6 +6,7 @@
 #ifdef __CUDACC__
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 
 namespace jaxring::rnn {
 
@@ -27,9 +28,10 @@ cudaError_t LaunchCooperativeGrid(void (*kernel)(Params...), int blocks, int thr
   return cudaLaunchCooperativeKernel(function, dim3(blocks), dim3(threads), pointers, shared_bytes, stream);
 }
 
-// The block's dynamic shared memory (the launch's shared-memory bytes).
+// The block's dynamic shared memory (the launch's shared-memory bytes), aligned beyond the
+// 256 bits wmma's loads and stores need at each tile's start.
 __device__ inline unsigned char* DynamicShared() {
-  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  extern __shared__ __align__(128) unsigned char dynamic_shared[];
   return dynamic_shared;
 }
 

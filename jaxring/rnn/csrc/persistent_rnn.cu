@@ -8,9 +8,7 @@ namespace jaxring::rnn {
 
 namespace {
 
-int MaxUnits(const Shape& s) { return (s.hidden + s.blocks_per_direction - 1) / s.blocks_per_direction; }
-
-int Blocks(const Shape& s) { return s.directions * s.blocks_per_direction; }
+int Blocks(const Shape& s) { return s.directions * BlocksPerDirection(s); }
 
 template <typename T>
 cudaError_t ForwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, const T* biases, const T* projected,
@@ -21,22 +19,27 @@ cudaError_t ForwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, 
 
 template <typename T>
 cudaError_t BackwardTyped(cudaStream_t stream, const Shape& s, const T* kernels, const bool* mask, const T* states,
-                          const float* saved, const T* d_outputs, float* d_recurrent, float* d_kernels,
-                          float* d_biases, T* d_projected, size_t bytes) {
+                          const float* saved, const T* d_outputs, T* d_recurrent, T* d_projected, size_t bytes) {
   return LaunchCooperativeGrid(PersistentBackward<T>, Blocks(s), kThreadsPerBlock, bytes, stream, s, kernels, mask,
-                               states, saved, d_outputs, d_recurrent, d_kernels, d_biases, d_projected);
+                               states, saved, d_outputs, d_recurrent, d_projected);
 }
+
+constexpr int kWarps = kThreadsPerBlock / kWarpSize;
 
 }  // namespace
 
+// The kernels' shared-memory layouts (persistent_rnn_kernels.cuh), region by region.
 size_t ForwardSharedBytes(const Shape& s, Storage storage) {
-  size_t columns = size_t(s.gates) * MaxUnits(s);
-  return s.hidden * columns * StorageBytes(storage) + s.batch * columns * sizeof(float);
+  const int bytes = int(StorageBytes(storage));
+  const Tiling tiling = ForwardTiling(s, kWarps);
+  return tiling.SumsBytes() + tiling.RowMajorWeightBytes(bytes) + tiling.StagedBytes(bytes);
 }
 
 size_t BackwardSharedBytes(const Shape& s, Storage storage) {
-  size_t columns = size_t(s.gates) * MaxUnits(s);
-  return s.hidden * columns * (StorageBytes(storage) + sizeof(float)) + size_t(s.batch) * MaxUnits(s) * sizeof(float);
+  const int bytes = int(StorageBytes(storage));
+  const Tiling tiling = BackwardTiling(s, kWarps);
+  return tiling.SumsBytes() + tiling.ColumnMajorWeightBytes(bytes) + tiling.StagedBytes(bytes) +
+         size_t(s.batch_rows) * MaxUnits(s) * sizeof(float);
 }
 
 cudaError_t LaunchForward(cudaStream_t stream, const Shape& s, Storage storage, const void* kernels,
@@ -56,16 +59,16 @@ cudaError_t LaunchForward(cudaStream_t stream, const Shape& s, Storage storage, 
 
 cudaError_t LaunchBackward(cudaStream_t stream, const Shape& s, Storage storage, const void* kernels,
                            const bool* mask, const void* states, const float* saved, const void* d_outputs,
-                           float* d_recurrent, float* d_kernels, float* d_biases, void* d_projected) {
+                           void* d_recurrent, void* d_projected) {
   size_t bytes = BackwardSharedBytes(s, storage);
   if (storage == Storage::kBfloat16) {
     using T = __nv_bfloat16;
     return BackwardTyped<T>(stream, s, static_cast<const T*>(kernels), mask, static_cast<const T*>(states), saved,
-                            static_cast<const T*>(d_outputs), d_recurrent, d_kernels, d_biases,
+                            static_cast<const T*>(d_outputs), static_cast<T*>(d_recurrent),
                             static_cast<T*>(d_projected), bytes);
   }
   return BackwardTyped<float>(stream, s, static_cast<const float*>(kernels), mask, static_cast<const float*>(states),
-                              saved, static_cast<const float*>(d_outputs), d_recurrent, d_kernels, d_biases,
+                              saved, static_cast<const float*>(d_outputs), static_cast<float*>(d_recurrent),
                               static_cast<float*>(d_projected), bytes);
 }
 

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxring.rnn import host_mirror
+from jaxring.rnn import host_mirror, layer
 from jaxring.rnn.plan import DeviceBudget, plan_layer
 from models.deepspeech2.model import scan_recurrence
 
@@ -40,8 +40,13 @@ def mirror(cell, dtype, blocks, kernels, biases, projected, mask, d_outputs, see
     rng = np.random.default_rng(seed)
     kernels, biases, projected = (a.astype(dtype) for a in (kernels, biases, projected))
     outputs, states, saved = host_mirror.forward(cell, RELU_CLIP, plan, kernels, biases, projected, mask, rng)
-    grads = host_mirror.backward(cell, RELU_CLIP, plan, kernels, mask, states, saved, d_outputs.astype(dtype), rng)
-    return [np.asarray(a, np.float64) for a in (outputs, *grads)]
+    d_recurrent, d_projected = host_mirror.backward(cell, RELU_CLIP, plan, kernels, mask, states, saved,
+                                                    d_outputs.astype(dtype), rng)
+    # The kernel and bias gradients as layer.py takes them from the mirror's (or the kernel's) outputs.
+    with jax.enable_x64(dtype == np.float64):
+        accumulator = np.float64 if dtype == np.float64 else np.float32
+        d_kernels, d_biases = layer.weight_gradients(states, d_recurrent, accumulator)
+    return [np.asarray(a, np.float64) for a in (outputs, d_kernels, d_biases, d_projected)]
 
 
 SHAPES = [  # cell, directions, batch, frames, hidden, blocks per direction
@@ -50,7 +55,17 @@ SHAPES = [  # cell, directions, batch, frames, hidden, blocks per direction
     ("gru", 2, 256, 3, 7, 3),
     ("rnn", 2, 5, 11, 9, 2),
     ("rnn", 1, 256, 4, 3, 3),
+    ("gru", 2, 40, 4, 13, 8),  # 3 runs of utterances x 2 runs of units a direction
+    ("rnn", 2, 33, 3, 10, 6),
 ]
+
+
+def test_shapes_split_the_batch_and_the_units_alone_and_together():
+    plans = [plan_layer(hidden, GATES[cell], batch, directions, 8,
+                        DeviceBudget("test", sms=blocks * directions, shared_bytes_per_block=1 << 30))
+             for cell, directions, batch, _, hidden, blocks in SHAPES]
+    splits = {(plan.batch_groups > 1, plan.unit_groups > 1) for plan in plans}
+    assert splits == {(False, True), (True, False), (True, True)}
 
 
 @pytest.mark.parametrize("cell, directions, batch, frames, hidden, blocks", SHAPES)

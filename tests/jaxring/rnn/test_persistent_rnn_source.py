@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from jaxring.rnn import plan as rnn_plan
+
 CSRC = Path(__file__).resolve().parents[3] / "jaxring" / "rnn" / "csrc"
 NVCC = shutil.which("nvcc") or next(iter(sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))), None)
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
-# 64 registers x 1024 threads is the 64K-register file of one SM on both architectures,
-# so any block size up to the maximum keeps one block per SM resident.
-MAX_REGISTERS = 64
+# The 64K-register file of one SM on both architectures, over the kernels' threads per block:
+# at most this many registers a thread keep one block per SM resident.
+MAX_REGISTERS = 65536 // rnn_plan.THREADS_PER_BLOCK
 
 
 @needs_nvcc
@@ -65,3 +67,22 @@ def test_the_build_offers_both_targets_and_reads_the_device_it_is_asked_for():
     if result.returncode == 0:
         pytest.skip("this machine has a GPU 7")
     assert "reading CUDA device 7's attributes" in result.stderr, result.stderr
+
+
+@needs_nvcc
+def test_plan_sizes_shared_memory_and_blocks_as_the_kernels_do():
+    from jaxring.rnn import _jaxring_rnn_cuda as module
+
+    assert module.THREADS_PER_BLOCK == rnn_plan.THREADS_PER_BLOCK
+    roomy = rnn_plan.DeviceBudget("roomy", sms=132, shared_bytes_per_block=1 << 30)
+    for hidden, gates, batch, directions, weight_bytes, device in [
+            (620, 3, 64, 2, 2, rnn_plan.H100), (620, 3, 32, 2, 4, rnn_plan.H100), (620, 3, 256, 2, 2, rnn_plan.H100),
+            (620, 3, 64, 2, 2, rnn_plan.A100), (7, 3, 1, 1, 4, roomy), (333, 1, 17, 2, 2, roomy),
+            (129, 3, 200, 2, 4, rnn_plan.DeviceBudget("four", sms=4, shared_bytes_per_block=1 << 30)),
+            (800, 1, 3, 1, 4, rnn_plan.DeviceBudget("tight", sms=32, shared_bytes_per_block=140_000))]:
+        plan = rnn_plan.plan_layer(hidden, gates, batch, directions, weight_bytes, device)
+        assert not isinstance(plan, str), plan
+        got = module.shared_bytes(directions, batch, hidden, gates, plan.unit_groups, plan.batch_rows,
+                                  plan.forward_chunk, plan.backward_chunk, weight_bytes)
+        assert got == (plan.forward_bytes, plan.backward_bytes), (hidden, gates, batch, weight_bytes, device.name)
+

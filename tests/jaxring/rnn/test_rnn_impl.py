@@ -92,9 +92,11 @@ def test_auto_picks_the_kernel_on_cuda_where_the_layer_fits(monkeypatch):
 
 
 def test_on_cuda_a_layer_too_large_for_the_device_falls_back_saying_why(monkeypatch):
-    on_cuda(monkeypatch, budget=A100)  # float32 batch 32 needs 180 KB a block; an A100 has 163 KiB
+    on_cuda(monkeypatch, budget=A100)  # hidden 2048: 38 units a block, 2048 x 114 float32 weights, over 163 KiB
+    too_large = dict(kernels=jax.ShapeDtypeStruct((2, 2048, 3 * 2048), jnp.float32),
+                     projected=jax.ShapeDtypeStruct((2, 32, 5, 3 * 2048), jnp.float32))
     for impl in ("auto", "persistent"):
-        persistent, reason = layer.choose(impl, "gru", **ds2_paper_layer)
+        persistent, reason = layer.choose(impl, "gru", **too_large)
         assert not persistent and f"rnn_impl={impl}" in reason and "does not fit" in reason and "A100" in reason
 
 
@@ -120,9 +122,11 @@ def test_other_gpus_keep_the_scan(monkeypatch):
 
 
 def custom_calls(text: str) -> dict[str, str]:
-    """Target -> its signature `(operands) -> (results)`, from lowered StableHLO."""
-    calls = re.findall(r"custom_call @(\w+)\(.*?\{.*?blocks_per_direction = (\d+).*\}\s*:\s*(\(.*\) -> \(.*\))", text)
-    return {target: (int(blocks), signature) for target, blocks, signature in calls}
+    """Target -> (its batch rows, its staged chunk, its unit groups, its signature `(operands) -> (results)`),
+    from lowered StableHLO."""
+    calls = re.findall(r"custom_call @(\w+)\(.*?\{batch_rows = (\d+) : i64, chunk = (\d+) : i64, .*?"
+                       r"unit_groups = (\d+) : i64\}.*?\s*:\s*(\(.*\) -> \(.*\))", text)
+    return {target: (int(rows), int(chunk), int(groups), signature) for target, rows, chunk, groups, signature in calls}
 
 
 @pytest.mark.skipif(layer.cuda_module() is None, reason="jaxring was built without a CUDA toolkit")
@@ -144,13 +148,15 @@ def test_on_cuda_the_gradient_lowers_to_the_handlers_with_the_buffers_they_check
     kernels_t, mask_t = f"tensor<{D}x{H}x{W}x{dtype}>", f"tensor<{D}x{B}x{T}xi1>"
     states_t, saved_t = f"tensor<{D}x{T + 1}x{B}x{H}x{dtype}>", f"tensor<{D}x{T}x{B}x{S}xf32>"
     outputs_t = f"tensor<{D}x{B}x{T}x{H}x{dtype}>"
+    # The whole batch a block, a unit a block; the chunks: the whole depth padded to the tile, H going
+    # forward, W going backward.
     assert calls == {
         "jaxring_persistent_rnn_forward": (
-            H, f"({kernels_t}, tensor<{D}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>, {mask_t}) -> "
+            B, 16, H, f"({kernels_t}, tensor<{D}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>, {mask_t}) -> "
                f"({outputs_t}, {states_t}, {saved_t})"),
         "jaxring_persistent_rnn_backward": (
-            H, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> (tensor<{D}x{H}x{W}xf32>, "
-               f"tensor<{D}x{W}xf32>, tensor<{D}x{B}x{T}x{W}x{dtype}>, tensor<{D}x2x{B}x{W}xf32>)"),
+            B, -(-W // 16) * 16, H, f"({kernels_t}, {mask_t}, {states_t}, {saved_t}, {outputs_t}) -> "
+                                 f"(tensor<{D}x{T}x{B}x{W}x{dtype}>, tensor<{D}x{B}x{T}x{W}x{dtype}>)"),
     }
 
 
