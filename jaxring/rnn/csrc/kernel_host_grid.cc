@@ -1,5 +1,5 @@
-// kernel_host_shim.h's launches: one OS thread per block, the block's CUDA threads as ucontext
-// fibers with small stacks, switched only at barriers, in a seeded random order (the header says
+// kernel_host_shim.h's launches: one OS thread per block, the block's CUDA threads as fibers
+// with small stacks, switched only at barriers, in a seeded random order (the header says
 // why). A block's barriers are decided exactly, since only the block's own OS thread runs its
 // fibers: when no fiber can run, either a whole warp waits at a warp barrier, or every thread
 // waits at the same block or grid barrier, or all exited, or the kernel would hang on the GPU and
@@ -28,6 +28,77 @@
 
 namespace jaxring::rnn::host {
 namespace {
+
+// Fiber switching. ucontext's swapcontext saves and restores the signal mask, a system call each
+// way, which made a launch's hundreds of thousands of switches cost most of its time; on x86-64 a
+// switch saves the callee-saved registers and the floating-point control words on the stack it
+// leaves and swaps stack pointers instead (the System V ABI's callee-saved state), elsewhere
+// ucontext remains.
+#if defined(__x86_64__)
+extern "C" void jaxring_host_fiber_switch(void** save_stack_pointer, void* load_stack_pointer);
+asm(R"(
+  .text
+  .globl jaxring_host_fiber_switch
+  .hidden jaxring_host_fiber_switch
+  .type jaxring_host_fiber_switch, @function
+jaxring_host_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size jaxring_host_fiber_switch, .-jaxring_host_fiber_switch
+)");
+
+struct Context {
+  void* stack_pointer = nullptr;
+};
+
+// A context that starts `entry` (which must never return) on [stack, stack + bytes): the frame
+// jaxring_host_fiber_switch pops, its return address `entry`, under a null return address for
+// `entry` itself so that its stack is aligned as after a call.
+void Prepare(Context& context, unsigned char* stack, size_t bytes, void (*entry)()) {
+  constexpr uint32_t kDefaultMxcsr = 0x1f80, kDefaultX87ControlWord = 0x037f;  // the ABI's initial modes
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
+  *--top = 0;                                   // entry's return address: none
+  *--top = reinterpret_cast<uint64_t>(entry);  // where the switch returns to
+  for (int saved = 0; saved < 6; ++saved) *--top = 0;  // rbp, rbx, r12-r15
+  *--top = uint64_t(kDefaultX87ControlWord) << 32 | kDefaultMxcsr;
+  context.stack_pointer = top;
+}
+
+void Switch(Context& from, Context& to) { jaxring_host_fiber_switch(&from.stack_pointer, to.stack_pointer); }
+#else
+struct Context {
+  ucontext_t context;
+};
+
+void Prepare(Context& context, unsigned char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&context.context);
+  context.context.uc_stack.ss_sp = stack;
+  context.context.uc_stack.ss_size = bytes;
+  context.context.uc_link = nullptr;
+  makecontext(&context.context, entry, 0);
+}
+
+void Switch(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+#endif
 
 constexpr int kWarpSize = 32;
 constexpr int kMaxThreadsPerBlock = 1024;
@@ -169,7 +240,7 @@ class Grid {
 };
 
 struct Fiber {
-  ucontext_t context;
+  Context context;
   ThreadPlace place;
   Wait wait = Wait::kRunning;
   // The warp-collective call the fiber waits in (operation, pointer, ldm), or none for __syncwarp.
@@ -201,11 +272,7 @@ class Block {
       Fiber& fiber = fibers_[t];
       mprotect(stacks_ + slot * t, page, PROT_NONE);  // an overflow faults instead of corrupting a neighbour
       fiber.place = {{unsigned(t), 0, 0}, {unsigned(index), 0, 0}, dim3(threads), dim3(blocks), shared_};
-      getcontext(&fiber.context);
-      fiber.context.uc_stack.ss_sp = stacks_ + slot * t + page;
-      fiber.context.uc_stack.ss_size = kStackBytes;
-      fiber.context.uc_link = nullptr;
-      makecontext(&fiber.context, &Block::Start, 0);
+      Prepare(fiber.context, stacks_ + slot * t + page, kStackBytes, &Block::Start);
 #if defined(__SANITIZE_THREAD__)
       fiber.tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -237,7 +304,7 @@ class Block {
 #if defined(__SANITIZE_THREAD__)
         __tsan_switch_to_fiber(fiber.tsan_fiber, 0);
 #endif
-        swapcontext(&scheduler_, &fiber.context);
+        Switch(scheduler_, fiber.context);
         if (fiber.fault.code != cudaSuccess) {
           grid_.Fail(fiber.fault.code, "block " + std::to_string(index_) + " thread " + std::to_string(current_) +
                                            ": " + fiber.fault.message);
@@ -257,7 +324,7 @@ class Block {
 #if defined(__SANITIZE_THREAD__)
     __tsan_switch_to_fiber(scheduler_tsan_fiber_, 0);
 #endif
-    swapcontext(&fiber.context, &scheduler_);
+    Switch(fiber.context, scheduler_);
   }
 
  private:
@@ -277,7 +344,7 @@ class Block {
 #if defined(__SANITIZE_THREAD__)
     __tsan_switch_to_fiber(block.scheduler_tsan_fiber_, 0);
 #endif
-    setcontext(&block.scheduler_);
+    Switch(fiber.context, block.scheduler_);  // never resumed
   }
 
   // Releases every warp whose lanes all wait at the same warp barrier; false if none did.
@@ -364,7 +431,7 @@ class Block {
   std::vector<Fiber> fibers_;
   std::vector<int> ready_;
   std::mt19937_64 random_;
-  ucontext_t scheduler_;
+  Context scheduler_;
   int current_ = 0;
   unsigned char* shared_ = nullptr;
   unsigned char* stacks_ = nullptr;
