@@ -7,11 +7,13 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -68,11 +70,21 @@ __global__ void LoadTile(float* out, int offset, int ldm, bool divergent) {
     for (int i = 0; i < a.num_elements; ++i) out[i] = __bfloat162float(a.x[i]);
 }
 
+// Block 1 takes longer than the test's barrier deadline to reach the grid barrier (host-only code:
+// this file is never compiled by nvcc).
+__global__ void SlowBlock(float* out, bool broken) {
+  constexpr auto kSlow = std::chrono::milliseconds(500);
+  if (broken && blockIdx.x == 1 && threadIdx.x == 0) std::this_thread::sleep_for(kSlow);
+  cg::this_grid().sync();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
 const std::map<std::string, std::tuple<void (*)(float*, bool), int>> kBarrierChecks = {
     {"rotate", {Rotate, 1}},
     {"exit_before_barrier", {ExitBeforeBarrier, 1}},
     {"skip_grid_sync", {SkipGridSync, 3}},
     {"mixed_barriers", {MixedBarriers, 2}},
+    {"slow_block", {SlowBlock, 3}},
 };
 
 using Floats = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
@@ -85,15 +97,17 @@ std::unique_ptr<float, decltype(&std::free)> Aligned(size_t count) {
 }
 
 // Runs barrier check `name` (broken or not) with `seed`: (cudaError_t, message, values written).
-std::tuple<int, std::string, std::vector<float>> RunBarrierCheck(const std::string& name, bool broken, uint64_t seed) {
+std::tuple<int, std::string, std::vector<float>> RunBarrierCheck(const std::string& name, bool broken, uint64_t seed,
+                                                                 double barrier_seconds) {
   auto found = kBarrierChecks.find(name);
   if (found == kBarrierChecks.end()) throw std::invalid_argument("no barrier check named '" + name + "'");
   auto [kernel, blocks] = found->second;
   std::vector<float> out(size_t(blocks) * kThreads, 0.f);
-  host::Options().seed = seed;
+  host::Options() = {seed, barrier_seconds};
   // Rotate's barrier is the one it may lack: broken means no __syncthreads.
   cudaError_t code = LaunchCooperativeGrid(kernel, blocks, kThreads, kThreads * sizeof(float), nullptr, out.data(),
                                            name == "rotate" ? !broken : broken);
+  host::Options() = {};
   return {int(code), host::LastLaunchError(), out};
 }
 
@@ -198,6 +212,7 @@ std::vector<float> RoundToTf32(Floats x) {
 
 void DefineShimChecks(nb::module_& module) {
   module.def("barrier_check", &RunBarrierCheck, nb::arg("name"), nb::arg("broken"), nb::arg("seed"),
+             nb::arg("barrier_seconds") = host::LaunchOptions().barrier_seconds,
              "Runs a small kernel, broken or correct: (cudaError_t, the launch's message, the values written).");
   module.def("load_tile", &RunLoadTile, nb::arg("offset"), nb::arg("ldm"), nb::arg("divergent"),
              "A wmma bfloat16 load from shared memory at `offset` elements with `ldm`: (cudaError_t, message, tile).");

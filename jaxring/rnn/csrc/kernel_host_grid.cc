@@ -107,6 +107,9 @@ constexpr size_t kMaxSharedBytes = 227 * 1024;
 // Each fiber's stack, a guard page below it: a kernel's frames plus whole wmma tiles (1 KiB per
 // float accumulator) fit with room; pages are only committed when touched.
 constexpr size_t kStackBytes = 128 * 1024;
+// After a launch failed, how long its other blocks have to reach a barrier or finish before the
+// process ends (a block in an endless loop cannot be stopped from outside).
+constexpr double kStopSeconds = 10;
 // Shared memory as the GPU aligns it; its bytes start as NaN, as stale shared memory would read.
 constexpr size_t kSharedAlignment = 128;
 constexpr unsigned char kStaleByte = 0xff;
@@ -203,16 +206,16 @@ class Grid {
     changed_.notify_all();
   }
 
-  // Waits for every block's OS thread to leave. After a failure, a block still running past the
-  // deadline is stuck in a loop the host cannot interrupt: the process ends with the message
-  // rather than hang (the threads use the caller's arguments, so they cannot be abandoned).
+  // Waits for every block's OS thread to leave. After a failure, a block still running
+  // kStopSeconds later is stuck in a loop the host cannot interrupt: the process ends with the
+  // message rather than hang (the threads use the caller's arguments, so cannot be abandoned).
   void WaitForAll() {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return left_ == blocks_ || error_.code != cudaSuccess; });
-    if (changed_.wait_for(lock, std::chrono::duration<double>(barrier_seconds_), [&] { return left_ == blocks_; }))
+    if (changed_.wait_for(lock, std::chrono::duration<double>(kStopSeconds), [&] { return left_ == blocks_; }))
       return;
     std::fprintf(stderr, "kernel_host_grid: %s; blocks still running %g s later cannot be stopped, aborting\n",
-                 error_.message.c_str(), barrier_seconds_);
+                 error_.message.c_str(), kStopSeconds);
     std::abort();
   }
 

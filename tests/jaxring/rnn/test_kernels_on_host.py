@@ -175,6 +175,15 @@ def test_barriers_a_gpu_would_hang_at_fail_the_launch(name, message):
         assert re.search(message, text), text
 
 
+def test_a_block_late_at_the_grid_barrier_past_the_deadline_fails_the_launch():
+    """Block 1 sleeps 0.5 s before grid.sync: with a 0.1 s deadline that is a hang, with the default not."""
+    assert host.barrier_check("slow_block", broken=False, seed=0, barrier_seconds=0.1)[:2] == (0, "")
+    code, text, _ = host.barrier_check("slow_block", broken=True, seed=0, barrier_seconds=0.1)
+    assert code == CUDA_ERROR_LAUNCH_TIMEOUT
+    assert re.search(r"waited 0.1 s at grid.sync for blocks 1, which never arrived", text), text
+    assert host.barrier_check("slow_block", broken=True, seed=0)[:2] == (0, "")
+
+
 @pytest.mark.parametrize("offset, ldm, divergent, code, message", [
     (0, 16, False, 0, ""),
     (16, 32, False, 0, ""),  # 32 bytes in: aligned
