@@ -57,15 +57,20 @@ __global__ void MixedBarriers(float* out, bool broken) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
 }
 
-// A bfloat16 tile loaded from `offset` elements into shared memory with row stride `ldm`, by
-// every lane (or by the first 16 lanes only when `divergent`), stored back as float.
-__global__ void LoadTile(float* out, int offset, int ldm, bool divergent) {
+// How the lanes of a warp make LoadTile's wmma call: all alike, only the first half (the other
+// half returns first), or each lane with its own row of the tile as the pointer.
+enum Lanes { kAllLanes, kHalfReturns, kOwnPointer };
+
+// A bfloat16 tile loaded from `offset` elements into shared memory with row stride `ldm` by the
+// warps' lanes as `lanes` says, stored back as float.
+__global__ void LoadTile(float* out, int offset, int ldm, int lanes) {
   __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(DynamicShared());
   for (int i = threadIdx.x; i < kTile * 32; i += blockDim.x) tile[i] = __float2bfloat16(float(i % 7));
   __syncthreads();
-  if (divergent && threadIdx.x % 32 >= 16) return;
+  const int lane = threadIdx.x % 32;
+  if (lanes == kHalfReturns && lane >= 16) return;
   wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, __nv_bfloat16, wmma::row_major> a;
-  wmma::load_matrix_sync(a, tile + offset, ldm);
+  wmma::load_matrix_sync(a, tile + offset + (lanes == kOwnPointer ? lane % 2 * ldm : 0), ldm);
   if (threadIdx.x == 0)
     for (int i = 0; i < a.num_elements; ++i) out[i] = __bfloat162float(a.x[i]);
 }
@@ -111,11 +116,13 @@ std::tuple<int, std::string, std::vector<float>> RunBarrierCheck(const std::stri
   return {int(code), host::LastLaunchError(), out};
 }
 
-std::tuple<int, std::string, std::vector<float>> RunLoadTile(int offset, int ldm, bool divergent) {
+std::tuple<int, std::string, std::vector<float>> RunLoadTile(int offset, int ldm, const std::string& lanes) {
+  const std::map<std::string, Lanes> named = {{"all", kAllLanes}, {"half_return", kHalfReturns}, {"own_pointer", kOwnPointer}};
+  if (!named.count(lanes)) throw std::invalid_argument("lanes must be all, half_return or own_pointer, got '" + lanes + "'");
   std::vector<float> out(kTile * kTile, 0.f);
   host::Options().seed = 0;
   cudaError_t code = LaunchCooperativeGrid(LoadTile, 1, kThreads, kTile * 32 * sizeof(__nv_bfloat16), nullptr,
-                                           out.data(), offset, ldm, divergent);
+                                           out.data(), offset, ldm, int(named.at(lanes)));
   return {int(code), host::LastLaunchError(), out};
 }
 
@@ -214,8 +221,9 @@ void DefineShimChecks(nb::module_& module) {
   module.def("barrier_check", &RunBarrierCheck, nb::arg("name"), nb::arg("broken"), nb::arg("seed"),
              nb::arg("barrier_seconds") = host::LaunchOptions().barrier_seconds,
              "Runs a small kernel, broken or correct: (cudaError_t, the launch's message, the values written).");
-  module.def("load_tile", &RunLoadTile, nb::arg("offset"), nb::arg("ldm"), nb::arg("divergent"),
-             "A wmma bfloat16 load from shared memory at `offset` elements with `ldm`: (cudaError_t, message, tile).");
+  module.def("load_tile", &RunLoadTile, nb::arg("offset"), nb::arg("ldm"), nb::arg("lanes"),
+             "A wmma bfloat16 load from shared memory at `offset` elements with `ldm` by the lanes as `lanes` says "
+             "(all, half_return, own_pointer): (cudaError_t, message, tile).");
   module.def("multiply_tiles", &MultiplyTilesOnHost, nb::arg("precision"), nb::arg("layout_a"), nb::arg("layout_b"),
              nb::arg("layout_c"), nb::arg("a"), nb::arg("b"), nb::arg("c"), "d = a b + c through the wmma shim.");
   module.def("round_to_bfloat16", &RoundToBfloat16, nb::arg("x"), "__float2bfloat16's bits, element-wise.");

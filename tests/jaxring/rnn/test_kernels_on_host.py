@@ -184,15 +184,18 @@ def test_a_block_late_at_the_grid_barrier_past_the_deadline_fails_the_launch():
     assert host.barrier_check("slow_block", broken=True, seed=0)[:2] == (0, "")
 
 
-@pytest.mark.parametrize("offset, ldm, divergent, code, message", [
-    (0, 16, False, 0, ""),
-    (16, 32, False, 0, ""),  # 32 bytes in: aligned
-    (2, 16, False, CUDA_ERROR_MISALIGNED_ADDRESS, "not 256-bit (32-byte) aligned"),
-    (0, 12, False, CUDA_ERROR_MISALIGNED_ADDRESS, "ldm 12 is not a multiple of 8 elements"),
-    (0, 16, True, CUDA_ERROR_LAUNCH_TIMEOUT, "warp 0 would hang: threads 0-15 wait at a warp barrier, 16-31 exited"),
+@pytest.mark.parametrize("offset, ldm, lanes, code, message", [
+    (0, 16, "all", 0, ""),
+    (16, 32, "all", 0, ""),  # 32 bytes in: aligned
+    (2, 16, "all", CUDA_ERROR_MISALIGNED_ADDRESS, "not 256-bit (32-byte) aligned"),
+    (0, 12, "all", CUDA_ERROR_MISALIGNED_ADDRESS, "ldm 12 is not a multiple of 8 elements"),
+    (0, 16, "half_return", CUDA_ERROR_LAUNCH_TIMEOUT,
+     "warp 0 would hang: threads 0-15 wait at a warp barrier, 16-31 exited"),
+    (0, 16, "own_pointer", CUDA_ERROR_LAUNCH_TIMEOUT,
+     "warp 0: lane 1 calls wmma::load_matrix_sync(0x"),
 ])
-def test_wmma_loads_fault_where_the_gpu_would(offset, ldm, divergent, code, message):
-    got_code, text, tile = host.load_tile(offset, ldm, divergent)
+def test_wmma_loads_fault_where_the_gpu_would(offset, ldm, lanes, code, message):
+    got_code, text, tile = host.load_tile(offset, ldm, lanes)
     assert got_code == code and message in text, text
     if code == 0:  # the kernel fills element i with i % 7 and reads 16 rows of `ldm`
         index = offset + np.arange(16)[:, None] * ldm + np.arange(16)[None, :]
