@@ -13,8 +13,7 @@ shim's launcher (kernel_host_grid.cc) with -fsanitize=thread, then runs it twice
 
 About 3 minutes on 2 cores (the build 40 s; TSan makes each of a launch's thousands of fibers a
 thread of its own). Needs g++ with libtsan and the CUDA headers (cuda_runtime_api.h, for types
-only). Exits non-zero
-on any failed expectation, printing TSan's report.
+only). Exits non-zero on any failed expectation, printing TSan's report.
 """
 
 import argparse

@@ -78,7 +78,7 @@ __global__ void LoadTile(float* out, int offset, int ldm, int lanes) {
 // Block 1 takes longer than the test's barrier deadline to reach the grid barrier (host-only code:
 // this file is never compiled by nvcc).
 __global__ void SlowBlock(float* out, bool broken) {
-  constexpr auto kSlow = std::chrono::milliseconds(500);
+  constexpr auto kSlow = std::chrono::milliseconds(300);
   if (broken && blockIdx.x == 1 && threadIdx.x == 0) std::this_thread::sleep_for(kSlow);
   cg::this_grid().sync();
   out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
