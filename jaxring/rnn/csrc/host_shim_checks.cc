@@ -97,8 +97,8 @@ using Bits = nb::ndarray<uint16_t, nb::c_contig, nb::device::cpu>;
 
 std::unique_ptr<float, decltype(&std::free)> Aligned(size_t count) {
   constexpr size_t kAlignment = 256;
-  return {static_cast<float*>(std::aligned_alloc(kAlignment, (count * sizeof(float) + kAlignment) / kAlignment * kAlignment)),
-          std::free};
+  const size_t bytes = (count * sizeof(float) + kAlignment) / kAlignment * kAlignment;
+  return {static_cast<float*>(std::aligned_alloc(kAlignment, bytes)), std::free};
 }
 
 // Runs barrier check `name` (broken or not) with `seed`: (cudaError_t, message, values written).
@@ -117,8 +117,10 @@ std::tuple<int, std::string, std::vector<float>> RunBarrierCheck(const std::stri
 }
 
 std::tuple<int, std::string, std::vector<float>> RunLoadTile(int offset, int ldm, const std::string& lanes) {
-  const std::map<std::string, Lanes> named = {{"all", kAllLanes}, {"half_return", kHalfReturns}, {"own_pointer", kOwnPointer}};
-  if (!named.count(lanes)) throw std::invalid_argument("lanes must be all, half_return or own_pointer, got '" + lanes + "'");
+  const std::map<std::string, Lanes> named = {
+      {"all", kAllLanes}, {"half_return", kHalfReturns}, {"own_pointer", kOwnPointer}};
+  if (!named.count(lanes))
+    throw std::invalid_argument("lanes must be all, half_return or own_pointer, got '" + lanes + "'");
   std::vector<float> out(kTile * kTile, 0.f);
   host::Options().seed = 0;
   cudaError_t code = LaunchCooperativeGrid(LoadTile, 1, kThreads, kTile * 32 * sizeof(__nv_bfloat16), nullptr,

@@ -264,8 +264,9 @@ class Block {
   Block(Grid& grid, int index, int blocks, int threads, size_t shared_bytes, const std::function<void()>& body,
         uint64_t seed)
       : grid_(grid), index_(index), body_(body), fibers_(threads), random_(seed * 0x9e3779b97f4a7c15ull + index) {
-    shared_ = static_cast<unsigned char*>(std::aligned_alloc(kSharedAlignment, RoundUp(shared_bytes, kSharedAlignment)));
-    std::memset(shared_, kStaleByte, RoundUp(shared_bytes, kSharedAlignment));
+    const size_t shared_allocated = RoundUp(shared_bytes, kSharedAlignment);
+    shared_ = static_cast<unsigned char*>(std::aligned_alloc(kSharedAlignment, shared_allocated));
+    std::memset(shared_, kStaleByte, shared_allocated);
     const size_t page = size_t(sysconf(_SC_PAGESIZE)), slot = kStackBytes + page;
     stacks_bytes_ = slot * threads;
     stacks_ = static_cast<unsigned char*>(

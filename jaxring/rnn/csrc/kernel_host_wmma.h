@@ -102,7 +102,8 @@ class fragment {
 };
 
 template <typename Use, int M, int N, int K, typename T, typename Layout>
-void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const typename fragment<Use, M, N, K, T, Layout>::element_type& v) {
+void fill_fragment(fragment<Use, M, N, K, T, Layout>& f,
+                   const typename fragment<Use, M, N, K, T, Layout>::element_type& v) {
   for (auto& e : f.x) e = v;
 }
 
@@ -127,7 +128,8 @@ void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, 
   jaxring::rnn::host::WarpCollective(layout == mem_row_major ? "wmma::load_matrix_sync(mem_row_major)"
                                                             : "wmma::load_matrix_sync(mem_col_major)", p, ldm);
   for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[r + size_t(c) * ldm];
+    for (int c = 0; c < N; ++c)
+      f.x[r * N + c] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[r + size_t(c) * ldm];
 }
 
 template <int M, int N, int K>
@@ -136,7 +138,8 @@ void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f,
   jaxring::rnn::host::WarpCollective(layout == mem_row_major ? "wmma::store_matrix_sync(mem_row_major)"
                                                             : "wmma::store_matrix_sync(mem_col_major)", p, ldm);
   for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c) (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[r + size_t(c) * ldm]) = f.x[r * N + c];
+    for (int c = 0; c < N; ++c)
+      (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[r + size_t(c) * ldm]) = f.x[r * N + c];
 }
 
 // d = a b + c, each product of the multiplicands' values exact in float32, summed in float32 in k's order.

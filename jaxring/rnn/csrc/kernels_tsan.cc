@@ -67,16 +67,18 @@ bool RunPair(const Shape& s, Storage storage, uint64_t seed) {
   auto d_outputs = Random(random, D * B * T * H, storage, 1.f);
   std::vector<unsigned char> mask(D * B * T);
   for (size_t i = 0; i < mask.size(); ++i) mask[i] = (i % T) < T - (i / T) % 3;  // ragged lengths
-  std::vector<unsigned char> outputs(D * B * T * H * e), states(D * (T + 1) * B * H * e, 0), d_projected(D * B * T * W * e);
-  std::vector<float> saved(D * T * B * SavedWidth(s)), d_recurrent(D * 2 * B * W), d_kernels(D * H * W), d_biases(D * W, 0.f);
+  std::vector<unsigned char> outputs(D * B * T * H * e), states(D * (T + 1) * B * H * e, 0);
+  std::vector<unsigned char> d_projected(D * B * T * W * e);
+  std::vector<float> saved(D * T * B * SavedWidth(s)), d_recurrent(D * 2 * B * W), d_kernels(D * H * W);
+  std::vector<float> d_biases(D * W, 0.f);
   host::Options().seed = seed;
+  const bool* real = reinterpret_cast<const bool*>(mask.data());
   const char* failed = nullptr;
-  if (LaunchForward(nullptr, s, storage, kernels.data(), biases.data(), projected.data(),
-                    reinterpret_cast<const bool*>(mask.data()), outputs.data(), states.data(), saved.data()) != cudaSuccess)
+  if (LaunchForward(nullptr, s, storage, kernels.data(), biases.data(), projected.data(), real, outputs.data(),
+                    states.data(), saved.data()) != cudaSuccess)
     failed = "LaunchForward";
-  else if (LaunchBackward(nullptr, s, storage, kernels.data(), reinterpret_cast<const bool*>(mask.data()), states.data(),
-                          saved.data(), d_outputs.data(), d_recurrent.data(), d_kernels.data(), d_biases.data(),
-                          d_projected.data()) != cudaSuccess)
+  else if (LaunchBackward(nullptr, s, storage, kernels.data(), real, states.data(), saved.data(), d_outputs.data(),
+                          d_recurrent.data(), d_kernels.data(), d_biases.data(), d_projected.data()) != cudaSuccess)
     failed = "LaunchBackward";
   if (failed) {
     std::fprintf(stderr, "%s failed: %s\n", failed, host::LastLaunchError().c_str());

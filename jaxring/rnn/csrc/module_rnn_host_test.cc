@@ -37,7 +37,8 @@ constexpr unsigned char kUnwrittenByte = 0xff;  // NaN in float32 and bfloat16
 class DeviceBuffer {
  public:
   DeviceBuffer(size_t bytes, unsigned char fill)
-      : bytes_(bytes), data_(static_cast<unsigned char*>(std::aligned_alloc(kDeviceAlignment, Padded(bytes))), std::free) {
+      : bytes_(bytes),
+        data_(static_cast<unsigned char*>(std::aligned_alloc(kDeviceAlignment, Padded(bytes))), std::free) {
     std::memset(data_.get(), fill, Padded(bytes));
   }
   DeviceBuffer(const Array& array, size_t bytes, const char* name) : DeviceBuffer(bytes, kUnwrittenByte) {
@@ -54,8 +55,9 @@ class DeviceBuffer {
   static size_t Padded(size_t bytes) { return (bytes + kDeviceAlignment) / kDeviceAlignment * kDeviceAlignment; }
   static void Check(const Array& array, size_t bytes, const char* name) {
     if (array.nbytes() != bytes)
-      throw std::invalid_argument(std::string(name) + " has " + std::to_string(array.nbytes()) + " bytes, the shape needs " +
-                                  std::to_string(bytes) + ": check its shape and dtype against persistent_rnn.h's layouts");
+      throw std::invalid_argument(std::string(name) + " has " + std::to_string(array.nbytes()) +
+                                  " bytes, the shape needs " + std::to_string(bytes) +
+                                  ": check its shape and dtype against persistent_rnn.h's layouts");
   }
   size_t bytes_;
   std::unique_ptr<unsigned char, decltype(&std::free)> data_;
