@@ -1,7 +1,12 @@
 // What the persistent layer's kernels (persistent_rnn_kernels.cuh) use of CUDA: under nvcc the
-// real headers; under the host compiler the tests' host stand-ins, which run a grid's blocks
-// and threads on host threads.
+// real headers; under the host compiler the tests' host stand-ins (kernel_host_shim.h), which
+// run a grid's blocks on host threads and each block's threads as fibers.
 #pragma once
+
+namespace jaxring::rnn {
+// LaunchCooperativeGrid's arguments take the kernel's parameter types exactly (no deduction).
+template <typename T> struct Exactly { using type = T; };
+}  // namespace jaxring::rnn
 
 #ifdef __CUDACC__
 #include <cooperative_groups.h>
@@ -11,8 +16,6 @@
 namespace jaxring::rnn {
 
 namespace cg = cooperative_groups;
-
-template <typename T> struct Exactly { using type = T; };
 
 // One cooperative launch of `blocks` x `threads` with `shared_bytes` of dynamic shared memory.
 // cudaLaunchCooperativeKernel refuses (cudaErrorCooperativeLaunchTooLarge) a grid that cannot be

@@ -34,9 +34,14 @@ def float64_scan(cell, kernels, biases, projected, mask, d_outputs):
         return [np.asarray(a) for a in (outputs, *vjp(d_outputs))]
 
 
-def mirror(cell, dtype, blocks, kernels, biases, projected, mask, d_outputs, seed):
-    plan = plan_layer(kernels.shape[1], GATES[cell], projected.shape[1], len(kernels), np.dtype(dtype).itemsize,
+def plan_over_blocks(cell, dtype, blocks, kernels, projected):
+    """plan.py's split of the layer over `blocks` blocks a direction, shared memory unbounded."""
+    return plan_layer(kernels.shape[1], GATES[cell], projected.shape[1], len(kernels), np.dtype(dtype).itemsize,
                       DeviceBudget("test", sms=blocks * len(kernels), shared_bytes_per_block=1 << 30))
+
+
+def mirror(cell, dtype, blocks, kernels, biases, projected, mask, d_outputs, seed):
+    plan = plan_over_blocks(cell, dtype, blocks, kernels, projected)
     rng = np.random.default_rng(seed)
     kernels, biases, projected = (a.astype(dtype) for a in (kernels, biases, projected))
     outputs, states, saved = host_mirror.forward(cell, RELU_CLIP, plan, kernels, biases, projected, mask, rng)
