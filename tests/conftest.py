@@ -5,8 +5,8 @@ mpirun ranks and other scripts in hundreds of fresh processes that compile the s
 programs, and the cache compiles each once (a tiny training run: about 40 s cold, 12 s warm,
 on 2 cores). It lives in a directory of this session only, removed at its end, so no run reads
 another's. With eviction enabled the cache takes a file lock (filelock, from the `test` extra)
-around each read and write: without it a process could read an entry another is still writing,
-and a process killed by a test (tests/faults) would leave no stale lock behind.
+around each read and write: without it a process could read an entry another is still writing;
+filelock's lock is the kernel's, so a process a test kills (tests/faults) leaves none behind.
 """
 
 import os
@@ -19,13 +19,26 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="jaxring-tests-compilation-cache-")
-os.environ.update(
-    JAX_COMPILATION_CACHE_DIR=_COMPILATION_CACHE,
-    JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),  # enables the lock; the suite writes well under 1 GiB
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.25",
-)
+
+def _share_a_compilation_cache() -> str | None:
+    """The session's cache directory, or None (no cache) where filelock is missing: JAX refuses a
+    bounded cache without it, and an unbounded one takes no lock."""
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        return None
+    directory = tempfile.mkdtemp(prefix="jaxring-tests-compilation-cache-")
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=directory,
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),  # enables the lock; the suite writes well under 1 GiB
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.25",
+    )
+    return directory
+
+
+_COMPILATION_CACHE = _share_a_compilation_cache()
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_COMPILATION_CACHE, ignore_errors=True)
+    if _COMPILATION_CACHE:
+        shutil.rmtree(_COMPILATION_CACHE, ignore_errors=True)
