@@ -18,8 +18,12 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 
 .PHONY: test train train-voices bench clean
 
+# Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy
+# (2026-11-27, fresh clone: 1211 s in one process, 859 s with two workers). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # A second `make train` needs TRAIN_FLAGS=--resume or TRAIN_FLAGS=--overwrite: a run is never deleted implicitly.
 TRAIN_FLAGS ?=

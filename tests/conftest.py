@@ -3,10 +3,11 @@
 The session's processes share one JAX compilation cache: the suite starts scripts/train.py,
 mpirun ranks and other scripts in hundreds of fresh processes that compile the same tiny
 programs, and the cache compiles each once (a tiny training run: about 40 s cold, 12 s warm,
-on 2 cores). It lives in a directory of this session only, removed at its end, so no run reads
-another's. With eviction enabled the cache takes a file lock (filelock, from the `test` extra)
-around each read and write: without it a process could read an entry another is still writing;
-filelock's lock is the kernel's, so a process a test kills (tests/faults) leaves none behind.
+on 2 cores). It lives in a directory of this session only (shared by pytest-xdist's workers),
+removed at its end, so no run reads another's. With eviction enabled the cache takes a file
+lock (filelock, from the `test` extra) around each read and write: without it a process could
+read an entry another is still writing; filelock's lock is the kernel's, so a process a test
+kills (tests/faults) leaves none behind.
 """
 
 import os
@@ -20,15 +21,23 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 
+# Set by the process that made the session's cache (pytest, or pytest-xdist's controller): its
+# workers, which inherit the environment, use that cache and leave its removal to the maker.
+_CACHE_MAKER = "JAXRING_TESTS_COMPILATION_CACHE"
+
+
 def _share_a_compilation_cache() -> str | None:
-    """The session's cache directory, or None (no cache) where filelock is missing: JAX refuses a
-    bounded cache without it, and an unbounded one takes no lock."""
+    """The cache directory this process made and must remove, or None: where a parent made it, or
+    where filelock is missing (JAX refuses a bounded cache without it, an unbounded one takes no lock)."""
+    if os.environ.get(_CACHE_MAKER):
+        return None
     try:
         import filelock  # noqa: F401
     except ImportError:
         return None
     directory = tempfile.mkdtemp(prefix="jaxring-tests-compilation-cache-")
     os.environ.update(
+        {_CACHE_MAKER: directory},
         JAX_COMPILATION_CACHE_DIR=directory,
         JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30),  # enables the lock; the suite writes well under 1 GiB
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.25",
