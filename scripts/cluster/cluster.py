@@ -85,7 +85,8 @@ def _namespaces() -> list[str]:
 
 
 def _owner_alive(name: str) -> bool:
-    match = re.match(rf"{PREFIX}(\d+)-", name)
+    """Whether the process whose id follows PREFIX in `name` (then its tag, if any) is alive."""
+    match = re.match(rf"{PREFIX}(\d+)", name)
     return bool(match) and Path(f"/proc/{match.group(1)}").exists()
 
 
@@ -124,6 +125,8 @@ class Cluster:
     def __init__(self, nodes: int, rate: str = "1gbit", tag: str = ""):
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes={nodes}: expected 1..200")
+        if tag[:1].isdigit():  # the owner's id would read on into the tag (_owner_alive)
+            raise ValueError(f"tag={tag!r}: must not start with a digit")
         self.n = nodes
         self.rate_bps = parse_rate(rate)
         self.prefix = f"{PREFIX}{os.getpid()}{tag}"

@@ -102,3 +102,18 @@ def test_stale_clusters_of_dead_creators_are_removed():
     subprocess.run(["ip", "netns", "add", name], check=True)
     assert name in cluster.remove_stale()
     assert state() == before
+
+
+@needs_namespaces
+def test_a_live_creators_tagged_cluster_is_not_stale():
+    # Another process's remove_stale (a second pytest-xdist worker) deleted the network probe's
+    # tagged namespace while the probe used it: tagged names read as a dead owner's.
+    live = f"{cluster.PREFIX}{os.getpid()}probe-n0"
+    subprocess.run(["ip", "netns", "add", live], check=True)
+    try:
+        assert live not in cluster.remove_stale()
+        assert live in cluster._namespaces()
+    finally:
+        cluster.remove_namespaces([live])
+    with pytest.raises(ValueError, match="must not start with a digit"):
+        cluster.Cluster(1, tag="2nd")
