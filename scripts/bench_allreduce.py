@@ -6,7 +6,7 @@ against the same program of one op, their difference over K - 1. The
 program of one op, on the program's argument, is recorded too
 (`one_op_program_s`): what a lone call pays, a fresh output included (an
 all-reduce sums in place only over values its program computed,
-csrc/cpu_engine.h).
+csrc/cpu/cpu_engine.h).
 
 All implementations run in the same process, size by size, their programs
 interleaved call by call (one of each per round, in a random order), so the
@@ -20,7 +20,7 @@ one_op_ratio_to_psum.
 impl "jaxring" is jaxring.allreduce as it runs by default (on CPU, the
 engine's push path up to its threshold, the ring above); with --paths,
 "ring", "one_shot" and "push" force each of the CPU engine's paths, which
-measures the crossover (csrc/cpu_engine.h; ring and one-shot read a copy of
+measures the crossover (csrc/cpu/cpu_engine.h; ring and one-shot read a copy of
 an in-place op's input, a copy the default path does not make).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json

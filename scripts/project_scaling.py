@@ -11,7 +11,7 @@ The schedules (docs/ARCHITECTURE.md):
                       reduce-scatter (g-1 steps), then g concurrent legs across the nodes, one
                       per local device on its S/g shard, sharing the node's NICs, then a local
                       all-gather (g-1 steps); GPU shards go through host memory around MPI.
-  the leg             (csrc/mpi_host_ring.cc) up to mpi.ONE_SHOT_MAX_BYTES one-shot: each node
+  the leg             (csrc/mpi/mpi_host_ring.cc) up to mpi.ONE_SHOT_MAX_BYTES one-shot: each node
                       sends its shard to the n-1 others at once, one step:
                       T = alpha + (n-1) S/beta; above, the ring of n ranks.
   buckets             (collectives/fusion.py) one such all-reduce per bucket, one after another.

@@ -7,7 +7,7 @@ and over every process of the MPI job, in one compiled program:
 1. local ring reduce-scatter (ring.py): local device i holds chunk i of this
    process' sum, in the accumulation type (float32 for 16-bit floats);
 2. the cross-process leg, `mpi_ring_p`: an XLA custom call
-   (csrc/cpu_mpi_ring.cc; on GPUs csrc/cuda_mpi_ring.cc, which stages the
+   (csrc/mpi/cpu_mpi_ring.cc; on GPUs csrc/mpi/cuda_mpi_ring.cc, which stages the
    chunk through pinned host memory) that runs ring_schedule.h's ring over the
    processes of local device i's own communicator (`World.device_comms[i]`),
    so the legs of the L local devices run concurrently and never take each
@@ -44,7 +44,7 @@ mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 # sum) as invariant over them, as lax.psum types its result; it moves nothing.
 invariant_p = core.Primitive("jaxring_invariant")
 # The leg's algorithm, fixed at lowering and part of the agreement, so every
-# process runs the same one (csrc/mpi_host_ring.cc): buffers of at most
+# process runs the same one (csrc/mpi/mpi_host_ring.cc): buffers of at most
 # ONE_SHOT_MAX_BYTES go one-shot (each process sends its buffer to every
 # other, one round of latency), larger ones around the ring in pieces of
 # PIECE_BYTES. Chosen from scripts/bench_allreduce_mpi.py's sweeps (docs/PERFORMANCE.md):
@@ -226,7 +226,7 @@ def _lowering(ctx, x, *, timeout_ms, what):
         f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
-    # The ring sums in place (csrc/mpi_host_ring.cc): its output may be its input's buffer, which XLA
+    # The ring sums in place (csrc/mpi/mpi_host_ring.cc): its output may be its input's buffer, which XLA
     # then reuses where the input dies here, instead of a fresh buffer whose pages the transfer faults in.
     # One-shot sends its input while it sums: it needs both.
     lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True,

@@ -2,7 +2,7 @@
 
 Each op is one XLA custom call (jaxring/collectives/csrc): the handlers of the devices
 along the mapped axis wait for each other's progress (on CPU the engine of
-csrc/cpu_engine.h, which runs csrc/ring_protocol.h; on CUDA the engines of
+csrc/cpu/cpu_engine.h, which runs csrc/core/ring_protocol.h; on CUDA the engines of
 docs/CUDA_RING.md) and run one of the paths of docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
 the mesh when the op is lowered and passed as a static attribute, so a
 handler learns its rank without reading device memory.
@@ -305,7 +305,7 @@ def _workspace_elements(dtype, elements, mode, platform):
     """Accumulation-type elements the handler needs besides the output.
 
     The layout's one owner is the C++ side (WorkspaceFor in
-    csrc/ring_handler_common.h); the handlers refuse any other size.
+    csrc/core/ring_handler_common.h); the handlers refuse any other size.
     """
     return _ffi.cpu_module().workspace_elements(
         mode, np.dtype(dtype).itemsize, elements, SLICE_BYTES[platform], staging_slice=platform == "cuda"

@@ -7,8 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.testing_modules import built_test_module
+
 ROOT = Path(__file__).resolve().parents[2]
-pytest.importorskip("jaxring.collectives._jaxring_cuda_harness", reason="built without a CUDA toolkit")
+pytest.importorskip("jaxring.collectives._jaxring_cuda", reason="built without a CUDA toolkit")
+built_test_module("jaxring.collectives._jaxring_cuda_harness")
 sys.path.insert(0, str(ROOT / "scripts"))
 import check_cuda_queued  # noqa: E402
 

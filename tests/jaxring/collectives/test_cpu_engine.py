@@ -1,4 +1,4 @@
-"""The CPU engine (csrc/cpu_engine.cc): both of its paths against jax.lax and
+"""The CPU engine (csrc/cpu/cpu_engine.cc): both of its paths against jax.lax and
 float64 numpy, the size at which it switches, and what happens after a failure."""
 
 import os
@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 import jaxring
-from jaxring.collectives import _ffi, _jaxring_protocol
+from jaxring.collectives import _ffi
 from tests.jaxring.collectives.random_inputs import random_array
+from tests.testing_modules import built_test_module
+
+_jaxring_protocol = built_test_module("jaxring.collectives._jaxring_protocol")
 
 MODULE = _ffi.cpu_module()
 PATHS = ("ring", "one_shot", "push")

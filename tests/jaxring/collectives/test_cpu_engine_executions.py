@@ -6,7 +6,7 @@ client of today starts one multi-device launch at a time
 (test_xla_starts_one_launch_at_a_time), but the engine must not rely on it: the
 calls of one execution meet each other (by XLA's RunId), whatever else is in
 flight. These tests drive the engine from host threads
-(csrc/module_cpu_engine_test.cc) in orders that XLA does not produce today, and
+(csrc/testing/module_cpu_engine_test.cc) in orders that XLA does not produce today, and
 check every output against float64 numpy.
 """
 
@@ -20,7 +20,10 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from jaxring.collectives import _ffi, _jaxring_cpu_engine_test as engine_test
+from jaxring.collectives import _ffi
+from tests.testing_modules import built_test_module
+
+engine_test = built_test_module("jaxring.collectives._jaxring_cpu_engine_test")
 
 PATHS = _ffi.cpu_module().CPU_PATHS
 

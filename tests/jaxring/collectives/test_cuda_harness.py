@@ -7,11 +7,14 @@ import sys
 import numpy as np
 import pytest
 
+from tests.testing_modules import built_test_module
+
 ALLREDUCE, REDUCE_SCATTER = 0, 1
 
 
 def test_the_gpu_harness_rejects_bad_arguments_before_touching_a_gpu():
-    harness = pytest.importorskip("jaxring.collectives._jaxring_cuda_harness", reason="built without a CUDA toolkit")
+    pytest.importorskip("jaxring.collectives._jaxring_cuda", reason="built without a CUDA toolkit")
+    harness = built_test_module("jaxring.collectives._jaxring_cuda_harness")
     inputs = np.ones((2, 8), np.float32)
     with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int32, got 'float64'"):
         harness.run("device", "auto", ALLREDUCE, "float64", inputs, inputs.copy(), 8, 1 << 20, 1.0)

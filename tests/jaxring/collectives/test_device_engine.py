@@ -1,4 +1,4 @@
-"""The device engine's host side (csrc/device_engine.*) over a fake CUDA (csrc/module_engine_test.cc).
+"""The device engine's host side (csrc/cuda/device_engine.*) over a fake CUDA (csrc/testing/module_engine_test.cc).
 
 Ranks are host threads calling the engine as XLA's handler threads do; the
 fake records every CUDA call and keeps each launch's kernel arguments.
@@ -8,7 +8,9 @@ import itertools
 
 import pytest
 
-from jaxring.collectives import _jaxring_engine_test as engine_test
+from tests.testing_modules import built_test_module
+
+engine_test = built_test_module("jaxring.collectives._jaxring_engine_test")
 
 Fake = engine_test.Fake
 _op_ids = itertools.count(1)

@@ -1,10 +1,10 @@
-"""The device engine (csrc/device_engine.*) with many executions in flight, started in any order.
+"""The device engine (csrc/cuda/device_engine.*) with many executions in flight, started in any order.
 
 JAX queues executions without waiting for them, so a rank may be in several
 executions of a program at once and its handler threads may reach them in any
 order. The calls of one execution meet each other (XLA's RunId and the call's
 occurrence there) on flags of their own. The fake CUDA of
-csrc/module_engine_test.cc plays every launch: ring_protocol.h's lanes run on a
+csrc/testing/module_engine_test.cc plays every launch: ring_protocol.h's lanes run on a
 host thread over the flags and buffers the engine gave the kernel, with no
 order between launches (as if each had a stream of its own), so a kernel that
 read another execution's flags or buffers shows as a wrong sum or a timeout.
@@ -13,8 +13,10 @@ read another execution's flags or buffers shows as a wrong sum or a timeout.
 import numpy as np
 import pytest
 
-from jaxring.collectives import _jaxring_engine_test as engine_test
 from tests.jaxring.collectives.test_cpu_engine_executions import _check, _inputs, _orders
+from tests.testing_modules import built_test_module
+
+engine_test = built_test_module("jaxring.collectives._jaxring_engine_test")
 
 
 def _queue_and_check(rng, ranks, runs, occurrences, elements, in_flight, how, path, max_sessions=16):
@@ -72,7 +74,7 @@ def test_a_rank_that_comes_after_the_others_gave_up_launches_nothing(path):
     assert np.isnan(out).all(), "a rank launched for a meeting that had failed"
 
 
-# The host-staged CUDA engine (csrc/cuda_ring.cu) meets in rendezvous.h, keyed by run id, op and
+# The host-staged CUDA engine (csrc/cuda/staged_engine.cu) meets in cuda/staged_meeting.h, keyed by run id, op and
 # occurrence: its host protocol, played without CUDA (engine_test.meet_host_staged), pairs every
 # call with its own execution's calls whatever the order, and a late rank fails at once.
 @pytest.mark.parametrize("ranks, in_flight, how", [(2, 3, "reversed_on_odd_ranks"), (4, 4, "shuffled"), (8, 2, "shuffled")])

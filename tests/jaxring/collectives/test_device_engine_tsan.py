@@ -1,8 +1,8 @@
-"""The device engine's host side under ThreadSanitizer (csrc/engine_tsan.cc).
+"""The device engine's host side under ThreadSanitizer (csrc/testing/engine_tsan.cc).
 
 Executions started in shuffled orders on the ranks, several in flight per rank,
 fewer sessions than executions in flight, kernels played on host threads over
-the engine's flags (csrc/engine_fake.h), built with -fsanitize=thread: TSan
+the engine's flags (csrc/testing/engine_fake.h), built with -fsanitize=thread: TSan
 must stay silent (the ring's lock, the sessions' atomics and the finished words
 order every access) and every sum be right.
 """
@@ -23,8 +23,8 @@ def test_executions_in_any_order_are_race_free_and_sum_right(tmp_path):
         pytest.skip("no C++ compiler on PATH")
     program = tmp_path / "engine_tsan"
     build = subprocess.run([COMPILER, "-std=c++17", "-O1", "-g", "-fsanitize=thread", f"-I{CSRC}",
-                            f"-I{jax.ffi.include_dir()}", str(CSRC / "engine_tsan.cc"), str(CSRC / "device_engine.cc"),
-                            str(CSRC / "rendezvous.cc"), "-o", str(program)],
+                            f"-I{jax.ffi.include_dir()}", str(CSRC / "testing" / "engine_tsan.cc"),
+                            str(CSRC / "cuda" / "device_engine.cc"), str(CSRC / "core" / "timeout.cc"), "-o", str(program)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     done = subprocess.run([str(program)], env={"TSAN_OPTIONS": "halt_on_error=0 exitcode=66"},

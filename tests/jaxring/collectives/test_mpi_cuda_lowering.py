@@ -1,4 +1,4 @@
-"""The cross-process leg lowers for CUDA (csrc/cuda_mpi_ring.cc) as for CPU; no GPU needed to lower.
+"""The cross-process leg lowers for CUDA (csrc/mpi/cuda_mpi_ring.cc) as for CPU; no GPU needed to lower.
 
 The handler itself has not run on a GPU: these check what can be checked here,
 that the leg's CUDA lowering emits the same custom call as the CPU one and that

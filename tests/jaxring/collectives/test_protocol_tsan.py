@@ -1,4 +1,4 @@
-"""The device ring's publish pattern under ThreadSanitizer (csrc/protocol_tsan.cc).
+"""The device ring's publish pattern under ThreadSanitizer (csrc/testing/protocol_tsan.cc).
 
 Many threads of a lane write, meet at a barrier, and thread i releases flag i
 (a flag released by a thread that wrote little of the data), as the GPU
@@ -25,7 +25,7 @@ def programs(tmp_path_factory):
         pytest.skip("no C++ compiler on PATH")
     folder = tmp_path_factory.mktemp("tsan")
     builds = {m: subprocess.Popen([COMPILER, "-std=c++17", "-O1", "-g", "-fsanitize=thread",
-                                   f"-DJAXRING_TSAN_MUTATION={m}", f"-I{CSRC}", str(CSRC / "protocol_tsan.cc"),
+                                   f"-DJAXRING_TSAN_MUTATION={m}", f"-I{CSRC}", str(CSRC / "testing" / "protocol_tsan.cc"),
                                    "-o", str(folder / f"protocol_tsan_{m}")],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for m in MUTATIONS}

@@ -1,4 +1,4 @@
-"""The device ring's synchronisation protocol (jaxring/collectives/csrc/ring_protocol.h) on host threads.
+"""The device ring's synchronisation protocol (jaxring/collectives/csrc/core/ring_protocol.h) on host threads.
 
 The GPU kernel and these threads run the same protocol code; only the flag
 primitives differ (std::atomic release/acquire here), and the arithmetic is
@@ -11,8 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxring.collectives import _jaxring_protocol as protocol
 from jaxring.collectives.ring import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
+from tests.testing_modules import built_test_module
+
+protocol = built_test_module("jaxring.collectives._jaxring_protocol")
 
 PATHS = ("ring", "one_shot", "push")
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

@@ -1,4 +1,4 @@
-"""The handlers' workspace: one layout (csrc/ring_handler_common.h), sized from Python with it,
+"""The handlers' workspace: one layout (csrc/core/ring_handler_common.h), sized from Python with it,
 and refused with a clear error when XLA hands a handler another size."""
 
 import jax

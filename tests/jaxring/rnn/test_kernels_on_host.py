@@ -21,6 +21,7 @@ from jaxring.rnn import host_mirror
 from jaxring.rnn.layer import weight_gradients
 from jaxring.rnn.plan import DeviceBudget, plan_layer
 from tests.jaxring.rnn.test_host_mirror import GATES, RELU_CLIP, float64_scan, mirror, random_layer, plan_over_blocks
+from tests.testing_modules import BUILD_WITH_THEM
 
 # Where CMakeLists.txt looks for the CUDA headers the module is built with (types only, no runtime).
 CUDA_HEADER = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda_runtime_api.h"
@@ -29,7 +30,7 @@ try:
 except ImportError:
     if CUDA_HEADER.exists():
         raise ImportError(f"{CUDA_HEADER} is here but jaxring.rnn._jaxring_rnn_host_test is not built: "
-                          "rebuild with pip install --no-build-isolation -e .") from None
+                          f"{BUILD_WITH_THEM}") from None
     pytest.skip(f"the host build of the RNN kernels needs the CUDA headers ({CUDA_HEADER}) at build time",
                 allow_module_level=True)
 

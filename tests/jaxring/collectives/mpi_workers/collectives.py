@@ -103,7 +103,7 @@ def check_allreduce():
 
 
 def check_algorithms():
-    """Both algorithms of the leg (csrc/mpi_host_ring.cc), either side of the threshold, against float64 numpy.
+    """Both algorithms of the leg (csrc/mpi/mpi_host_ring.cc), either side of the threshold, against float64 numpy.
 
     One-shot, the ring in one piece per step, the ring in 3-element pieces
     (empty ones too), and the defaults just below and just above

@@ -5,7 +5,7 @@ process says through a file in the directory given as the first argument
 that its program finished, then waits, making no MPI call, until every
 other process has said so. A leg whose receives completed may still owe its
 peer the answer that completes the peer's send (Open MPI sends it at the
-receiver's next MPI call); the legs' farewells (csrc/mpi_host_ring.cc) keep
+receiver's next MPI call); the legs' farewells (csrc/mpi/mpi_host_ring.cc) keep
 each process calling MPI until every send to it completed, so no process
 is left waiting for one that has gone. Then: elements per device, programs.
 """

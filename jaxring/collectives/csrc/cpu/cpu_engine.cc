@@ -1,0 +1,416 @@
+// The CPU engine (cpu_engine.h): rings, the futex-backed flag primitives, and
+// one rank's call.
+#include "cpu/cpu_engine.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/host_elementwise.h"
+
+namespace jaxring {
+
+using Word = std::atomic<uint64_t>;
+
+// One meeting of a ring: its ranks' calls in one execution. Reused for a
+// later meeting once every rank has left it; its flags are never reset, since
+// each use has a higher epoch than the last.
+struct CpuRing {
+  explicit CpuRing(int64_t ranks)
+      : ranks(ranks), buffers(ranks), joined(new std::atomic<bool>[ranks]) {
+    // Word (writer, lane) of each rank's block, then the owner's "asleep on
+    // that word" marks at the same offsets (CpuSync).
+    const int64_t block = ranks * kMaxLanes;
+    flags.reset(new Word[2 * block * ranks]);
+    for (int64_t i = 0; i < 2 * block * ranks; ++i) flags[i].store(0, std::memory_order_relaxed);
+    for (int64_t r = 0; r < ranks; ++r) blocks.push_back(flags.get() + 2 * block * r);
+  }
+  int64_t BlockWords() const { return ranks * kMaxLanes; }
+
+  const int64_t ranks;
+  std::unique_ptr<Word[]> flags;
+  std::vector<Word*> blocks;
+  // Rank p's buffers, written before it publishes its arrival (ring_protocol.h's
+  // lanes read them only after that).
+  std::vector<RankBuffers> buffers;
+  // The rest is set for each use under its slot's lock.
+  uint64_t epoch = 0;
+  std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to this meeting
+  int64_t left = 0;                             // the ranks done with it
+  // The ranks that may still read or write a peer's buffers (in their lanes):
+  // a rank that gives up waits until none is left before it returns, since
+  // XLA frees its buffers then.
+  int64_t running = 0;
+  std::atomic<bool> broken{false};
+  std::string broken_why;  // written before `broken` is set
+};
+
+bool Meeting::operator<(const Meeting& o) const {
+  return run_id != o.run_id ? run_id < o.run_id : occurrence < o.occurrence;
+}
+
+// Every meeting of one traced op on one set of devices. The calls of one
+// execution meet each other whatever else is in flight, as XLA's own
+// collectives meet by RunId: a rank may be in several executions at once, and
+// the ranks may start them in different orders. A meeting some rank never came
+// to stays open (broken), so a rank that comes late fails at once.
+struct RingSlot {
+  explicit RingSlot(int64_t ranks) : ranks(ranks), occurrences(ranks), last_joined(ranks) {}
+
+  const int64_t ranks;
+  std::mutex mu;  // everything below
+  std::condition_variable lanes_ended;  // a meeting's `running` went down
+  std::map<Meeting, CpuRing*> open;  // joined by some rank, not yet left by all
+  std::vector<std::unique_ptr<CpuRing>> rings;  // at most the meetings ever open at once
+  std::vector<CpuRing*> idle;
+  std::vector<Occurrences> occurrences;  // by rank
+  std::vector<std::optional<Meeting>> last_joined;  // by rank, for the timeout's message
+};
+
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the futex waits on the low half of a 64-bit flag word");
+
+// The push path at every size: on 8 host devices the ring was never clearly
+// faster, up to 64 MiB (docs/PERFORMANCE.md, scripts/bench_allreduce.py --paths).
+std::atomic<int64_t> push_max_bytes{std::numeric_limits<int64_t>::max()};
+std::atomic<int64_t> forced_path{static_cast<int64_t>(CpuPath::kAuto)};
+
+// Yields before a waiter sleeps: with more ranks than cores, the rank it
+// waits for is often runnable on its own core, and a yield hands that core
+// over at once where a futex sleep and wake-up would cost two context
+// switches (docs/PERFORMANCE.md: 1.0x psum at 4 KiB-4 MiB without, 1.2-1.8x
+// with 10-1000).
+constexpr int kYieldsBeforeSleep = 100;
+
+// How long a waiter sleeps at most before it looks whether its ring broke
+// (the rank that breaks it also wakes every waiter; this covers a wake that
+// came just before the sleep).
+constexpr auto kBrokenPoll = std::chrono::milliseconds(10);
+
+uint32_t* LowHalf(const Word* word) {
+  return reinterpret_cast<uint32_t*>(const_cast<Word*>(word));
+}
+
+void FutexWake(const Word* word) {
+  syscall(SYS_futex, LowHalf(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void FutexWait(const Word* word, uint32_t low_half, Clock::duration timeout) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  timespec limit{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, LowHalf(word), FUTEX_WAIT_PRIVATE, low_half, &limit, nullptr, 0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Release-stores, acquire-loads; waits spin `spins` times, yield, then sleep.
+struct CpuSync {
+  using Word = jaxring::Word;
+  const CpuRing* ring;
+  Clock::time_point deadline;
+  int spins;
+
+  Word* SleepMark(const Word* word) const {
+    return const_cast<Word*>(word) + ring->BlockWords();
+  }
+
+  void Publish(Word* const* words, int count, uint64_t value) {
+    for (int i = 0; i < count; ++i) {
+      // seq_cst pairs with the sleeper's mark-then-recheck: either it sees
+      // this value or this sees its mark.
+      words[i]->store(value, std::memory_order_seq_cst);
+      if (SleepMark(words[i])->load(std::memory_order_seq_cst) != 0) FutexWake(words[i]);
+    }
+  }
+
+  bool Wait(const Word* word, uint64_t value, uint64_t* seen) {
+    for (int i = 0; i < spins; ++i) {
+      *seen = word->load(std::memory_order_acquire);
+      if (*seen >= value) return true;
+      CpuRelax();
+    }
+    for (int i = 0; i < kYieldsBeforeSleep; ++i) {
+      *seen = word->load(std::memory_order_acquire);
+      if (*seen >= value) return true;
+      std::this_thread::yield();
+    }
+    Word* mark = SleepMark(word);
+    for (;;) {
+      mark->store(1, std::memory_order_seq_cst);
+      *seen = word->load(std::memory_order_seq_cst);
+      if (*seen >= value) {
+        mark->store(0, std::memory_order_relaxed);
+        return true;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline || ring->broken.load(std::memory_order_acquire)) {
+        mark->store(0, std::memory_order_relaxed);
+        return false;
+      }
+      FutexWait(word, static_cast<uint32_t>(*seen), std::min<Clock::duration>(deadline - now, kBrokenPoll));
+    }
+  }
+
+  bool WaitEvery(const Word* first, int64_t stride, int count, uint64_t value, int64_t* which,
+                 uint64_t* seen) {
+    return WaitInTurn(*this, first, stride, count, value, which, seen);
+  }
+};
+
+using RingKey = std::vector<int64_t>;  // op id, then the ring's devices
+
+RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
+  // Each handler thread finds its slots without a lock after the first call.
+  thread_local std::map<RingKey, RingSlot*> cache;
+  if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
+  static std::mutex registry_mu;
+  static auto* registry = new std::map<RingKey, std::unique_ptr<RingSlot>>();
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto& slot = (*registry)[key];
+  if (slot == nullptr) slot = std::make_unique<RingSlot>(ranks);
+  return cache[key] = slot.get();
+}
+
+// Rank `rank` comes to its meeting of execution `run_id`: the ring of that
+// meeting (opened by the first rank to come, on an idle ring or a new one),
+// and the meeting and epoch the call runs under; or nullptr with *error when
+// the meeting already failed (the rank came too late: it must not touch its
+// peers' buffers, which XLA may have freed).
+CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, uint64_t* epoch,
+              std::string* error) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  *meeting = Meeting{run_id, slot->occurrences[rank].Next(run_id)};
+  slot->last_joined[rank] = *meeting;
+  CpuRing*& ring = slot->open[*meeting];
+  if (ring == nullptr) {
+    if (slot->idle.empty()) {
+      slot->rings.push_back(std::make_unique<CpuRing>(slot->ranks));
+      slot->idle.push_back(slot->rings.back().get());
+    }
+    ring = slot->idle.back();
+    slot->idle.pop_back();
+    ++ring->epoch;
+    ring->left = 0;
+    ring->running = 0;
+    ring->broken.store(false, std::memory_order_relaxed);
+    ring->broken_why.clear();
+    for (int64_t r = 0; r < slot->ranks; ++r) ring->joined[r].store(false, std::memory_order_relaxed);
+  } else if (ring->broken.load(std::memory_order_acquire)) {
+    *error = ring->broken_why;
+    if (++ring->left == slot->ranks) {  // the last of the meeting: close it
+      slot->idle.push_back(ring);
+      slot->open.erase(*meeting);
+    }
+    return nullptr;
+  }
+  ring->joined[rank].store(true, std::memory_order_release);
+  ++ring->running;
+  *epoch = ring->epoch;
+  return ring;
+}
+
+// The last rank to leave a meeting closes it and its ring serves another.
+void Leave(RingSlot* slot, CpuRing* ring, const Meeting& meeting) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (++ring->left < slot->ranks) return;
+  slot->open.erase(meeting);
+  slot->idle.push_back(ring);
+}
+
+std::string Describe(const RingCall& call) {
+  return "jaxring collective (op id " + std::to_string(call.key.op_id) + ", ring group " +
+         std::to_string(call.key.group) + ", " + std::to_string(call.ranks) + " ranks)";
+}
+
+// Why a call failed, from the whole meeting: the ranks that never came to it
+// and what each last did with this op, else where the peer this rank waited
+// for stopped.
+std::string DescribeTimeout(const RingCall& call, RingSlot* slot, const CpuRing& ring,
+                            const Meeting& meeting, const LaneOutcome& outcome) {
+  std::string missing, doing;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    for (int64_t p = 0; p < ring.ranks; ++p) {
+      if (ring.joined[p].load(std::memory_order_acquire)) continue;
+      const std::optional<Meeting>& last = slot->last_joined[p];
+      missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
+               (last ? "'s latest call of this op was in execution " + std::to_string(last->run_id) +
+                           ", call " + std::to_string(last->occurrence + 1) + " there"
+                     : std::string(" never called this op"));
+    }
+  }
+  const std::string advice =
+      ". Either those devices run other collectives or in another order (every device of the "
+      "axis must run the same ones in the same order), or the runtime never started this "
+      "execution on them: XLA's CPU client runs out of threads with many steps queued unless "
+      "NPROC gives it enough, which importing jaxring before JAX's first use of a device does "
+      "(docs/USAGE.md, \"Steps in flight\"). "
+      "Raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
+  const std::string here = " in execution " + std::to_string(meeting.run_id) + " (call " +
+                           std::to_string(meeting.occurrence + 1) + " of this op there)";
+  if (!missing.empty()) {
+    return Describe(call) + here + ": timed out waiting for rank(s) [" + missing +
+           "] that never arrived" + doing + ")" + advice;
+  }
+  return Describe(call) + here + ": timed out waiting for rank " + std::to_string(outcome.peer) +
+         " to reach stage " + std::to_string(outcome.wanted & 0xffffffffu) + " (it is at " +
+         std::to_string(outcome.seen >> 32 < ring.epoch ? 0 : outcome.seen & 0xffffffffu) + ")" +
+         advice;
+}
+
+// Fails `ring`'s meeting (with `why`, unless it already failed), wakes every
+// waiter and returns the meeting's error.
+std::string Break(RingSlot* slot, CpuRing* ring, const std::string& why) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (!ring->broken.load(std::memory_order_relaxed)) {
+      ring->broken_why = why;
+      ring->broken.store(true, std::memory_order_release);
+    }
+    error = ring->broken_why;
+  }
+  for (int64_t owner = 0; owner < ring->ranks; ++owner) {
+    for (int64_t writer = 0; writer < ring->ranks; ++writer) {
+      FutexWake(ring->blocks[owner] + writer * kMaxLanes);
+    }
+  }
+  return error;
+}
+
+// Spinning helps only where every rank has a core to itself.
+int SpinsFor(int64_t ranks) {
+  static const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return cores > ranks ? 4000 : 64;
+}
+
+template <typename T, typename Acc>
+LaneOutcome RunLane(CpuPath path, const SchedulePlan& plan, const LaneCall<Word>& lane,
+                    CpuSync& sync) {
+  HostElementwise ew;
+  switch (path) {
+    case CpuPath::kOneShot:
+      return RunShotLane<T>(Shot::kOneShot, plan, lane, sync, ew);
+    case CpuPath::kPush:
+      return RunShotLane<T>(Shot::kPush, plan, lane, sync, ew);
+    default:
+      return RunRingLane<T, Acc>(plan, lane, sync, ew);
+  }
+}
+
+LaneOutcome RunLaneOf(xla::ffi::DataType type, CpuPath path, const SchedulePlan& plan,
+                      const LaneCall<Word>& lane, CpuSync& sync) {
+  switch (type) {
+    case xla::ffi::DataType::F32:
+      return RunLane<float, float>(path, plan, lane, sync);
+    case xla::ffi::DataType::BF16:
+      return RunLane<Bf16, float>(path, plan, lane, sync);
+    case xla::ffi::DataType::F16:
+      return RunLane<_Float16, float>(path, plan, lane, sync);
+    default:  // S32: DescribeCall refused every other type
+      return RunLane<int32_t, int32_t>(path, plan, lane, sync);
+  }
+}
+
+CpuPath PathFor(const RingCall& call, xla::ffi::DataType type) {
+  CpuPath path = CpuForcedPath();
+  if (path == CpuPath::kAuto) {
+    path = call.elements * ElementBytes(type) <= CpuPushMaxBytes() ? CpuPath::kPush
+                                                                       : CpuPath::kRing;
+  }
+  // The one-shot lanes hold at most kMaxDeviceRanks peers; the ring any number.
+  return call.ranks > kMaxDeviceRanks ? CpuPath::kRing : path;
+}
+
+}  // namespace
+
+bool RunsInPlace(Mode mode, int64_t ranks) {
+  return mode == Mode::kAllReduce && ranks <= kMaxDeviceRanks;
+}
+
+int64_t CpuPushMaxBytes() { return push_max_bytes.load(std::memory_order_relaxed); }
+void SetCpuPushMaxBytes(int64_t bytes) { push_max_bytes.store(bytes); }
+CpuPath CpuForcedPath() { return static_cast<CpuPath>(forced_path.load(std::memory_order_relaxed)); }
+void SetCpuForcedPath(CpuPath path) { forced_path.store(static_cast<int64_t>(path)); }
+
+CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
+                 xla::ffi::Span<const int64_t> devices)
+    : call_(call), type_(type), path_(PathFor(call, type)) {
+  RingKey key{call.key.op_id};
+  key.insert(key.end(), devices.begin(), devices.end());
+  slot_ = SlotFor(key, call.ranks);
+  ring_ = Join(slot_, call.rank, call.key.run_id, &meeting_, &epoch_, &error_);
+  if (ring_ == nullptr) return;
+  RankBuffers mine = me;
+  if (me.in == me.out && path_ != CpuPath::kPush) {
+    const size_t bytes = static_cast<size_t>(call.elements) * ElementBytes(type);
+    input_copy_.reset(new char[bytes]);
+    std::memcpy(input_copy_.get(), me.in, bytes);
+    mine.in = input_copy_.get();
+  }
+  ring_->buffers[call.rank] = mine;
+  deadline_ = DeadlineFor(call.timeout_ms);
+}
+
+CpuCall::~CpuCall() {
+  if (ring_ != nullptr) Leave(slot_, ring_, meeting_);
+}
+
+LaneCall<Word> CpuCall::Lane() const {
+  return LaneCall<Word>{call_.ranks, call_.rank, 1, 0, epoch_, ring_->blocks.data(),
+                        ring_->buffers.data()};
+}
+
+bool CpuCall::EveryoneArrivedWithin(Clock::duration wait) {
+  // MeetEveryone addresses at most kMaxDeviceRanks peers.
+  if (ring_ == nullptr || call_.ranks > kMaxDeviceRanks) return false;
+  CpuSync sync{ring_, std::min(deadline_, Clock::now() + wait), SpinsFor(call_.ranks)};
+  return MeetEveryone(Lane(), sync, 0).ok;
+}
+
+std::string CpuCall::Run() {
+  if (ring_ == nullptr) return error_;
+  CpuSync sync{ring_, deadline_, SpinsFor(call_.ranks)};
+  const SchedulePlan plan = SchedulePlan::Make(call_.mode, call_.elements, call_.ranks, call_.rank,
+                                               call_.slice_elements, call_.align);
+  const LaneOutcome outcome = RunLaneOf(type_, path_, plan, Lane(), sync);
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    --ring_->running;
+  }
+  slot_->lanes_ended.notify_all();
+  if (outcome.ok) return "";
+  // Whoever broke the meeting first, this rank's call fails with its reason,
+  // once no peer's lane can touch this rank's buffers any more (a broken
+  // meeting's lanes end at their next wait).
+  const std::string error = Break(slot_, ring_, DescribeTimeout(call_, slot_, *ring_, meeting_, outcome));
+  std::unique_lock<std::mutex> lock(slot_->mu);
+  slot_->lanes_ended.wait(lock, [&] { return ring_->running == 0; });
+  return error;
+}
+
+}  // namespace jaxring

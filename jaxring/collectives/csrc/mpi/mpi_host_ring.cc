@@ -1,0 +1,528 @@
+// The cross-process leg of jaxring.allreduce(..., processes=True) over host
+// buffers, shared by the CPU and CUDA handlers (mpi_host_ring.h): an
+// all-reduce of this device's chunk over the MPI processes of the
+// communicator that jaxring/collectives/mpi.py registered for this device.
+// Two algorithms, chosen by the lowering (the same in every process):
+//
+// - one-shot (small buffers, where the price is latency): every process
+//   sends its whole buffer to every other at once and sums all of them in
+//   rank order (rank 0's + rank 1's + ...), so every process rounds the same
+//   terms in the same order and ends with the same bits;
+// - the ring: ring_schedule.h's all-reduce with one process per rank, each
+//   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
+//   (step t, slice k) receives from the left neighbour what this rank's stage
+//   reads and sends to the right what the right's stage reads (the same
+//   schedule evaluated for the right's rank). Sends and receives are posted
+//   ahead: slice k of step t + 1 leaves for the right as soon as slice k of
+//   step t is summed, while the later slices of step t are still arriving,
+//   so the link stays busy while this process adds. Each chunk is summed
+//   once, by one process, in one order: every process ends with the same bits.
+//
+// Buffers have the accumulation type (float32 or int32; Python casts 16-bit
+// floats before and after), so partial sums live in the output.
+//
+// Every wait polls MPI_Test against the deadline. The communicators return
+// MPI's errors instead of aborting: a process (or node) that dies mid-call is
+// then named at once where the MPI reports failures (Open MPI launched with
+// `mpirun --with-ft ulfm`), instead of after the timeout or by a bare abort.
+// Messages carry the op's tag, fixed when it is lowered, so collectives that
+// XLA runs concurrently, or in different orders in different processes,
+// never take each other's messages; within one op, messages between two
+// processes are posted in stage order on both sides, and MPI matches them in
+// that order.
+#include <mpi.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_Comm_get_failed, where the MPI has it (Open MPI, MPICH)
+#endif
+
+#include "core/ring_schedule.h"
+#include "mpi/mpi_host_ring.h"
+#include "mpi/mpi_ring.h"
+
+namespace jaxring {
+namespace {
+
+namespace ffi = xla::ffi;
+
+// Spin (yielding the core) this long, then poll every millisecond: a long
+// wait means a late process, and must not eat a core another process needs.
+constexpr auto kSpin = std::chrono::milliseconds(100);
+
+std::mutex comms_mu;
+std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
+
+constexpr const char* kJobMustEnd =
+    "The processes are now out of step: the job must end (scripts/train.py aborts it on an "
+    "uncaught exception, as python -m mpi4py does); a training job continues from its newest "
+    "checkpoint with --resume once every node is back.";
+
+std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", leg.timeout_s);
+  return "jaxring.allreduce across processes (" + leg.what + " on device " +
+         std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
+         std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +
+         " s " + waiting_for + "; no answer from rank " + std::to_string(peer) +
+         " (stopped, dead, or in another call). The limit is set by timeout=, "
+         "jaxring.set_default_timeout or $JAXRING_TIMEOUT_S. " + kJobMustEnd;
+}
+
+// The processes `comm` knows to have failed, as "rank 2, rank 3", or "" where
+// the MPI cannot say.
+std::string FailedRanks(MPI_Comm comm) {
+  std::string names;
+#if defined(MPIX_ERR_PROC_FAILED)
+  MPI_Group failed, all;
+  if (MPIX_Comm_get_failed(comm, &failed) != MPI_SUCCESS) return names;
+  int count = 0;
+  MPI_Group_size(failed, &count);
+  std::vector<int> in_failed(count), in_comm(count);
+  for (int i = 0; i < count; ++i) in_failed[i] = i;
+  MPI_Comm_group(comm, &all);
+  MPI_Group_translate_ranks(failed, count, in_failed.data(), all, in_comm.data());
+  for (int rank : in_comm) names += (names.empty() ? "rank " : ", rank ") + std::to_string(rank);
+  MPI_Group_free(&all);
+  MPI_Group_free(&failed);
+#endif
+  return names;
+}
+
+// The message for MPI error `rc`, met while waiting for `peer` (-1: one of several).
+std::string Failed(const Leg& leg, int rc, int peer, const char* waiting_for) {
+  char reported[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, reported, &length);
+  const std::string failed = FailedRanks(leg.comm);
+  const std::string waited = peer >= 0 ? "rank " + std::to_string(peer) : "the other processes";
+  return "jaxring.allreduce across processes (" + leg.what + " on device " +
+         std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
+         std::to_string(leg.rank) + " of " + std::to_string(leg.size) + ", waiting " +
+         waiting_for + " from " + waited + ", got MPI's error \"" +
+         std::string(reported, length) + "\"" +
+         (failed.empty() ? "" : "; failed: " + failed + " (the process, or its node, is gone)") +
+         ". " + kJobMustEnd;
+}
+
+// Polls until `done()` or `until`; false at `until`.
+template <typename Done>
+bool PollUntil(Clock::time_point until, Done done) {
+  const auto start = Clock::now();
+  for (;;) {
+    if (done()) return true;
+    const auto now = Clock::now();
+    if (now > until) return false;
+    if (now - start < kSpin) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+bool Completed(MPI_Request* request) {
+  int done = 0;
+  MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+
+// MPI_Test(request): true once it completed or failed, *rc saying which.
+bool Tested(MPI_Request* request, int* rc) {
+  int done = 0;
+  *rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+  return done != 0 || *rc != MPI_SUCCESS;
+}
+
+// MPI_Testall over `requests`: true once all completed or one failed, *rc saying which.
+bool AllTested(std::vector<MPI_Request>& requests, int* rc) {
+  int done = 0;
+  *rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                    MPI_STATUSES_IGNORE);
+  return done != 0 || *rc != MPI_SUCCESS;
+}
+
+// Past the deadline: cancels the receives still pending (no message will
+// come: MPI_Finalize must not wait for them) and returns the message naming
+// `peers[i]` for the first pending receive, else for the first pending send.
+std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>& receive_peers,
+                     std::vector<MPI_Request>& sends, const std::vector<int>& send_peers,
+                     const Leg& leg) {
+  int silent = -1;
+  for (size_t i = 0; i < receives.size(); ++i) {
+    if (receives[i] != MPI_REQUEST_NULL && !Completed(&receives[i])) {
+      if (silent < 0) silent = receive_peers[i];
+      MPI_Cancel(&receives[i]);
+    }
+  }
+  if (silent >= 0) return NoAnswer(leg, silent, "for a chunk");
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i] != MPI_REQUEST_NULL && !Completed(&sends[i])) {
+      return NoAnswer(leg, send_peers[i], "for a chunk to be taken");
+    }
+  }
+  return NoAnswer(leg, receive_peers.empty() ? -1 : receive_peers[0], "for a chunk");
+}
+
+inline float Add(float a, float b) { return a + b; }
+inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
+  return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+}
+
+// Every wait of a leg, as LegInFlight::Finish waits: polls `done` (which sets
+// *rc) for at most `patience`, never past the leg's deadline. False when out
+// of patience; else true with *error "" once done, `timed_out()` past the
+// deadline, or `failed()` where MPI reported an error in *rc.
+template <typename Done, typename TimedOutMessage, typename FailedMessage>
+bool Await(Clock::duration patience, const Leg& leg, const int* rc, Done done, TimedOutMessage timed_out,
+           FailedMessage failed, std::string* error) {
+  const auto now = Clock::now();
+  const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
+  if (!PollUntil(until, done)) {
+    if (until < leg.deadline) return false;
+    *error = timed_out();
+    return true;
+  }
+  *error = *rc != MPI_SUCCESS ? failed() : "";
+  return true;
+}
+
+// A leg's last messages: an empty one to every process it sent to, once its
+// own sends completed, and one from every process it received from. A
+// receive may complete before the send it matched does (the sender may
+// still wait for an answer that only the receiver's next MPI call delivers),
+// so a process that finished its leg and then left MPI (for JAX's gloo psum,
+// say) could hold its left neighbour's leg until it came back: 4 processes
+// hung so, one in a gloo psum, one in the leg (docs/PERFORMANCE.md). Waiting
+// for these keeps every process calling MPI until every send to it completed.
+class Farewells {
+ public:
+  void Post(std::vector<int> to, std::vector<int> from, const Leg& leg) {
+    to_ = std::move(to);
+    from_ = std::move(from);
+    receives_.assign(from_.size(), MPI_REQUEST_NULL);
+    sends_.assign(to_.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < from_.size(); ++i) {
+      MPI_Irecv(&nothing_, 0, MPI_BYTE, from_[i], leg.tag, leg.comm, &receives_[i]);
+    }
+    for (size_t i = 0; i < to_.size(); ++i) {
+      MPI_Isend(&nothing_, 0, MPI_BYTE, to_[i], leg.tag, leg.comm, &sends_[i]);
+    }
+    posted_ = true;
+  }
+  bool posted() const { return posted_; }
+  // As LegInFlight::Finish.
+  bool Finish(Clock::duration patience, const Leg& leg, std::string* error) {
+    int rc = MPI_SUCCESS;
+    return Await(
+        patience, leg, &rc,
+        [&] { return AllTested(receives_, &rc) && (rc != MPI_SUCCESS || AllTested(sends_, &rc)); },
+        [&] { return TimedOut(receives_, from_, sends_, to_, leg); },
+        [&] { return Failed(leg, rc, -1, "for the end of the exchange"); }, error);
+  }
+
+ private:
+  std::vector<int> to_, from_;
+  std::vector<MPI_Request> receives_, sends_;
+  char nothing_ = 0;
+  bool posted_ = false;
+};
+
+// Buffers for the other processes' messages, kept from call to call: their
+// pages are mapped already, where a fresh allocation has its pages faulted
+// in under the transfer. A leg takes one for as long as it is in flight (it
+// may move to another thread meanwhile).
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      if (!kept().empty()) {
+        bytes_ = std::move(kept().back());
+        kept().pop_back();
+      }
+    }
+    if (bytes_.size() < bytes) bytes_.resize(bytes);
+  }
+  // Given back only by a leg that finished cleanly: after a failure a message
+  // may still land in it.
+  void GiveBack() {
+    std::lock_guard<std::mutex> lock(mu());
+    kept().push_back(std::move(bytes_));
+  }
+  char* data() { return bytes_.data(); }
+
+ private:
+  static std::mutex& mu() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::vector<std::vector<char>>& kept() {
+    static auto* k = new std::vector<std::vector<char>>();
+    return *k;
+  }
+  std::vector<char> bytes_;
+};
+
+// One-shot: every process sends its whole buffer to every other at once and
+// sums all of them in rank order.
+template <typename T>
+class OneShot final : public LegInFlight {
+ public:
+  OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
+      : in_(in), out_(out), elements_(elements), leg_(leg),
+        others_(static_cast<size_t>(elements) * leg.size * sizeof(T)),
+        receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
+    const int bytes = static_cast<int>(elements * sizeof(T));
+    for (int p = 0; p < leg.size; ++p) {
+      peers_[p] = p;
+      if (p == leg.rank) continue;
+      MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag,
+                leg.comm, &receives_[p]);
+    }
+    for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
+      const int p = (leg.rank + i) % leg.size;
+      MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
+    }
+  }
+
+  bool Finish(Clock::duration patience, std::string* error) override {
+    if (!summed_) {
+      if (!AwaitAll(receives_, patience, "for their buffers", error)) return false;
+      if (!error->empty()) return true;
+      Sum();
+      summed_ = true;
+    }
+    if (!AwaitAll(sends_, patience, "for its buffer to be taken", error)) return false;
+    if (!error->empty()) return true;
+    if (!farewells_.posted()) {
+      std::vector<int> others;
+      for (int p = 0; p < leg_.size; ++p) {
+        if (p != leg_.rank) others.push_back(p);
+      }
+      farewells_.Post(others, others, leg_);
+    }
+    if (!farewells_.Finish(patience, leg_, error)) return false;
+    if (error->empty()) others_.GiveBack();
+    return true;
+  }
+
+ private:
+  // Await of every one of `requests`.
+  bool AwaitAll(std::vector<MPI_Request>& requests, Clock::duration patience, const char* waiting_for,
+                std::string* error) {
+    int rc = MPI_SUCCESS;
+    return Await(
+        patience, leg_, &rc, [&] { return AllTested(requests, &rc); },
+        [&] { return TimedOut(receives_, peers_, sends_, peers_, leg_); },
+        [&] { return Failed(leg_, rc, -1, waiting_for); }, error);
+  }
+
+  // Rank 0's + rank 1's + ...: every process rounds the same terms in the
+  // same order and ends with the same bits.
+  void Sum() {
+    const T* theirs = reinterpret_cast<const T*>(others_.data());
+    std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
+    for (int p = 1; p < leg_.size; ++p) {
+      const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
+      for (int64_t j = 0; j < elements_; ++j) out_[j] = Add(out_[j], term[j]);
+    }
+  }
+
+  const T* in_;
+  T* out_;
+  int64_t elements_;
+  Leg leg_;
+  Scratch others_;  // every other process' buffer, by rank
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> peers_;
+  bool summed_ = false;
+  Farewells farewells_;
+};
+
+// The ring (file comment).
+template <typename T>
+class Ring final : public LegInFlight {
+ public:
+  Ring(const T* in, T* out, int64_t elements, const Leg& leg)
+      : in_(in), out_(out), leg_(leg),
+        left_(static_cast<int>(Mod(leg.rank - 1, leg.size))),
+        right_(static_cast<int>(Mod(leg.rank + 1, leg.size))),
+        mine_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank,
+                                 Max(leg.piece_elements, 1), 1)),
+        theirs_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right_,
+                                   Max(leg.piece_elements, 1), 1)),
+        stages_(mine_.StageCount()), slices_(mine_.slices),
+        slots_(static_cast<size_t>(slices_ * mine_.slice_len) * sizeof(T)),
+        receives_(stages_, MPI_REQUEST_NULL), sends_(stages_, MPI_REQUEST_NULL),
+        lefts_(stages_, left_), rights_(stages_, right_) {
+    Post();
+  }
+
+  bool Finish(Clock::duration patience, std::string* error) override {
+    int rc = MPI_SUCCESS;
+    while (done_ < stages_) {
+      Post();
+      if (receives_[done_] != MPI_REQUEST_NULL) {
+        if (!Await(
+                patience, leg_, &rc, [&] { return Tested(&receives_[done_], &rc); },
+                [&] { return TimedOut(receives_, lefts_, sends_, rights_, leg_); },
+                [&] { return Failed(leg_, rc, left_, "for a chunk"); }, error)) {
+          return false;
+        }
+        if (!error->empty()) return true;
+      }
+      const Stage st = mine_.StageAt(done_);
+      if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
+        const T* partial = Slot(done_);
+        for (int64_t j = 0; j < st.count; ++j) out_[st.dst + j] = Add(in_[st.src + j], partial[j]);
+      }
+      ++done_;
+    }
+    if (!Await(
+            patience, leg_, &rc, [&] { return AllTested(sends_, &rc); },
+            [&] { return TimedOut(receives_, lefts_, sends_, rights_, leg_); },
+            [&] { return Failed(leg_, rc, right_, "for its chunks to be taken"); }, error)) {
+      return false;
+    }
+    if (!error->empty()) return true;
+    if (!farewells_.posted()) farewells_.Post({right_}, {left_}, leg_);
+    if (!farewells_.Finish(patience, leg_, error)) return false;
+    if (error->empty()) slots_.GiveBack();
+    return true;
+  }
+
+ private:
+  // The left's partial sums land in one slot per receive posted ahead (a
+  // step's worth), not in the output: the output may be the input itself
+  // (mpi.py aliases them for the ring).
+  T* Slot(int64_t stage) {
+    return reinterpret_cast<T*>(slots_.data()) + (stage % slices_) * mine_.slice_len;
+  }
+
+  // Posts the sends and receives that may go now.
+  void Post() {
+    // Stage i of the right reads this rank's input in step 0, else what this
+    // rank's stage i - slices (the same slice, one step earlier) wrote.
+    for (; sent_ < stages_ && (sent_ < slices_ || sent_ - slices_ < done_); ++sent_) {
+      const Stage rt = theirs_.StageAt(sent_);
+      if (rt.count == 0) continue;
+      const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
+      const T* source = (from_input ? in_ : out_) + rt.src;
+      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right_, leg_.tag,
+                leg_.comm, &sends_[sent_]);
+    }
+    // The all-gather's slices are received straight into the output: a
+    // stage's destination is never what a pending send reads (the
+    // ring_schedule.h schedule: the left sends a slice of the all-gather only
+    // after the right took this rank's partial sum of it, or, at its first
+    // step, this rank's input of it), however early the receive is posted.
+    // Posted as far ahead as the left posts its sends (a step): a send that
+    // finds no receive posted goes through Open MPI's unexpected-message
+    // path, which halved the ring's throughput over TCP once a step held more
+    // than the 8 slices then posted ahead (docs/PERFORMANCE.md, "Over the
+    // network").
+    for (; received_ < stages_ && received_ < done_ + slices_; ++received_) {
+      const Stage st = mine_.StageAt(received_);
+      if (st.count == 0) continue;
+      T* into = st.kind == StageKind::kCopy ? out_ + st.dst : Slot(received_);
+      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left_, leg_.tag,
+                leg_.comm, &receives_[received_]);
+    }
+  }
+
+  const T* in_;
+  T* out_;
+  Leg leg_;
+  int left_, right_;
+  SchedulePlan mine_, theirs_;
+  int64_t stages_, slices_;
+  Scratch slots_;
+  std::vector<MPI_Request> receives_, sends_;
+  std::vector<int> lefts_, rights_;
+  int64_t sent_ = 0, received_ = 0, done_ = 0;  // stages posted, posted, summed
+  Farewells farewells_;
+};
+
+// A leg of one process: its own buffer is the sum.
+class Alone final : public LegInFlight {
+ public:
+  bool Finish(Clock::duration, std::string* error) override {
+    *error = "";
+    return true;
+  }
+};
+
+template <typename T>
+std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
+  if (leg.size == 1) {
+    if (out != in) std::memcpy(out, in, elements * sizeof(T));
+    return std::make_unique<Alone>();
+  }
+  if (leg.one_shot) return std::make_unique<OneShot<T>>(in, out, elements, leg);
+  return std::make_unique<Ring<T>>(in, out, elements, leg);
+}
+
+}  // namespace
+
+ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int64_t timeout_ms,
+                   std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
+  {
+    std::lock_guard<std::mutex> lock(comms_mu);
+    auto found = comms.find(device_ordinal);
+    if (found == comms.end()) {
+      return ffi::Error::InvalidArgument(
+          "jaxring: no MPI communicator for device " + std::to_string(device_ordinal) +
+          "; jaxring.init() registers one per local device");
+    }
+    leg->comm = found->second;
+  }
+  if (type != ffi::DataType::F32 && type != ffi::DataType::S32) {
+    return ffi::Error::InvalidArgument("jaxring: the cross-process leg takes float32 or int32");
+  }
+  MPI_Comm_rank(leg->comm, &leg->rank);
+  MPI_Comm_size(leg->comm, &leg->size);
+  leg->tag = static_cast<int>(tag);
+  leg->device = device_ordinal;
+  leg->deadline = DeadlineFor(timeout_ms);
+  leg->timeout_s = timeout_ms > 0   ? timeout_ms / 1000.0
+                   : timeout_ms < 0 ? kForeverSeconds
+                                    : DefaultTimeoutSeconds();
+  leg->what = std::string(what);
+  leg->one_shot = one_shot != 0;
+  leg->piece_elements = piece_elements;
+  return ffi::Error::Success();
+}
+
+std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
+                                      int64_t elements, const Leg& leg) {
+  if (type == ffi::DataType::F32) {
+    return Start(static_cast<const float*>(in), static_cast<float*>(out), elements, leg);
+  }
+  return Start(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
+}
+
+std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
+                        const Leg& leg) {
+  std::string error;
+  StartLeg(type, in, out, elements, leg)->Finish(Clock::duration::max(), &error);
+  return error;
+}
+
+void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {
+  const auto comm = reinterpret_cast<MPI_Comm>(handle);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // the waits report errors, naming processes
+  std::lock_guard<std::mutex> lock(comms_mu);
+  comms[device_ordinal] = comm;
+}
+
+}  // namespace jaxring
