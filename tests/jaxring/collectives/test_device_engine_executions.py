@@ -72,18 +72,3 @@ def test_a_rank_that_comes_after_the_others_gave_up_launches_nothing(path):
     assert len(errors) == runs * ranks, errors
     assert all("rank(s) [2] that never arrived" in e for e in errors), errors
     assert np.isnan(out).all(), "a rank launched for a meeting that had failed"
-
-
-# The host-staged CUDA engine (csrc/cuda/staged_engine.cu) meets in cuda/staged_meeting.h, keyed by run id, op and
-# occurrence: its host protocol, played without CUDA (engine_test.meet_host_staged), pairs every
-# call with its own execution's calls whatever the order, and a late rank fails at once.
-@pytest.mark.parametrize("ranks, in_flight, how", [(2, 3, "reversed_on_odd_ranks"), (4, 4, "shuffled"), (8, 2, "shuffled")])
-def test_the_host_staged_rendezvous_meets_by_execution(ranks, in_flight, how):
-    rng = np.random.default_rng(ranks)
-    assert engine_test.meet_host_staged(_orders(rng, ranks, 16, in_flight, how), in_flight, occurrences=2) == []
-
-
-def test_the_host_staged_rendezvous_fails_a_late_rank_at_once():
-    errors = engine_test.meet_host_staged([[0, 1]] * 3, 1, timeout_ms=150, late_rank=1)
-    assert len(errors) == 6, errors
-    assert all("timed out waiting for rank(s) [1] that never arrived" in e for e in errors), errors

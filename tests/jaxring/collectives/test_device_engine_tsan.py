@@ -24,7 +24,8 @@ def test_executions_in_any_order_are_race_free_and_sum_right(tmp_path):
     program = tmp_path / "engine_tsan"
     build = subprocess.run([COMPILER, "-std=c++17", "-O1", "-g", "-fsanitize=thread", f"-I{CSRC}",
                             f"-I{jax.ffi.include_dir()}", str(CSRC / "testing" / "engine_tsan.cc"),
-                            str(CSRC / "cuda" / "device_engine.cc"), str(CSRC / "core" / "timeout.cc"), "-o", str(program)],
+                            str(CSRC / "cuda" / "device_engine.cc"), str(CSRC / "core" / "meeting.cc"),
+                            str(CSRC / "core" / "timeout.cc"), "-o", str(program)],
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     done = subprocess.run([str(program)], env={"TSAN_OPTIONS": "halt_on_error=0 exitcode=66"},

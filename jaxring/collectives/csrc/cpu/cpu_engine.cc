@@ -16,23 +16,22 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/host_elementwise.h"
+#include "core/meeting.h"
 
 namespace jaxring {
 
 using Word = std::atomic<uint64_t>;
 
-// One meeting of a ring: its ranks' calls in one execution. Reused for a
-// later meeting once every rank has left it; its flags are never reset, since
-// each use has a higher epoch than the last.
-struct CpuRing {
-  explicit CpuRing(int64_t ranks)
-      : ranks(ranks), buffers(ranks), joined(new std::atomic<bool>[ranks]) {
+// The session of one meeting (core/meeting.h): its ranks' calls in one
+// execution. Reused for a later meeting once every rank has left it; its flags
+// are never reset, since each use has a higher epoch than the last.
+struct CpuRing : Meeting {
+  explicit CpuRing(int64_t ranks) : Meeting(ranks), ranks(ranks), buffers(ranks) {
     // Word (writer, lane) of each rank's block, then the owner's "asleep on
     // that word" marks at the same offsets (CpuSync).
     const int64_t block = ranks * kMaxLanes;
@@ -50,36 +49,20 @@ struct CpuRing {
   std::vector<RankBuffers> buffers;
   // The rest is set for each use under its slot's lock.
   uint64_t epoch = 0;
-  std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to this meeting
-  int64_t left = 0;                             // the ranks done with it
   // The ranks that may still read or write a peer's buffers (in their lanes):
   // a rank that gives up waits until none is left before it returns, since
   // XLA frees its buffers then.
   int64_t running = 0;
-  std::atomic<bool> broken{false};
-  std::string broken_why;  // written before `broken` is set
 };
 
-bool Meeting::operator<(const Meeting& o) const {
-  return run_id != o.run_id ? run_id < o.run_id : occurrence < o.occurrence;
-}
-
-// Every meeting of one traced op on one set of devices. The calls of one
-// execution meet each other whatever else is in flight, as XLA's own
-// collectives meet by RunId: a rank may be in several executions at once, and
-// the ranks may start them in different orders. A meeting some rank never came
-// to stays open (broken), so a rank that comes late fails at once.
+// Every meeting of one traced op on one set of devices, and the rings they run on.
 struct RingSlot {
-  explicit RingSlot(int64_t ranks) : ranks(ranks), occurrences(ranks), last_joined(ranks) {}
+  RingSlot(int64_t op_id, int64_t group, int64_t ranks) : meetings(op_id, group, ranks) {}
 
-  const int64_t ranks;
-  std::mutex mu;  // everything below
+  Meetings<CpuRing> meetings;  // its lock guards everything below
   std::condition_variable lanes_ended;  // a meeting's `running` went down
-  std::map<Meeting, CpuRing*> open;  // joined by some rank, not yet left by all
   std::vector<std::unique_ptr<CpuRing>> rings;  // at most the meetings ever open at once
   std::vector<CpuRing*> idle;
-  std::vector<Occurrences> occurrences;  // by rank
-  std::vector<std::optional<Meeting>> last_joined;  // by rank, for the timeout's message
 };
 
 namespace {
@@ -182,7 +165,13 @@ struct CpuSync {
 
 using RingKey = std::vector<int64_t>;  // op id, then the ring's devices
 
-RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
+// A meeting every rank has left: its ring serves another. Under the slot's lock.
+void Close(RingSlot* slot, CpuRing* ring) {
+  slot->meetings.Close(ring);
+  slot->idle.push_back(ring);
+}
+
+RingSlot* SlotFor(const RingKey& key, const RingCall& call) {
   // Each handler thread finds its slots without a lock after the first call.
   thread_local std::map<RingKey, RingSlot*> cache;
   if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
@@ -190,109 +179,61 @@ RingSlot* SlotFor(const RingKey& key, int64_t ranks) {
   static auto* registry = new std::map<RingKey, std::unique_ptr<RingSlot>>();
   std::lock_guard<std::mutex> lock(registry_mu);
   auto& slot = (*registry)[key];
-  if (slot == nullptr) slot = std::make_unique<RingSlot>(ranks);
+  if (slot == nullptr) slot = std::make_unique<RingSlot>(call.key.op_id, call.key.group, call.ranks);
   return cache[key] = slot.get();
 }
 
 // Rank `rank` comes to its meeting of execution `run_id`: the ring of that
 // meeting (opened by the first rank to come, on an idle ring or a new one),
-// and the meeting and epoch the call runs under; or nullptr with *error when
-// the meeting already failed (the rank came too late: it must not touch its
-// peers' buffers, which XLA may have freed).
-CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, Meeting* meeting, uint64_t* epoch,
-              std::string* error) {
-  std::lock_guard<std::mutex> lock(slot->mu);
-  *meeting = Meeting{run_id, slot->occurrences[rank].Next(run_id)};
-  slot->last_joined[rank] = *meeting;
-  CpuRing*& ring = slot->open[*meeting];
+// and the epoch the call runs under; or nullptr with *error when the meeting
+// already failed (the rank came too late: it must not touch its peers'
+// buffers, which XLA may have freed).
+CpuRing* Join(RingSlot* slot, int64_t rank, int64_t run_id, uint64_t* epoch, std::string* error) {
+  Meetings<CpuRing>& meetings = slot->meetings;
+  std::lock_guard<std::mutex> lock(meetings.mu());
+  const MeetingKey key = meetings.NextCall(rank, run_id);
+  CpuRing* ring = meetings.Find(key);
   if (ring == nullptr) {
     if (slot->idle.empty()) {
-      slot->rings.push_back(std::make_unique<CpuRing>(slot->ranks));
+      slot->rings.push_back(std::make_unique<CpuRing>(meetings.ranks()));
       slot->idle.push_back(slot->rings.back().get());
     }
     ring = slot->idle.back();
     slot->idle.pop_back();
     ++ring->epoch;
-    ring->left = 0;
     ring->running = 0;
-    ring->broken.store(false, std::memory_order_relaxed);
-    ring->broken_why.clear();
-    for (int64_t r = 0; r < slot->ranks; ++r) ring->joined[r].store(false, std::memory_order_relaxed);
-  } else if (ring->broken.load(std::memory_order_acquire)) {
-    *error = ring->broken_why;
-    if (++ring->left == slot->ranks) {  // the last of the meeting: close it
-      slot->idle.push_back(ring);
-      slot->open.erase(*meeting);
-    }
+    meetings.Open(key, ring);
+  }
+  if (!meetings.Join(ring, rank, error)) {
+    if (meetings.Leave(ring)) Close(slot, ring);
     return nullptr;
   }
-  ring->joined[rank].store(true, std::memory_order_release);
   ++ring->running;
   *epoch = ring->epoch;
   return ring;
 }
 
-// The last rank to leave a meeting closes it and its ring serves another.
-void Leave(RingSlot* slot, CpuRing* ring, const Meeting& meeting) {
-  std::lock_guard<std::mutex> lock(slot->mu);
-  if (++ring->left < slot->ranks) return;
-  slot->open.erase(meeting);
-  slot->idle.push_back(ring);
+// A rank is done with its meeting; the last to leave closes it.
+void Leave(RingSlot* slot, CpuRing* ring) {
+  if (!slot->meetings.Leave(ring)) return;
+  std::lock_guard<std::mutex> lock(slot->meetings.mu());
+  Close(slot, ring);
 }
 
-std::string Describe(const RingCall& call) {
-  return "jaxring collective (op id " + std::to_string(call.key.op_id) + ", ring group " +
-         std::to_string(call.key.group) + ", " + std::to_string(call.ranks) + " ranks)";
-}
-
-// Why a call failed, from the whole meeting: the ranks that never came to it
-// and what each last did with this op, else where the peer this rank waited
-// for stopped.
-std::string DescribeTimeout(const RingCall& call, RingSlot* slot, const CpuRing& ring,
-                            const Meeting& meeting, const LaneOutcome& outcome) {
-  std::string missing, doing;
-  {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    for (int64_t p = 0; p < ring.ranks; ++p) {
-      if (ring.joined[p].load(std::memory_order_acquire)) continue;
-      const std::optional<Meeting>& last = slot->last_joined[p];
-      missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-      doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
-               (last ? "'s latest call of this op was in execution " + std::to_string(last->run_id) +
-                           ", call " + std::to_string(last->occurrence + 1) + " there"
-                     : std::string(" never called this op"));
-    }
-  }
-  const std::string advice =
-      ". Either those devices run other collectives or in another order (every device of the "
-      "axis must run the same ones in the same order), or the runtime never started this "
-      "execution on them: XLA's CPU client runs out of threads with many steps queued unless "
-      "NPROC gives it enough, which importing jaxring before JAX's first use of a device does "
-      "(docs/USAGE.md, \"Steps in flight\"). "
-      "Raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
-  const std::string here = " in execution " + std::to_string(meeting.run_id) + " (call " +
-                           std::to_string(meeting.occurrence + 1) + " of this op there)";
-  if (!missing.empty()) {
-    return Describe(call) + here + ": timed out waiting for rank(s) [" + missing +
-           "] that never arrived" + doing + ")" + advice;
-  }
-  return Describe(call) + here + ": timed out waiting for rank " + std::to_string(outcome.peer) +
-         " to reach stage " + std::to_string(outcome.wanted & 0xffffffffu) + " (it is at " +
-         std::to_string(outcome.seen >> 32 < ring.epoch ? 0 : outcome.seen & 0xffffffffu) + ")" +
-         advice;
-}
-
-// Fails `ring`'s meeting (with `why`, unless it already failed), wakes every
-// waiter and returns the meeting's error.
-std::string Break(RingSlot* slot, CpuRing* ring, const std::string& why) {
+// Why a call failed, from the whole meeting: the ranks that never came to it,
+// else where the peer this rank waited for stopped. Fails the meeting with it
+// (unless it already failed), wakes every waiter and returns the meeting's error.
+std::string Break(RingSlot* slot, CpuRing* ring, int64_t rank, const LaneOutcome& outcome) {
   std::string error;
   {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    if (!ring->broken.load(std::memory_order_relaxed)) {
-      ring->broken_why = why;
-      ring->broken.store(true, std::memory_order_release);
+    Meetings<CpuRing>& meetings = slot->meetings;
+    std::lock_guard<std::mutex> lock(meetings.mu());
+    std::string why = meetings.NeverArrived(*ring, rank);
+    if (why.empty()) {
+      why = meetings.Stopped(*ring, rank, outcome.peer, outcome.wanted & 0xffffffffu,
+                             outcome.seen >> 32 < ring->epoch ? 0 : outcome.seen & 0xffffffffu);
     }
-    error = ring->broken_why;
+    error = meetings.Break(ring, why);
   }
   for (int64_t owner = 0; owner < ring->ranks; ++owner) {
     for (int64_t writer = 0; writer < ring->ranks; ++writer) {
@@ -362,8 +303,8 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
     : call_(call), type_(type), path_(PathFor(call, type)) {
   RingKey key{call.key.op_id};
   key.insert(key.end(), devices.begin(), devices.end());
-  slot_ = SlotFor(key, call.ranks);
-  ring_ = Join(slot_, call.rank, call.key.run_id, &meeting_, &epoch_, &error_);
+  slot_ = SlotFor(key, call);
+  ring_ = Join(slot_, call.rank, call.key.run_id, &epoch_, &error_);
   if (ring_ == nullptr) return;
   RankBuffers mine = me;
   if (me.in == me.out && path_ != CpuPath::kPush) {
@@ -377,7 +318,7 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
 }
 
 CpuCall::~CpuCall() {
-  if (ring_ != nullptr) Leave(slot_, ring_, meeting_);
+  if (ring_ != nullptr) Leave(slot_, ring_);
 }
 
 LaneCall<Word> CpuCall::Lane() const {
@@ -399,7 +340,7 @@ std::string CpuCall::Run() {
                                                call_.slice_elements, call_.align);
   const LaneOutcome outcome = RunLaneOf(type_, path_, plan, Lane(), sync);
   {
-    std::lock_guard<std::mutex> lock(slot_->mu);
+    std::lock_guard<std::mutex> lock(slot_->meetings.mu());
     --ring_->running;
   }
   slot_->lanes_ended.notify_all();
@@ -407,8 +348,8 @@ std::string CpuCall::Run() {
   // Whoever broke the meeting first, this rank's call fails with its reason,
   // once no peer's lane can touch this rank's buffers any more (a broken
   // meeting's lanes end at their next wait).
-  const std::string error = Break(slot_, ring_, DescribeTimeout(call_, slot_, *ring_, meeting_, outcome));
-  std::unique_lock<std::mutex> lock(slot_->mu);
+  const std::string error = Break(slot_, ring_, call_.rank, outcome);
+  std::unique_lock<std::mutex> lock(slot_->meetings.mu());
   slot_->lanes_ended.wait(lock, [&] { return ring_->running == 0; });
   return error;
 }

@@ -1,14 +1,12 @@
 // The CPU engine of the ring collectives: ring_protocol.h's lanes, one per
 // rank, run on the rank's handler thread over flag words in host memory.
 //
-// - The calls of one op in one execution (XLA's RunId, as XLA's own
-//   collectives meet) on one set of devices form a meeting: they share flag
-//   blocks and a slot per rank for its buffers. A rank may be in several
-//   executions at once and the ranks may start them in any order (JAX
-//   dispatches asynchronously): each meeting has a ring of its own, taken from
-//   the op's idle rings and given back when its last rank leaves, so no call
-//   waits for another execution and no call reads another execution's data.
-//   A reused ring's flags are never reset: each use has a higher epoch.
+// - The calls of one op in one execution on one set of devices meet
+//   (core/meeting.h): they share flag blocks and a slot per rank for its
+//   buffers. Each meeting has a ring of its own, taken from the op's idle
+//   rings and given back when its last rank leaves, so no call waits for
+//   another execution and no call reads another execution's data. A reused
+//   ring's flags are never reset: each use has a higher epoch.
 // - A waiting rank spins briefly, yields its core a hundred times (the rank
 //   it waits for may be runnable there), then sleeps on the flag word (a
 //   futex on its low half, which changes at every publish) and is woken by
@@ -64,13 +62,6 @@ bool RunsInPlace(Mode mode, int64_t ranks);
 
 struct CpuRing;
 struct RingSlot;
-// Which meeting a call belongs to: its execution, and its occurrence there (a
-// rank's k-th call of the op in that execution, for ops inside loops).
-struct Meeting {
-  int64_t run_id;
-  int64_t occurrence;
-  bool operator<(const Meeting& o) const;
-};
 
 // Rank `call.rank`'s part of one call: `devices` are the ring's device
 // ordinals in rank order (read only by the constructor), and the call meets
@@ -99,7 +90,6 @@ class CpuCall {
   const CpuPath path_;
   RingSlot* slot_ = nullptr;
   CpuRing* ring_ = nullptr;  // nullptr: its meeting had failed when it came (error_)
-  Meeting meeting_{};
   std::string error_;  // why the call failed before it began (ring_ nullptr)
   uint64_t epoch_ = 0;
   std::unique_ptr<char[]> input_copy_;  // what peers read on an in-place ring or one-shot call

@@ -6,10 +6,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <thread>
 #include <tuple>
 
+#include "core/meeting.h"
 #include "core/timeout.h"
 
 namespace jaxring {
@@ -46,23 +46,18 @@ struct Published {
   std::string problem;  // why this rank cannot run the call; "" if it can
 };
 
-// The flags of one meeting at a time: a flag block per rank, the epoch the
-// meeting opened with, and what its ranks published. Written under its
-// ring's lock, except `published[r]` (by rank r before it arrives; read by
-// its peers once every rank arrived) and the atomics.
-struct DeviceEngine::Session {
+// The flags of one meeting (core/meeting.h) at a time: a flag block per rank,
+// the epoch the meeting opened with, and what its ranks published. Written
+// under its ring's lock, except `published[r]` (by rank r before it arrives;
+// read by its peers once every rank arrived) and the atomics.
+struct DeviceEngine::Session : Meeting {
+  using Meeting::Meeting;
   std::vector<uint64_t*> flag_blocks;  // per rank, kSlotWords in its device's pool
   std::vector<int64_t> slots;          // per rank, the block's index in finished_host_
   std::vector<uint64_t> blocks_done;   // per rank: kernel blocks launched on its block
   std::vector<Published> published;
   uint64_t epoch = 0;
-  std::pair<int64_t, int64_t> meeting;  // (run id, occurrence) of the meeting it serves
-  bool open = false;  // a meeting holds it (not every rank has left)
-  std::unique_ptr<std::atomic<bool>[]> joined;  // the ranks that came to its meeting
-  std::atomic<int64_t> arrived{0};              // of them, those that published
-  std::atomic<int64_t> left{0};                 // of them, those done with it
-  std::atomic<bool> broken{false};  // the meeting failed before every rank arrived
-  std::string broken_why;           // written before `broken` is set
+  std::atomic<int64_t> arrived{0};  // of the ranks that came, those that published
 };
 
 struct DeviceEngine::Ring {
@@ -70,13 +65,11 @@ struct DeviceEngine::Ring {
   std::vector<int> devices;
   bool use_device = false;
   int64_t failure_set = -1;  // index of its device set's failure records
-  std::mutex mu;             // everything below, and the sessions' plain fields
-  uint64_t epochs = 0;       // meetings opened; a meeting's epoch is the count at its opening
+  std::unique_ptr<Meetings<Session>> meetings;  // its lock guards everything below
+  uint64_t epochs = 0;  // meetings opened; a meeting's epoch is the count at its opening
   // A few at a time (the meetings open and those whose kernels run), so a
-  // meeting's session is found by a scan, with no allocation per call.
+  // free one is found by a scan, with no allocation per call.
   std::vector<std::unique_ptr<Session>> sessions;
-  std::vector<Occurrences> occurrences;  // by rank
-  std::vector<std::optional<std::pair<int64_t, int64_t>>> last_joined;  // by rank
   // By rank, under its own lock (a rank may be in several calls at once):
   // the buffers every peer device was found to read.
   std::unique_ptr<std::mutex[]> readable_mu;
@@ -167,8 +160,8 @@ DeviceEngine::Ring* DeviceEngine::RingFor(const RingCall& call, const std::vecto
       auto made = std::make_unique<Ring>();
       made->serial = rings_.size() + 1;
       made->devices = devices;
-      made->occurrences.resize(devices.size());
-      made->last_joined.resize(devices.size());
+      made->meetings = std::make_unique<Meetings<Session>>(call.key.op_id, call.key.group,
+                                                           static_cast<int64_t>(devices.size()));
       made->readable_mu.reset(new std::mutex[devices.size()]);
       made->readable.resize(devices.size());
       std::string why;
@@ -262,11 +255,6 @@ namespace {
 uint64_t LoadFinished(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 void StoreFinished(uint64_t* word, uint64_t epoch) { __atomic_store_n(word, epoch, __ATOMIC_RELEASE); }
 
-std::string MeetingName(const std::pair<int64_t, int64_t>& meeting) {
-  return "execution " + std::to_string(meeting.first) + " (call " +
-         std::to_string(meeting.second + 1) + " of this op there)";
-}
-
 }  // namespace
 
 // A session no meeting holds and whose kernels have all finished, else a new
@@ -274,7 +262,7 @@ std::string MeetingName(const std::pair<int64_t, int64_t>& meeting) {
 // kernels or the pool is used up, with *error set if the ring has no session
 // to wait for. Sessions that meetings hold do not count: the
 // ranks may open meetings in any order, and a meeting must never wait for
-// another one to gather its ranks. Under ring->mu.
+// another one to gather its ranks. Under the ring's lock.
 DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error) {
   int64_t on_device = 0;
   for (const auto& session : ring->sessions) {
@@ -300,7 +288,7 @@ DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error)
       return nullptr;
     }
   }
-  auto session = std::make_unique<Session>();
+  auto session = std::make_unique<Session>(ranks);
   for (int device : ring->devices) {
     const int64_t slot = pool_used_[device]++;
     session->flag_blocks.push_back(pools_[device] + slot * kSlotWords);
@@ -308,7 +296,6 @@ DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error)
   }
   session->blocks_done.assign(ranks, 0);
   session->published.resize(ranks);
-  session->joined.reset(new std::atomic<bool>[ranks]);
   ring->sessions.push_back(std::move(session));
   return ring->sessions.back().get();
 }
@@ -319,38 +306,25 @@ DeviceEngine::Session* DeviceEngine::FreeSession(Ring* ring, std::string* error)
 // (this rank then leaves it) or no session came free before the deadline.
 DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int64_t run_id,
                                           Published mine, std::string* error) {
-  const int64_t ranks = static_cast<int64_t>(ring->devices.size());
-  std::pair<int64_t, int64_t> meeting;
+  Meetings<Session>& meetings = *ring->meetings;
+  MeetingKey key{};
   Clock::time_point deadline;
   for (int spins = 0;; ++spins) {
     {
-      std::lock_guard<std::mutex> lock(ring->mu);
-      if (spins == 0) {
-        meeting = {run_id, ring->occurrences[call.rank].Next(run_id)};
-        ring->last_joined[call.rank] = meeting;
-      }
-      Session* session = nullptr;
-      for (const auto& s : ring->sessions) {
-        if (s->open && s->meeting == meeting) session = s.get();
-      }
+      std::lock_guard<std::mutex> lock(meetings.mu());
+      if (spins == 0) key = meetings.NextCall(call.rank, run_id);
+      Session* session = meetings.Find(key);
       if (session == nullptr) {
         session = FreeSession(ring, error);
         if (session != nullptr) {
           session->epoch = ++ring->epochs;
-          session->meeting = meeting;
-          session->open = true;
-          session->left.store(0, std::memory_order_relaxed);
           session->arrived.store(0, std::memory_order_relaxed);
-          session->broken.store(false, std::memory_order_relaxed);
-          session->broken_why.clear();
-          for (int64_t r = 0; r < ranks; ++r) session->joined[r].store(false, std::memory_order_relaxed);
+          meetings.Open(key, session);
         }
       }
       if (session != nullptr) {
-        session->joined[call.rank].store(true, std::memory_order_relaxed);
-        if (session->broken.load(std::memory_order_relaxed)) {
-          *error = session->broken_why;
-          if (Left(ring, session, call.rank, /*launched=*/false)) Close(ring, session);
+        if (!meetings.Join(session, call.rank, error)) {
+          if (Left(ring, session, call.rank, /*launched=*/false)) meetings.Close(session);
           return nullptr;
         }
         session->published[call.rank] = std::move(mine);
@@ -364,7 +338,7 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
       if ((spins & 63) == 0 && Clock::now() > deadline) {
         *error = "jaxring device ring: op " + std::to_string(call.key.op_id) + ": rank " +
                  std::to_string(call.rank) + " found all " + std::to_string(ring->sessions.size()) +
-                 " flag sessions of the op in use until the timeout, in " + MeetingName(meeting) +
+                 " flag sessions of the op in use until the timeout, in " + CallName(key) +
                  ": held by kernels of earlier executions that had not finished (one is stuck on "
                  "the device) or, with the pool of flag blocks used up, by meetings of other "
                  "executions that never gathered their ranks";
@@ -375,25 +349,19 @@ DeviceEngine::Session* DeviceEngine::Join(Ring* ring, const RingCall& call, int6
   }
 }
 
-// A rank is done with its meeting: leaves it, and the last to leave closes it.
+// A rank is done with its meeting: leaves it, and the last to leave closes it;
+// its session serves a later meeting once every rank's kernel has finished.
 void DeviceEngine::Leave(Ring* ring, Session* session, int64_t rank, bool launched) {
   if (!Left(ring, session, rank, launched)) return;
-  std::lock_guard<std::mutex> lock(ring->mu);
-  Close(ring, session);
+  std::lock_guard<std::mutex> lock(ring->meetings->mu());
+  ring->meetings->Close(session);
 }
 
 // Counts `rank` out of its meeting (a rank that did not launch reports its
 // flags unused at once); true for the last rank to leave.
 bool DeviceEngine::Left(Ring* ring, Session* session, int64_t rank, bool launched) {
   if (!launched) StoreFinished(finished_host_ + session->slots[rank], session->epoch);
-  return session->left.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-         static_cast<int64_t>(ring->devices.size());
-}
-
-// Closes a meeting every rank has left; its session serves a later one once
-// every rank's kernel has finished. Under ring->mu.
-void DeviceEngine::Close(Ring* ring, Session* session) {
-  session->open = false;
+  return ring->meetings->Leave(session);
 }
 
 // Why this rank cannot run its call ("" if it can), for its peers.
@@ -435,39 +403,16 @@ bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall&
     if (session->broken.load(std::memory_order_acquire)) break;
     if (spins < 64) continue;
     if ((spins & 63) == 0 && Clock::now() > deadline) {
-      std::lock_guard<std::mutex> lock(ring->mu);
+      std::lock_guard<std::mutex> lock(ring->meetings->mu());
       if (session->arrived.load(std::memory_order_acquire) == ranks) return true;
-      if (!session->broken.load(std::memory_order_relaxed)) Break(ring, session, call);
-      break;
+      *error = ring->meetings->Break(session, ring->meetings->NeverArrived(*session, call.rank));
+      return false;
     }
     std::this_thread::yield();
   }
-  std::lock_guard<std::mutex> lock(ring->mu);
+  std::lock_guard<std::mutex> lock(ring->meetings->mu());
   *error = session->broken_why;
   return false;
-}
-
-// Fails `session`'s meeting, which not every rank reached: names the missing
-// ranks and the call each was last in. Under ring->mu.
-void DeviceEngine::Break(Ring* ring, Session* session, const RingCall& call) {
-  std::string missing, doing;
-  for (int64_t p = 0; p < static_cast<int64_t>(ring->devices.size()); ++p) {
-    if (session->joined[p].load(std::memory_order_relaxed)) continue;
-    const auto& last = ring->last_joined[p];
-    missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-    doing += std::string(doing.empty() ? " (" : "; ") + "rank " + std::to_string(p) +
-             (last ? "'s latest call of this op was in " + MeetingName(*last)
-                   : std::string(" never called this op"));
-  }
-  session->broken_why =
-      "jaxring device ring: op " + std::to_string(call.key.op_id) + " in " +
-      MeetingName(session->meeting) + ": rank " + std::to_string(call.rank) +
-      " timed out waiting for rank(s) [" + (missing.empty() ? "?" : missing) +
-      "] that never arrived" + (doing.empty() ? "" : doing + ")") +
-      ". Every device of the axis must run the same collectives in the same order; "
-      "raise the timeout with JAXRING_TIMEOUT_S or timeout= if a rank is legitimately "
-      "slow. The op's other executions go on.";
-  session->broken.store(true, std::memory_order_release);
 }
 
 DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType type,

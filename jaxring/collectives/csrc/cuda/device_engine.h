@@ -10,12 +10,9 @@
 //   access between every pair of devices that can map each other, and makes each device's pool of flag words
 //   and the host-mapped failure records and "finished" words. Later calls make no CUDA call but
 //   the launch and pointer queries.
-// - The calls of one op in one execution (XLA's RunId, and the call's
-//   occurrence in it, as the CPU engine and XLA's own collectives meet) form a
-//   meeting, whatever else is in flight: JAX queues executions without waiting
-//   for them, so a rank may be in several at once, and its handler threads may
-//   reach them in any order. A rank waits on the host only for its peers of
-//   the same meeting (to learn their buffers), never for another execution.
+// - The calls of one op in one execution meet as every engine's do
+//   (core/meeting.h). A rank waits on the host only for its peers of the same
+//   meeting (to learn their buffers), never for another execution.
 // - Each meeting runs on a session of its own: a flag block per rank and the
 //   ring-wide epoch the meeting opened with, so no kernel of one execution
 //   reads another's flags or buffers. A session serves a later meeting once
@@ -28,11 +25,9 @@
 // - Each rank publishes its buffers and what it found wrong; whatever one rank
 //   found (a device-side timeout its kernel recorded, buffers a peer cannot
 //   map) fails the meeting on every rank, so no peer waits out a timeout for a
-//   rank that gave up. A meeting a rank never comes to fails on the ranks
-//   there at the timeout, naming it and its latest call of the op; a rank that
-//   comes later fails at once. No rank launched for such a meeting (a rank
-//   launches only once every rank is there), so nothing touches freed buffers,
-//   and the op's other executions go on.
+//   rank that gave up. No rank launches for a meeting some rank never came to
+//   (a rank launches only once every rank is there), so nothing touches
+//   freed buffers.
 // - A ring's state is keyed by (op id, ring group) and remembers its devices:
 //   the same op id on other devices is refused instead of sharing flags.
 // - The device engine runs a ring only over NVLink-class links (peer access
@@ -174,10 +169,8 @@ class DeviceEngine {
   Session* FreeSession(Ring* ring, std::string* error);
   void Leave(Ring* ring, Session* session, int64_t rank, bool launched);
   bool Left(Ring* ring, Session* session, int64_t rank, bool launched);
-  void Close(Ring* ring, Session* session);
   std::string Problem(Ring* ring, const RingCall& call, const DeviceRank& me);
   bool EveryoneArrived(Ring* ring, Session* session, const RingCall& call, std::string* error);
-  void Break(Ring* ring, Session* session, const RingCall& call);
 
   CudaSeam* const seam_;
   const EngineOptions options_;

@@ -99,6 +99,25 @@ cudaError_t RunStage(const Stage& st, const RankState& me, const RankState& left
   return cudaSuccess;
 }
 
+// The CUDA work of WalkSchedule: each stage is ordered after the neighbours'
+// events it needs, and records an event of its own when enqueued.
+template <typename T, typename Acc>
+struct CudaSteps {
+  const std::vector<Stage>& stages;
+  const RankState& me;
+  const RankState& left;
+  const RankState& right;
+  const bool peer_readable = PeerReadable(me.buffers.device, left.buffers.device);
+
+  void AfterLeft(int64_t count) { cudaStreamWaitEvent(me.buffers.stream, left.events[count], 0); }
+  void AfterRight(int64_t count) { cudaStreamWaitEvent(me.buffers.stream, right.events[count], 0); }
+  std::string Run(size_t i) {
+    cudaError_t err = RunStage<T, Acc>(stages[i], me, left, peer_readable);
+    if (err == cudaSuccess) err = cudaEventRecord(me.events[i + 1], me.buffers.stream);
+    return err == cudaSuccess ? "" : CudaError("enqueueing a ring stage", err);
+  }
+};
+
 template <typename T, typename Acc>
 std::string RunTyped(const RingCall& call, const CudaRank& buffers) {
   cudaError_t err = cudaSetDevice(buffers.device);
@@ -121,52 +140,15 @@ std::string RunTyped(const RingCall& call, const CudaRank& buffers) {
   }
   std::string error;
   {
-    RendezvousHandle rendezvous(call.key, call.ranks, call.rank);
-    error = rendezvous.join_error();
+    StagedMeeting meeting(call.key, call.ranks, call.rank);
     const auto deadline = DeadlineFor(call.timeout_ms);
-    const int64_t left_rank = Mod(call.rank - 1, call.ranks);
-    const int64_t right_rank = Mod(call.rank + 1, call.ranks);
+    err = cudaEventRecord(me.events[0], buffers.stream);
+    error = err != cudaSuccess ? CudaError("cudaEventRecord", err) : meeting.Arrive(&me, deadline);
     if (error.empty()) {
-      err = cudaEventRecord(me.events[0], buffers.stream);
-      error = err != cudaSuccess ? CudaError("cudaEventRecord", err)
-                                 : rendezvous->Arrive(call.rank, &me, deadline);
-    }
-    if (error.empty()) {
-      const auto& left = *static_cast<const RankState*>(rendezvous->state(left_rank));
-      const auto& right = *static_cast<const RankState*>(rendezvous->state(right_rank));
-      const bool peer_readable = PeerReadable(buffers.device, left.buffers.device);
-      for (size_t i = 0; i < stages.size() && error.empty(); ++i) {
-        const Stage& st = stages[i];
-        error = rendezvous->WaitFor(left_rank, st.wait_left, deadline);
-        if (!error.empty()) break;
-        cudaStreamWaitEvent(buffers.stream, left.events[st.wait_left], 0);
-        if (st.wait_right > 0) {
-          error = rendezvous->WaitFor(right_rank, st.wait_right, deadline);
-          if (!error.empty()) break;
-          cudaStreamWaitEvent(buffers.stream, right.events[st.wait_right], 0);
-        }
-        err = RunStage<T, Acc>(st, me, left, peer_readable);
-        if (err == cudaSuccess) err = cudaEventRecord(me.events[i + 1], buffers.stream);
-        if (err != cudaSuccess) {
-          error = CudaError("enqueueing a ring stage", err);
-          rendezvous->Fail(error);
-          break;
-        }
-        rendezvous->Advance(call.rank);
-      }
-      // Our buffers must outlive the right neighbour's reads of them (XLA may
-      // reuse them once this stream moves on).
-      const int64_t total = FinalWaitRight(stages);
-      if (error.empty()) error = rendezvous->WaitFor(right_rank, total, deadline);
-      if (error.empty()) {
-        cudaStreamWaitEvent(buffers.stream, right.events[total], 0);
-        // One more step of progress says "I touch no neighbour's state any
-        // more"; our events (on this stack) must outlive both neighbours'
-        // waits on them.
-        rendezvous->Advance(call.rank);
-        error = rendezvous->WaitFor(left_rank, total + 1, deadline);
-      }
-      if (error.empty()) error = rendezvous->WaitFor(right_rank, total + 1, deadline);
+      const int64_t left = Mod(call.rank - 1, call.ranks), right = Mod(call.rank + 1, call.ranks);
+      CudaSteps<T, Acc> steps{stages, me, *static_cast<const RankState*>(meeting.state(left)),
+                              *static_cast<const RankState*>(meeting.state(right))};
+      error = WalkSchedule(meeting, stages, left, right, deadline, steps);
     }
   }
   // An event destroyed while pending is released once it completes.

@@ -1,162 +1,159 @@
 #include "cuda/staged_meeting.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <map>
-#include <sstream>
-#include <tuple>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "core/meeting.h"
 
 namespace jaxring {
-namespace {
 
-struct KeyLess {
-  bool operator()(const CallKey& a, const CallKey& b) const {
-    return std::tie(a.run_id, a.op_id, a.group, a.occurrence) < std::tie(b.run_id, b.op_id, b.group, b.occurrence);
-  }
+// The session of one meeting: each rank's state and progress, under a lock of
+// its own, so that the op's meetings in flight do not wait on each other.
+struct StagedSession : Meeting {
+  explicit StagedSession(int64_t ranks)
+      : Meeting(ranks), progress_changed(ranks), states(ranks), progress(ranks) {}
+  std::mutex mu;  // what follows; taken after the place's lock where both are
+  std::condition_variable arrival;
+  // progress_changed[r] wakes the two neighbours that wait on rank r, not
+  // every rank (a ring of 8 on 2 cores spends its time in wake-ups otherwise).
+  std::vector<std::condition_variable> progress_changed;
+  std::vector<void*> states;
+  std::vector<int64_t> progress;
+  int64_t arrived = 0;
 };
 
-std::mutex registry_mu;
-std::map<CallKey, std::weak_ptr<Rendezvous>, KeyLess>& Registry() {
-  static auto* registry = new std::map<CallKey, std::weak_ptr<Rendezvous>, KeyLess>();
-  return *registry;
-}
-// Keys whose launch failed, with the error; bounded so a long run that keeps
-// failing cannot grow it without limit.
-std::map<CallKey, std::string, KeyLess>& Failed() {
-  static auto* failed = new std::map<CallKey, std::string, KeyLess>();
-  return *failed;
-}
-constexpr size_t kMaxRememberedFailures = 1024;
+// Every meeting of one op on one ring group, and the sessions they run on.
+struct StagedPlace {
+  StagedPlace(int64_t op_id, int64_t group, int64_t ranks) : meetings(op_id, group, ranks) {}
+  Meetings<StagedSession> meetings;  // its lock guards what follows
+  std::vector<std::unique_ptr<StagedSession>> sessions;  // at most the meetings ever open at once
+  std::vector<StagedSession*> idle;
+};
 
-// Per (op, group, rank): its calls in each launch.
-std::map<std::tuple<int64_t, int64_t, int64_t>, Occurrences>& OccurrencesByRank() {
-  static auto* occurrences = new std::map<std::tuple<int64_t, int64_t, int64_t>, Occurrences>();
-  return *occurrences;
+namespace {
+
+StagedPlace* PlaceFor(const CallKey& key, int64_t ranks) {
+  // Each handler thread finds its places without a lock after the first call.
+  thread_local std::map<std::pair<int64_t, int64_t>, StagedPlace*> cache;
+  const std::pair<int64_t, int64_t> op{key.op_id, key.group};
+  if (auto hit = cache.find(op); hit != cache.end()) return hit->second;
+  static std::mutex registry_mu;
+  static auto* registry = new std::map<std::pair<int64_t, int64_t>, std::unique_ptr<StagedPlace>>();
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto& place = (*registry)[op];
+  if (place == nullptr) place = std::make_unique<StagedPlace>(key.op_id, key.group, ranks);
+  return cache[op] = place.get();
 }
 
 }  // namespace
 
-Rendezvous::Rendezvous(CallKey key, int64_t ranks)
-    : key_(key),
-      progress_changed_(ranks),
-      states_(ranks, nullptr),
-      arrived_(ranks, false),
-      progress_(ranks, 0) {}
-
-void Rendezvous::WakeEveryone() {
-  arrival_.notify_all();
-  for (auto& cv : progress_changed_) cv.notify_all();
+StagedMeeting::StagedMeeting(const CallKey& key, int64_t ranks, int64_t rank) : rank_(rank) {
+  StagedPlace* place = PlaceFor(key, ranks);
+  Meetings<StagedSession>& meetings = place->meetings;
+  if (meetings.ranks() != ranks) {
+    error_ = "jaxring: devices of one collective disagree on the ring size (" + std::to_string(meetings.ranks()) +
+             " vs " + std::to_string(ranks) + ")";
+    return;
+  }
+  place_ = place;
+  std::lock_guard<std::mutex> lock(meetings.mu());
+  const MeetingKey meeting = meetings.NextCall(rank, key.run_id);
+  session_ = meetings.Find(meeting);
+  if (session_ != nullptr) return;
+  if (place->idle.empty()) {
+    place->sessions.push_back(std::make_unique<StagedSession>(ranks));
+    place->idle.push_back(place->sessions.back().get());
+  }
+  session_ = place->idle.back();
+  place->idle.pop_back();
+  std::fill(session_->states.begin(), session_->states.end(), nullptr);
+  std::fill(session_->progress.begin(), session_->progress.end(), 0);
+  session_->arrived = 0;
+  meetings.Open(meeting, session_);
 }
 
-std::string Rendezvous::Describe() const {
-  std::ostringstream out;
-  out << "jaxring collective (op id " << key_.op_id << ", ring group "
-      << key_.group << ", " << states_.size() << " ranks)";
-  return out.str();
+StagedMeeting::~StagedMeeting() {
+  if (session_ == nullptr || !place_->meetings.Leave(session_)) return;
+  std::lock_guard<std::mutex> lock(place_->meetings.mu());
+  place_->meetings.Close(session_);
+  place_->idle.push_back(session_);
 }
 
-std::string Rendezvous::Arrive(int64_t rank, void* state,
-                               Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+std::string StagedMeeting::Error() const {
+  return session_->broken.load(std::memory_order_acquire) ? session_->broken_why : std::string();
+}
+
+void StagedMeeting::WakeEveryone() {
+  // A waiter checks `broken` under the session's lock: taking it once orders
+  // the wake-up after any check that saw it unset.
+  { std::lock_guard<std::mutex> lock(session_->mu); }
+  session_->arrival.notify_all();
+  for (auto& changed : session_->progress_changed) changed.notify_all();
+}
+
+std::string StagedMeeting::Arrive(void* state, Clock::time_point deadline) {
   if (!error_.empty()) return error_;
-  if (arrived_[rank]) {
-    return Describe() + ": rank " + std::to_string(rank) +
-           " arrived twice; two devices claim the same ring position";
-  }
-  states_[rank] = state;
-  arrived_[rank] = true;
-  ++arrived_count_;
-  arrival_.notify_all();
-  const int64_t ranks = static_cast<int64_t>(states_.size());
-  if (!arrival_.wait_until(lock, deadline, [&] {
-        return arrived_count_ == ranks || !error_.empty();
-      })) {
-    std::ostringstream missing;
-    const char* sep = "";
-    for (int64_t r = 0; r < ranks; ++r) {
-      if (!arrived_[r]) {
-        missing << sep << r;
-        sep = ", ";
-      }
-    }
-    error_ = Describe() + ": timed out waiting for rank(s) [" + missing.str() +
-             "] that never arrived. Every device of the axis must run the same "
-             "collectives in the same order; raise the timeout with "
-             "JAXRING_TIMEOUT_S or timeout= if a rank is legitimately slow.";
-    lock.unlock();
-    WakeEveryone();
-    lock.lock();
-  }
-  return error_;
-}
-
-std::string Rendezvous::WaitFor(int64_t rank, int64_t count,
-                                Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!progress_changed_[rank].wait_until(lock, deadline, [&] {
-        return progress_[rank] >= count || !error_.empty();
-      })) {
-    error_ = Describe() + ": timed out waiting for rank " +
-             std::to_string(rank) + " to reach stage " + std::to_string(count) +
-             " (it is at " + std::to_string(progress_[rank]) + ")";
-    lock.unlock();
-    WakeEveryone();
-    lock.lock();
-  }
-  return error_;
-}
-
-void Rendezvous::Advance(int64_t rank) {
+  Meetings<StagedSession>& meetings = place_->meetings;
+  const int64_t ranks = meetings.ranks();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++progress_[rank];
+    std::lock_guard<std::mutex> lock(meetings.mu());
+    std::string error;
+    if (!meetings.Join(session_, rank_, &error)) return error;
+    std::lock_guard<std::mutex> session_lock(session_->mu);
+    session_->states[rank_] = state;
+    ++session_->arrived;
   }
-  progress_changed_[rank].notify_all();
-}
-
-std::string Rendezvous::error() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
-}
-
-void Rendezvous::Fail(const std::string& error) {
+  session_->arrival.notify_all();
+  std::unique_lock<std::mutex> lock(session_->mu);
+  if (session_->arrival.wait_until(lock, deadline, [&] {
+        return session_->arrived == ranks || session_->broken.load(std::memory_order_acquire);
+      })) {
+    return Error();
+  }
+  lock.unlock();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.empty()) error_ = error;
+    std::lock_guard<std::mutex> place_lock(meetings.mu());
+    std::lock_guard<std::mutex> session_lock(session_->mu);
+    if (session_->arrived == ranks) return Error();
+    meetings.Break(session_, meetings.NeverArrived(*session_, rank_));
+  }
+  WakeEveryone();
+  return Error();
+}
+
+std::string StagedMeeting::WaitFor(int64_t peer, int64_t count, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(session_->mu);
+  if (session_->progress_changed[peer].wait_until(lock, deadline, [&] {
+        return session_->progress[peer] >= count || session_->broken.load(std::memory_order_acquire);
+      })) {
+    return Error();
+  }
+  const int64_t at = session_->progress[peer];
+  lock.unlock();
+  Fail(place_->meetings.Stopped(*session_, rank_, peer, count, at));
+  return Error();
+}
+
+void StagedMeeting::Advance() {
+  {
+    std::lock_guard<std::mutex> lock(session_->mu);
+    ++session_->progress[rank_];
+  }
+  session_->progress_changed[rank_].notify_all();
+}
+
+void StagedMeeting::Fail(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(place_->meetings.mu());
+    place_->meetings.Break(session_, error);
   }
   WakeEveryone();
 }
 
-RendezvousHandle::RendezvousHandle(CallKey key, int64_t ranks,
-                                   int64_t rank)
-    : key_(key) {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  key_.occurrence = OccurrencesByRank()[{key.op_id, key.group, rank}].Next(key.run_id);
-  key = key_;
-  auto failed = Failed().find(key);
-  if (failed != Failed().end()) join_error_ = failed->second;
-  auto& slot = Registry()[key];
-  rendezvous_ = slot.lock();
-  if (!rendezvous_) {
-    rendezvous_ = std::make_shared<Rendezvous>(key, ranks);
-    slot = rendezvous_;
-  } else if (rendezvous_->ranks() != ranks) {
-    join_error_ = "jaxring: devices of one collective disagree on the ring size (" +
-                  std::to_string(rendezvous_->ranks()) + " vs " +
-                  std::to_string(ranks) + ")";
-  }
-  if (!join_error_.empty()) rendezvous_->Fail(join_error_);
-}
-
-RendezvousHandle::~RendezvousHandle() {
-  std::lock_guard<std::mutex> lock(registry_mu);
-  const std::string error = rendezvous_->error();
-  if (!error.empty()) {
-    if (Failed().size() >= kMaxRememberedFailures) Failed().erase(Failed().begin());
-    Failed().emplace(key_, error);
-  }
-  auto it = Registry().find(key_);
-  if (rendezvous_.use_count() == 1 && it != Registry().end()) Registry().erase(it);
-  rendezvous_.reset();
-}
+void* StagedMeeting::state(int64_t peer) const { return session_->states[peer]; }
 
 }  // namespace jaxring

@@ -1,82 +1,93 @@
-// The host-staged engine's meeting point of the handlers of one collective
-// launch (staged_engine.cu): XLA runs one handler per device, each on its own
-// host thread; the handlers of one call (core/call_key.h) meet here, and the
-// rendezvous then carries each rank's progress through the ring schedule.
+// The host-staged engine's session policy (staged_engine.cu), free of CUDA:
+// the handlers of one call meet (core/meeting.h), publish a state each, and
+// then carry each rank's progress through the ring schedule, a rank waiting
+// on the host until its neighbours have enqueued the stages it needs.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/call_key.h"
+#include "core/ring_schedule.h"
 #include "core/timeout.h"
 
 namespace jaxring {
 
-class Rendezvous {
+struct StagedPlace;
+struct StagedSession;
+
+// One rank's part of a meeting, from its construction (which counts the
+// call's occurrence) to its destruction (which leaves the meeting).
+class StagedMeeting {
  public:
-  Rendezvous(CallKey key, int64_t ranks);
+  StagedMeeting(const CallKey& key, int64_t ranks, int64_t rank);
+  ~StagedMeeting();
+  StagedMeeting(const StagedMeeting&) = delete;
+  StagedMeeting& operator=(const StagedMeeting&) = delete;
 
-  // Publishes this rank's state and waits for every rank, until `deadline`.
-  // Returns an empty string on success, else the error (every waiting rank
-  // gets it, naming the ranks that never arrived).
-  std::string Arrive(int64_t rank, void* state, Clock::time_point deadline);
-
-  // Waits until `rank`'s progress reaches `count`.
-  std::string WaitFor(int64_t rank, int64_t count, Clock::time_point deadline);
-
-  // Marks one more stage of `rank` done.
-  void Advance(int64_t rank);
-
-  // Fails the whole launch (a rank hit an error); wakes every waiter.
+  // Publishes this rank's state and waits for every rank, until `deadline`:
+  // "" or the meeting's error (every rank gets it; a rank that comes after
+  // the meeting failed gets it at once).
+  std::string Arrive(void* state, Clock::time_point deadline);
+  // Waits until `peer`'s progress reaches `count`.
+  std::string WaitFor(int64_t peer, int64_t count, Clock::time_point deadline);
+  // Marks one more stage of this rank done.
+  void Advance();
+  // Fails the meeting (this rank hit an error); wakes every waiter.
   void Fail(const std::string& error);
-
-  // The launch's error, empty while none.
-  std::string error();
-
-  void* state(int64_t rank) const { return states_[rank]; }
-  int64_t ranks() const { return static_cast<int64_t>(states_.size()); }
+  // The state `peer` published; once Arrive succeeded.
+  void* state(int64_t peer) const;
 
  private:
-  std::string Describe() const;
-  void WakeEveryone();  // with mu_ released
+  std::string Error() const;
+  void WakeEveryone();
 
-  const CallKey key_;
-  std::mutex mu_;
-  std::condition_variable arrival_;
-  // progress_changed_[r] wakes the two neighbours that wait on rank r, not
-  // every rank (a ring of 8 on 2 cores spends its time in wake-ups otherwise).
-  std::vector<std::condition_variable> progress_changed_;
-  std::vector<void*> states_;
-  std::vector<bool> arrived_;
-  std::vector<int64_t> progress_;
-  int64_t arrived_count_ = 0;
-  std::string error_;
+  const int64_t rank_;
+  StagedPlace* place_ = nullptr;
+  StagedSession* session_ = nullptr;
+  std::string error_;  // why this rank cannot meet its peers at all
 };
 
-// Joins the rendezvous of `key` (creating it for the first rank) and leaves it
-// when the returned handle is destroyed; the last rank to leave removes it. A
-// key that failed stays failed, so a rank arriving after the timeout fails at
-// once instead of waiting again.
-class RendezvousHandle {
- public:
-  // `key.occurrence` is filled in here from this rank's own count.
-  RendezvousHandle(CallKey key, int64_t ranks, int64_t rank);
-  ~RendezvousHandle();
-  RendezvousHandle(const RendezvousHandle&) = delete;
-  RendezvousHandle& operator=(const RendezvousHandle&) = delete;
-  Rendezvous* operator->() const { return rendezvous_.get(); }
-  // Non-empty when this key already failed or `ranks` disagrees with the
-  // ranks of the other participants.
-  const std::string& join_error() const { return join_error_; }
-
- private:
-  CallKey key_;
-  std::shared_ptr<Rendezvous> rendezvous_;
-  std::string join_error_;
-};
+// One rank's walk through `stages` once every rank has arrived: before each
+// stage it waits for the neighbours' progress the stage needs and has `steps`
+// order its work after theirs (steps.AfterLeft(count), steps.AfterRight(count))
+// and enqueue it (steps.Run(i): "" or an error, which fails the meeting); at
+// the end it keeps its state alive until both neighbours are done with it.
+template <typename Steps>
+std::string WalkSchedule(StagedMeeting& meeting, const std::vector<Stage>& stages, int64_t left, int64_t right,
+                         Clock::time_point deadline, Steps& steps) {
+  std::string error;
+  for (size_t i = 0; i < stages.size() && error.empty(); ++i) {
+    const Stage& stage = stages[i];
+    error = meeting.WaitFor(left, stage.wait_left, deadline);
+    if (!error.empty()) break;
+    steps.AfterLeft(stage.wait_left);
+    if (stage.wait_right > 0) {
+      error = meeting.WaitFor(right, stage.wait_right, deadline);
+      if (!error.empty()) break;
+      steps.AfterRight(stage.wait_right);
+    }
+    error = steps.Run(i);
+    if (!error.empty()) {
+      meeting.Fail(error);
+      break;
+    }
+    meeting.Advance();
+  }
+  // This rank's buffers must outlive the right neighbour's reads of them (XLA
+  // may reuse them once this rank's work is done).
+  const int64_t total = FinalWaitRight(stages);
+  if (error.empty()) error = meeting.WaitFor(right, total, deadline);
+  if (error.empty()) {
+    steps.AfterRight(total);
+    // One more step of progress says "I touch no neighbour's state any more";
+    // this rank's state must outlive both neighbours' waits on it.
+    meeting.Advance();
+    error = meeting.WaitFor(left, total + 1, deadline);
+  }
+  if (error.empty()) error = meeting.WaitFor(right, total + 1, deadline);
+  return error;
+}
 
 }  // namespace jaxring

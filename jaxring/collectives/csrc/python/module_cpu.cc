@@ -72,6 +72,6 @@ NB_MODULE(_jaxring_cpu, m) {
         "Largest buffer (bytes) the CPU engine's 'auto' path takes the push path for (the ring above).");
   m.def("set_cpu_push_max_bytes", &jaxring::SetCpuPushMaxBytes, nb::arg("bytes"));
   m.def("default_timeout_s", &jaxring::DefaultTimeoutSeconds,
-        "Seconds a rendezvous waits for missing ranks (inf: no limit); jaxring/collectives/timeout.py sets it.");
+        "Seconds a meeting waits for missing ranks (inf: no limit); jaxring/collectives/timeout.py sets it.");
   m.def("set_default_timeout_s", &jaxring::SetDefaultTimeoutSeconds, nb::arg("seconds"));
 }

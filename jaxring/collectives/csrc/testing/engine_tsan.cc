@@ -19,20 +19,6 @@
 namespace jaxring {
 namespace {
 
-// Rank r's order of `runs` runs: in every window of `in_flight`, shuffled.
-std::vector<std::vector<int64_t>> ShuffledOrders(std::mt19937& rng, int ranks, int runs, int in_flight) {
-  std::vector<std::vector<int64_t>> orders(ranks);
-  for (auto& order : orders) {
-    for (int start = 0; start < runs; start += in_flight) {
-      std::vector<int64_t> window;
-      for (int run = start; run < std::min(runs, start + in_flight); ++run) window.push_back(run);
-      std::shuffle(window.begin(), window.end(), rng);
-      order.insert(order.end(), window.begin(), window.end());
-    }
-  }
-  return orders;
-}
-
 // Wrong elements plus failed calls of one case.
 int64_t RunCase(std::mt19937& rng, int ranks, int in_flight, int max_sessions, int64_t elements, bool one_shot) {
   FakeCuda cuda(ranks, {});

@@ -1,12 +1,14 @@
-// For the engines' host-thread tests (module_cpu_engine_test.cc, engine_fake.h):
-// a runtime that starts each device's executions in an order the test chooses,
-// several at once.
+// For the engines' host-thread tests (module_cpu_engine_test.cc, engine_fake.h,
+// host_staged.h): a runtime that starts each device's executions in an order
+// the test chooses, several at once.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -53,6 +55,20 @@ inline void RunInOrders(const std::vector<std::vector<int64_t>>& orders, int64_t
   }
   for (auto& launcher : launchers) launcher.join();
   for (auto& run : runs) run.join();
+}
+
+// Rank r's order of `runs` runs: in every window of `in_flight`, shuffled.
+inline std::vector<std::vector<int64_t>> ShuffledOrders(std::mt19937& rng, int ranks, int runs, int in_flight) {
+  std::vector<std::vector<int64_t>> orders(ranks);
+  for (auto& order : orders) {
+    for (int start = 0; start < runs; start += in_flight) {
+      std::vector<int64_t> window;
+      for (int run = start; run < std::min(runs, start + in_flight); ++run) window.push_back(run);
+      std::shuffle(window.begin(), window.end(), rng);
+      order.insert(order.end(), window.begin(), window.end());
+    }
+  }
+  return orders;
 }
 
 }  // namespace jaxring

@@ -1,4 +1,7 @@
-// The device engine's host side (device_engine.h) over a fake CUDA, for
+// The CUDA engines' host sides without CUDA. The host-staged engine's meeting
+// and schedule with its stages on host memory (MeetHostStaged), for
+// tests/jaxring/collectives/test_staged_engine_executions.py. The device
+// engine's host side (cuda/device_engine.h) over a fake CUDA, for
 // tests/jaxring/collectives/test_device_engine.py: k ranks on k host
 // threads call the engine as XLA's handler threads do; the fake records
 // every CUDA call, keeps the kernel arguments of each launch, and can play
@@ -33,8 +36,8 @@
 #include <vector>
 
 #include "cuda/device_engine.h"
-#include "cuda/staged_meeting.h"
 #include "testing/engine_fake.h"
+#include "testing/host_staged.h"
 
 namespace nb = nanobind;
 
@@ -50,54 +53,27 @@ PeerLink LinkNamed(const std::string& name) {
   throw std::invalid_argument("link must be nvlink, pcie or none, got '" + name + "'");
 }
 
-// The host-staged CUDA engine's host protocol (RunTyped in cuda/staged_engine.cu)
-// without its CUDA calls: each call joins its execution's rendezvous
-// (cuda/staged_meeting.h), arrives with a state naming its run, occurrence and rank,
-// checks that its neighbours' states are of the same call, then steps
-// through `stages` stages, each waiting for the left neighbour, and the final
-// waits that keep its state alive until both neighbours are done with it.
-// Runs as RunInOrders plays; returns the errors, a call that met another
-// call's state included.
-std::vector<std::string> MeetHostStaged(std::vector<std::vector<int64_t>> orders, int64_t in_flight,
-                                        int64_t occurrences, int64_t stages, int64_t timeout_ms,
+// The host-staged CUDA engine without CUDA: its meeting (cuda/staged_meeting.h)
+// and its walk through the schedule, the stages done on host memory. All-reduces
+// x[run, occurrence, rank, :] over the ranks into out[run, occurrence, rank, :],
+// each rank starting its runs in orders[rank] with up to `in_flight` unfinished
+// (testing/execution_orders.h, `late_rank` there too); a run makes its calls
+// one after the other. Returns the errors of the calls that failed.
+std::vector<std::string> MeetHostStaged(Values x, Values out, std::vector<std::vector<int64_t>> orders,
+                                        int64_t in_flight, int64_t timeout_ms, int64_t slice_bytes,
                                         int64_t late_rank) {
-  static std::atomic<int64_t> op_ids{1LL << 41};
+  static std::atomic<int64_t> op_ids{1LL << 41};  // apart from the other tests' ops
   const int64_t op_id = op_ids.fetch_add(1);
-  const int64_t ranks = static_cast<int64_t>(orders.size());
-  struct State {
-    int64_t run, occurrence, rank;
-  };
-  std::mutex mu;
+  const int64_t occurrences = x.shape(1), ranks = x.shape(2), elements = x.shape(3);
+  std::mutex mu;  // guards errors
   std::vector<std::string> errors;
   nb::gil_scoped_release released;
   RunInOrders(orders, in_flight, late_rank, [&](int64_t rank, int64_t run) {
     for (int64_t k = 0; k < occurrences; ++k) {
-      const State me{run, k, rank};
-      const int64_t left = (rank + ranks - 1) % ranks, right = (rank + 1) % ranks;
-      const auto deadline = DeadlineFor(timeout_ms);
-      RendezvousHandle rendezvous(CallKey{1000 + run, op_id, 0}, ranks, rank);
-      std::string error = rendezvous.join_error();
-      if (error.empty()) error = rendezvous->Arrive(rank, const_cast<State*>(&me), deadline);
-      for (const int64_t peer : {left, right}) {
-        if (!error.empty()) break;
-        const auto* theirs = static_cast<const State*>(rendezvous->state(peer));
-        if (theirs->run != run || theirs->occurrence != k || theirs->rank != peer) {
-          error = "met rank " + std::to_string(theirs->rank) + "'s call " + std::to_string(theirs->occurrence) +
-                  " of run " + std::to_string(theirs->run) + " as rank " + std::to_string(peer) +
-                  " of call " + std::to_string(k);
-        }
-      }
-      for (int64_t stage = 0; stage < stages && error.empty(); ++stage) {
-        error = rendezvous->WaitFor(left, stage, deadline);
-        rendezvous->Advance(rank);
-      }
-      if (error.empty()) error = rendezvous->WaitFor(right, stages, deadline);
-      if (error.empty()) {
-        rendezvous->Advance(rank);
-        error = rendezvous->WaitFor(left, stages + 1, deadline);
-      }
-      if (error.empty()) error = rendezvous->WaitFor(right, stages + 1, deadline);
-      if (!error.empty()) {
+      const RingCall call = MakeRingCall(CallKey{1000 + run, op_id, 0}, Mode::kAllReduce, elements, ranks, rank,
+                                         timeout_ms, slice_bytes, xla::ffi::DataType::F32);
+      const int64_t at = ((run * occurrences + k) * ranks + rank) * elements;
+      if (const std::string error = RunHostStaged(call, x.data() + at, out.data() + at); !error.empty()) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
       }
@@ -312,7 +288,10 @@ NB_MODULE(_jaxring_engine_test, m) {
       .def("launches", &Fake::Launches, "Each launch since the last ask (and forgets them).")
       .def("cuda_calls", [](Fake& f) { std::lock_guard<std::mutex> l(f.cuda_.mu_); return f.cuda_.calls_; })
       .def("engine_log", [](Fake& f) { return f.engine_log_; })
-      .def("pointer_queries", [](Fake& f) { std::lock_guard<std::mutex> l(f.cuda_.mu_); return f.cuda_.pointer_queries_; })
+      .def("pointer_queries", [](Fake& f) {
+        std::lock_guard<std::mutex> l(f.cuda_.mu_);
+        return f.cuda_.pointer_queries_;
+      })
       .def("fail_on_device", [](Fake& f, int64_t rank, uint64_t epoch, int64_t peer) {
         std::lock_guard<std::mutex> l(f.cuda_.mu_);
         f.cuda_.fail_[{rank, epoch}] = peer;
@@ -329,10 +308,11 @@ NB_MODULE(_jaxring_engine_test, m) {
                                                 xla::ffi::DataType::F32);
         return f.engine_->TakeFailure(call, devices);
       });
-  m.def("meet_host_staged", &jaxring::MeetHostStaged, nb::arg("orders"), nb::arg("in_flight"),
-        nb::arg("occurrences") = 1, nb::arg("stages") = 3, nb::arg("timeout_ms") = 20000,
-        nb::arg("late_rank") = -1,
-        "The host-staged CUDA engine's rendezvous (cuda/staged_meeting.h) in the runs' orders; returns the errors.");
+  m.def("meet_host_staged", &jaxring::MeetHostStaged, nb::arg("x"), nb::arg("out"), nb::arg("orders"),
+        nb::arg("in_flight"), nb::arg("timeout_ms") = 20000, nb::arg("slice_bytes") = 256, nb::arg("late_rank") = -1,
+        "The host-staged engine's meeting and schedule (cuda/staged_meeting.h), stages on host memory: all-reduces "
+        "x[run, occurrence, rank] into out over the ranks, each rank starting its runs in orders[rank], at most "
+        "`in_flight` unfinished at a time; returns the failed calls' errors.");
   m.def("input_address", &Fake::Input);
   m.def("output_address", &Fake::Output);
   m.attr("POOL_SLOT_BYTES") = jaxring::kSlotWords * sizeof(uint64_t);
