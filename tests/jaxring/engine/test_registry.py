@@ -3,7 +3,6 @@ resolves, and the contract checked on the class with every problem named."""
 
 import dataclasses
 import sys
-import textwrap
 
 import jax.numpy as jnp
 import pytest
