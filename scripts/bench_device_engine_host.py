@@ -6,7 +6,7 @@ the meeting of the call's execution, the launch arguments), not CUDA's launch. W
 ranks than cores the meeting waits on the scheduler: wall time then includes
 waiting for descheduled peers, and each thread's CPU time separates the
 engine's own cost (spinning and yielding included); compare k against the
-machine's cores. Target (issue 21): <= 5 us per rank per call at k = 8.
+machine's cores. Target: <= 5 us per rank per call at k = 8.
 
     flock /tmp/jaxring-bench.lock python scripts/bench_device_engine_host.py
 """

@@ -13,9 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ lives in the checkout, not the wheel
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # models/ lives in the checkout, not the wheel
 
-import models  # noqa: E402
+import models  # noqa: E402,F401  (registers deepspeech2)
+from jaxring.engine.experiment import load_config  # noqa: E402
 from models.deepspeech2 import alphabet  # noqa: E402
 from models.deepspeech2.ctc import ctc_loss  # noqa: E402
 from models.deepspeech2.model import FRAMES_PER_SECOND, DeepSpeech2, ModelConfig, init_variables, output_lengths  # noqa: E402
@@ -64,7 +66,7 @@ def bench(config: ModelConfig, batch: int, seconds: float, repeats: int) -> dict
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", nargs="+", type=Path,
-                        default=[models.REPO_ROOT / "configs" / f"{name}.yaml" for name in ("ds2_tiny", "ds2_small")])
+                        default=[ROOT / "configs" / f"{name}.yaml" for name in ("ds2_tiny", "ds2_small")])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each utterance")
     parser.add_argument("--repeats", type=int, default=5)
@@ -75,7 +77,7 @@ def main():
     records = []
     print(f"{'config':28} {'params':>11} {'dtype':>8} {'batch':>5} {'step s':>8} {'s/audio s':>10} {'audio s/s':>10} {'GFLOP/s':>8}")
     for path in args.config:
-        config = models.load_config(path).model
+        config = load_config(path, paths_relative_to=ROOT).model
         if args.dtype:
             config = ModelConfig(**{**config.__dict__, "dtype": args.dtype})
         record = {"config": path.stem, **bench(config, args.batch, args.seconds, args.repeats)}

@@ -1,4 +1,4 @@
-"""Deep Speech 2's training step in PyTorch with cuDNN's recurrent layers: the baseline issue 39 measures against.
+"""Deep Speech 2's training step in PyTorch with cuDNN's recurrent layers: docs/PERSISTENT_RNN.md's baseline.
 
     python scripts/bench_torch_ds2.py --config ds2_paper --dtype bfloat16 --batch-size 64 --seconds 4
 
@@ -115,10 +115,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
     from bench_train import random_batch
 
-    config = models.load_config(ROOT / "configs" / f"{args.config}.yaml", [f"model.dtype={args.dtype}"])
+    from jaxring.engine.experiment import load_config
+
+    config = load_config(ROOT / "configs" / f"{args.config}.yaml", [f"model.dtype={args.dtype}"], ROOT)
     record = {"config": args.config, **bench_torch(config.model, random_batch(args.batch_size, args.seconds),
                                                    args.dtype, args.steps)}
     print(json.dumps(record))

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from train import expose_host_devices  # noqa: E402  (scripts/ is on the path of a script)
+from jaxring.engine.launch import expose_host_devices  # noqa: E402
 
 
 class FixedBatches:
@@ -101,15 +101,17 @@ def loop_seconds_per_step(step, steps: int) -> dict:
 def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
+    from jaxring.engine.devices import replicate
+    from jaxring.engine.experiment import build_task, load_config
     from jaxring.engine.timing import median_seconds
-    from jaxring.engine.trainer import Trainer, replicate
+    from jaxring.engine.trainer import Trainer
     from models.deepspeech2 import summary as model_summary
 
     overrides = [f"train.batch_size={args.batch_size}", f"train.allreduce={allreduce}", *args.overrides]
-    config = models.load_config(ROOT / "configs" / f"{name}.yaml", overrides)
+    config = load_config(ROOT / "configs" / f"{name}.yaml", overrides, ROOT)
     batch = random_batch(args.batch_size // world.size, args.seconds)
-    trainer = Trainer(models.build_task(config), config, ROOT / "runs" / "bench_train", world, batches=FixedBatches(batch))
+    trainer = Trainer(build_task(config), config, ROOT / "runs" / "bench_train", world, batches=FixedBatches(batch))
     state = replicate(trainer.init_state(), trainer.devices)
     start = time.perf_counter()
     state, out = trainer.train_step(state, batch)

@@ -27,13 +27,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
     args = parser.parse_args(argv)
 
-    from models.deepspeech2.decoding import build_lm
+    from models.deepspeech2.beam_scoring import build_lm
 
     try:
         if args.workdir:
-            import models
+            import models  # noqa: F401  (registers deepspeech2)
+            from jaxring.engine.experiment import build_task, load_config
 
-            manifest = models.build_task(models.load_config(Path(args.workdir) / "config.yaml")).manifests["train"]
+            config = load_config(Path(args.workdir) / "config.yaml", paths_relative_to=ROOT)
+            manifest = build_task(config).manifests["train"]
         else:
             manifest = args.manifest
         lm = build_lm(manifest, args.unit, args.order)

@@ -1,4 +1,4 @@
-"""Both CUDA engines with steps queued as JAX queues them (issue 36; scripts/gpu_check.sh part 1).
+"""Both CUDA engines with steps queued as JAX queues them (scripts/gpu_check.sh part 1).
 
 k virtual ranks on one GPU (the harness of scripts/check_cuda_ring.py): each
 rank's thread enqueues every step's collective (all-reduce at each --sizes,

@@ -1,4 +1,4 @@
-"""Issue 39 decided in one GPU run: the persistent layer against the scan, then ds2_paper's step against cuDNN's GRU.
+"""The persistent recurrent layer judged in one GPU run: against the scan, then ds2_paper's step against cuDNN's GRU.
 
     python scripts/check_persistent_rnn.py --out gpu-results --part parity --name persistent-rnn-parity
     python scripts/check_persistent_rnn.py --out gpu-results --part steps --name persistent-rnn
@@ -15,7 +15,7 @@
    PyTorch twin with cuDNN's GRU (scripts/bench_torch_ds2.py) where torch
    imports, at bfloat16 batch 64, float32 batch 32, bfloat16 batch 256, 4 s
    utterances; each record's compile_s is its first step, compile included.
-   Its `targets` are issue 39's, judged by scripts/gpu_check_summary.py.
+   Its `targets` are docs/PERSISTENT_RNN.md's, judged by scripts/gpu_check_summary.py.
 """
 
 import argparse
@@ -53,7 +53,7 @@ BFLOAT16_FLOOR = 1e-2     # ... or this far, where the scan happens to land very
 # A parity case (its compiles included, the first one JAX's start on the GPU too) taking longer has
 # hung: the stage then ends in this time instead of its whole limit.
 CASE_TIMEOUT_S = 45
-# One step measurement: batch 256's scan compiled in 111 s on an H100 (issue 39).
+# One step measurement: batch 256's scan compiled in 111 s on an H100 (docs/PERSISTENT_RNN.md).
 STEP_TIMEOUT_S = 200
 # (dtype, global batch), the issue's table, the decisive one first; each timed with every implementation.
 STEP_CASES = [("bfloat16", 64), ("float32", 32), ("bfloat16", 256)]
@@ -167,12 +167,14 @@ def run_parity(path: Path) -> None:
 
 
 def step_record(impl: str, dtype: str, batch_size: int, world) -> dict:
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
     from bench_train import bench, random_batch
     from bench_torch_ds2 import bench_torch
 
+    from jaxring.engine.experiment import load_config
+
     if impl == "torch":
-        config = models.load_config(ROOT / "configs" / f"{CONFIG}.yaml", [f"model.dtype={dtype}"])
+        config = load_config(ROOT / "configs" / f"{CONFIG}.yaml", [f"model.dtype={dtype}"], ROOT)
         return bench_torch(config.model, random_batch(batch_size, SECONDS), dtype, steps=TIMED_STEPS)
     # bench_train.py's command line, as bench() reads it.
     args = argparse.Namespace(batch_size=batch_size, seconds=SECONDS, steps=TIMED_STEPS, loop_steps=0,
@@ -182,7 +184,7 @@ def step_record(impl: str, dtype: str, batch_size: int, world) -> dict:
 
 
 def targets(records: list[dict]) -> dict:
-    """Issue 39's targets from the records so far (None where a record is missing)."""
+    """docs/PERSISTENT_RNN.md's targets from the records so far (None where a record is missing)."""
     def step(impl, dtype, batch):
         found = [r for r in records if (r.get("impl"), r.get("dtype"), r.get("global_batch")) == (impl, dtype, batch)
                  and "step_s" in r]

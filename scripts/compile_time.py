@@ -20,17 +20,18 @@ sys.path.insert(0, str(ROOT))
 
 from bench_train import random_batch  # noqa: E402  (scripts/ is on the path of a script)
 
-# Issue 39's bound on ds2_paper's compile at batch 256 on a GPU, judged by scripts/gpu_check_summary.py.
+# The bound on ds2_paper's compile at batch 256 on a GPU (docs/PERSISTENT_RNN.md),
+# judged by scripts/gpu_check_summary.py.
 TARGET_S = 30
 
 
 def time_compile(config, batch) -> dict:
     import jax
 
-    import models
+    from jaxring.engine.experiment import build_task
     from jaxring.engine.task import AXIS
 
-    task = models.build_task(config)
+    task = build_task(config)
     variables = task.init(jax.random.key(0))
 
     def loss(params, batch, rng):
@@ -60,13 +61,14 @@ def main() -> None:
 
     import jax
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
+    from jaxring.engine.experiment import load_config
 
     batch = random_batch(args.batch_size, args.seconds)
     records = []
     for variant in args.variants:
         overrides = [] if variant == "as-is" else [f"model.{variant}"]
-        config = models.load_config(ROOT / "configs" / f"{args.config}.yaml", overrides)
+        config = load_config(ROOT / "configs" / f"{args.config}.yaml", overrides, ROOT)
         record = {"config": args.config, "variant": variant, "platform": jax.default_backend(),
                   "batch_size": args.batch_size, "seconds": args.seconds, **time_compile(config, batch)}
         print(json.dumps(record), flush=True)

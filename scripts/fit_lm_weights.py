@@ -44,14 +44,15 @@ def main(argv=None) -> dict:
     import jax
     import numpy as np
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
+    from jaxring.engine.devices import split_sources
+    from jaxring.engine.experiment import load_run
     from jaxring.engine.task import Shard
-    from jaxring.engine.trainer import split_sources
-    from models.deepspeech2 import decoding
+    from models.deepspeech2 import beam_scoring
     from models.deepspeech2.lm import ArpaLM
 
     try:
-        config, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
+        config, task, variables, _ = load_run(args.workdir, args.checkpoint, ROOT)
         lm = ArpaLM.read(args.lm)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
@@ -78,7 +79,7 @@ def main(argv=None) -> dict:
     grid = []
     for alpha in args.alphas:
         for beta in args.betas:
-            rates = error_rates(decoding.beam_decoder(args.beam_width, lm, alpha, beta))
+            rates = error_rates(beam_scoring.beam_decoder(args.beam_width, lm, alpha, beta))
             grid.append({"alpha": alpha, "beta": beta, "cer": rates["cer"], "wer": rates["wer"]})
     def rank(row):
         return row[args.metric], row["cer" if args.metric == "wer" else "wer"]

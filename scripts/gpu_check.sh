@@ -92,7 +92,7 @@ stage() {
   record "$name" "$status" "$rc" "$((SECONDS - start))" "$limit"
 }
 
-# Issue 39's persistent recurrent layer (docs/PERSISTENT_RNN.md), in two stages: the kernel against
+# The persistent recurrent layer (docs/PERSISTENT_RNN.md), in two stages: the kernel against
 # the scan (values and gradients, float32 and bfloat16, several shapes), where a case that hangs
 # ends the stage in 45 s; then, if it passed, ds2_paper's step with rnn_impl=persistent, with
 # the scan and with PyTorch's cuDNN GRU (batch 256's compile included), each record written as it
@@ -141,13 +141,13 @@ print('platforms:', jaxring.collectives._ffi.register())"
     --dtypes float32 --timeout 5 --max-failures 3
   stage correctness gpu 60 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
     --largest 1000003 --timeout 10 --max-failures 5
-  # Steps queued without a block (issue 36): 500 chained steps of allreduce(processes=True)
+  # Steps queued without a block: 500 chained steps of allreduce(processes=True)
   # through the MPI leg's CUDA handler, two processes sharing the GPU, each step checked
   # against float64 numpy; a stall fails within JAXRING_TIMEOUT_S.
   stage mpi-cuda-queued gpu 60 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=20 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py queued
-  # The same for both CUDA engines (issue 36): k = 2 and 8 virtual ranks, each rank's thread
+  # The same for both CUDA engines: k = 2 and 8 virtual ranks, each rank's thread
   # enqueuing 256 all-reduces, reduce_scatters or all_gathers (each an execution of its own,
   # values of its own) with no sync between, every step checked against float64 numpy; a
   # stall fails each case within 5 s.

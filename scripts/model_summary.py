@@ -7,9 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ lives in the checkout, not the wheel
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # models/ lives in the checkout, not the wheel
 
-import models  # noqa: E402
+import models  # noqa: E402,F401  (registers deepspeech2)
+from jaxring.engine.experiment import load_config  # noqa: E402
 from models.deepspeech2.model import FRAMES_PER_SECOND, output_lengths  # noqa: E402
 from models.deepspeech2.summary import count_params, flops_per_audio_second  # noqa: E402
 
@@ -18,7 +20,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="experiment YAML of a deepspeech2 task")
     args = parser.parse_args()
-    config = models.load_config(args.config).model
+    config = load_config(args.config, paths_relative_to=ROOT).model
     print(f"config: {args.config}")
     print(f"model: {config}")
     print(f"params: {count_params(config)}")

@@ -36,26 +36,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # module -> the pytest arguments that test it (keep in step with tests/).
 ENGINE_TESTS = "tests/jaxring/engine"
+# The toy-task runs that reach every part of the loop, each seconds long (-x stops at the first failure);
+# the rest of test_trainer.py (the mpirun and SIGKILL runs) would make a mutant cost minutes.
+TOY_RUNS = [f"{ENGINE_TESTS}/test_trainer.py::{name}" for name in (
+    "test_batch_not_divisible_by_replicas_is_a_clear_error",
+    "test_a_best_metric_the_task_does_not_report_is_refused_before_step_1",
+    "test_every_replica_of_every_process_draws_its_own_rng",
+    "test_run_directory",
+    "test_test_is_scored_on_the_best_checkpoint_not_the_final_state",
+    "test_a_damaged_best_checkpoint_is_not_reported_as_the_step_test_was_scored_on",
+    "test_logs_off_a_terminal_are_timestamped_lines_with_status_lines",
+    "test_summary_throughput_is_the_whole_training_loop_and_since_the_resume",
+    "test_replicas_match_one_device_with_the_whole_batch[2-ring]",
+)]
 TESTS: dict[str, list[str]] = {
     "jaxring/engine/checkpoint.py": [f"{ENGINE_TESTS}/test_checkpoint.py"],
     "jaxring/engine/config.py": [f"{ENGINE_TESTS}/test_config.py"],
     "jaxring/engine/rundir.py": [f"{ENGINE_TESTS}/test_rundir.py"],
     "jaxring/engine/metrics.py": [f"{ENGINE_TESTS}/test_metrics.py"],
     "jaxring/engine/progress.py": [f"{ENGINE_TESTS}/test_progress.py"],
-    "jaxring/engine/optim.py": [f"{ENGINE_TESTS}/test_trainer.py", "-k", "numpy or schedules or unknown_optimizer"],
-    # The toy-task runs that reach every part of the loop, each seconds long (-x stops at the first failure);
-    # the rest of test_trainer.py (the optimizer, mpirun and SIGKILL runs) would make a mutant cost minutes.
-    "jaxring/engine/trainer.py": [f"{ENGINE_TESTS}/test_trainer.py::{name}" for name in (
-        "test_batch_not_divisible_by_replicas_is_a_clear_error",
-        "test_a_best_metric_the_task_does_not_report_is_refused_before_step_1",
-        "test_every_replica_of_every_process_draws_its_own_rng",
-        "test_run_directory",
-        "test_test_is_scored_on_the_best_checkpoint_not_the_final_state",
-        "test_a_damaged_best_checkpoint_is_not_reported_as_the_step_test_was_scored_on",
-        "test_logs_off_a_terminal_are_timestamped_lines_with_status_lines",
-        "test_summary_throughput_is_the_whole_training_loop_and_since_the_resume",
-        "test_replicas_match_one_device_with_the_whole_batch[2-ring]",
-    )],
+    "jaxring/engine/optim.py": [f"{ENGINE_TESTS}/test_optim.py"],
+    "jaxring/engine/trainer.py": TOY_RUNS,
+    "jaxring/engine/devices.py": TOY_RUNS,
+    "jaxring/engine/evaluation.py": TOY_RUNS,
     "jaxring/engine/sync.py": [f"{ENGINE_TESTS}/test_sync.py", f"{ENGINE_TESTS}/test_trainer.py::test_run_directory"],
     "jaxring/engine/report.py": [f"{ENGINE_TESTS}/test_report.py"],
     "jaxring/engine/timing.py": [f"{ENGINE_TESTS}/test_timing.py"],

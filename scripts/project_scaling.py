@@ -293,10 +293,11 @@ def gradient_leaf_bytes(config_name: str) -> list[int]:
     """Bytes of each parameter leaf of a config (float32), in tree order: what the sync all-reduces."""
     import jax
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
+    from jaxring.engine.experiment import build_task, load_config
 
-    config = models.load_config(ROOT / "configs" / f"{config_name}.yaml", [])
-    task = models.build_task(config)
+    config = load_config(ROOT / "configs" / f"{config_name}.yaml", [], ROOT)
+    task = build_task(config)
     shapes = jax.eval_shape(task.init, jax.random.PRNGKey(0))["params"]
     return [math.prod(leaf.shape) * 4 for leaf in jax.tree_util.tree_leaves(shapes)]
 

@@ -27,12 +27,13 @@ def main(argv=None) -> list[str]:
     add_decoder_flags(parser)
     args = parser.parse_args(argv)
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
     from jaxring.engine.checkpoint import CheckpointError
+    from jaxring.engine.experiment import load_run
     from models.deepspeech2.data import DataError
 
     try:
-        config, task, variables, _ = models.load_run(args.workdir, args.checkpoint)
+        config, task, variables, _ = load_run(args.workdir, args.checkpoint, ROOT)
         decoder, _ = decoder_of(args, config)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")

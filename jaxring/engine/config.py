@@ -1,21 +1,21 @@
 """Experiment configs: YAML files checked against typed dataclass sections.
 
 An experiment file names its task (`task: NAME`, resolved by the task
-registry, jaxring/engine/tasks.py) and has one YAML mapping per section. The engine owns the `train`, `optim`, `eval` and `checkpoint`
-sections (dataclasses below); the task brings its own sections as
-dataclasses. Every key is checked:
-a misspelled one is an error that names the closest valid key, and
-`--set section.key=value` overrides are converted to the type the schema
+registry, jaxring/engine/registry.py) and has one YAML mapping per section.
+The engine owns the `train`, `optim`, `eval` and `checkpoint` sections
+(dataclasses below); the task brings its own sections as dataclasses. Every
+key is checked: a misspelled one is an error that names the closest valid key,
+and `--set section.key=value` overrides are converted to the type the schema
 declares, so `--set optim.learning_rate=1e-3` is a float, not YAML's string.
 
 Fields declared `ConfigPath` name files or folders. A relative one written in
 a config file resolves against the folder the loader names (`load(...,
-paths_relative_to=)`; the scripts name the repository root, see
-models/__init__.py), one given with `--set` against the current directory,
-as any path typed on a command line; the resolved config holds absolute
-paths. The copy saved in a run directory writes those inside the folder they
-were resolved against relative to it again (save()), so a run keeps finding
-the checkout's data after the checkout moves.
+paths_relative_to=)`; which folder a launcher names: jaxring/engine/experiment.py),
+one given with `--set` against the current directory, as any path typed on a
+command line; the resolved config holds absolute paths. The copy saved in a
+run directory writes those inside the folder they were resolved against
+relative to it again (save()), so a run keeps finding the checkout's data
+after the checkout moves.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import difflib
 import os
 import types
 import typing
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -139,9 +138,6 @@ def best_metric(checkpoint: CheckpointConfig, metrics) -> str:
 
 TASK_KEY = "task"  # the top-level key that names the task
 
-# Keys that were renamed, (section, old key) -> new key: the old one still works, with a warning.
-RENAMED_KEYS = {("eval", "max_utterances"): "max_examples"}
-
 ENGINE_SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "optim": OptimConfig,
@@ -183,16 +179,6 @@ def _unknown_key_error(where: str, key: str, valid) -> ConfigError:
     close = closest_key(key, valid)
     hint = f"; did you mean {close!r}?" if close else ""
     return ConfigError(f"unknown key {key!r} in {where}{hint} (valid keys: {', '.join(valid)})")
-
-
-def _current_key(section: str, key: str) -> str:
-    """The name `section.key` has now; a renamed key warns (FutureWarning: shown by default)."""
-    new = RENAMED_KEYS.get((section, key))
-    if new is None:
-        return key
-    warnings.warn(f"{section}.{key} is deprecated: it is now called {section}.{new} (same meaning); "
-                  f"rename it in the config or --set", FutureWarning, stacklevel=2)
-    return new
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -261,13 +247,6 @@ def section_from_dict(cls, values: Mapping[str, Any] | None, where: str):
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of keys to values; got {values!r}")
     fields = _field_types(cls)
-    current = {}
-    for key, value in values.items():
-        new = _current_key(where, key)
-        if new in current:
-            raise ConfigError(f"{where}.{key} and {where}.{new} are the same setting; give only {where}.{new}")
-        current[new] = value
-    values = current
     for key in values:
         if key not in fields:
             raise _unknown_key_error(where, key, fields)
@@ -312,7 +291,6 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
         if not sep or "." not in path:
             raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
         section, _, key = path.partition(".")
-        key = _current_key(section, key)
         if section not in sections:
             raise OverrideError(f"--set {item}: {_unknown_key_error('the config', section, sections)}")
         cls = sections[section]
@@ -328,7 +306,6 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
         current = raw.get(section) or {}
         if not isinstance(current, Mapping):
             raise ConfigError(f"{section} must be a mapping of keys to values; got {current!r}")
-        current = {k: v for k, v in current.items() if RENAMED_KEYS.get((section, k)) != key}  # the file's old name
         raw[section] = {**current, key: value}
     return raw
 

@@ -6,21 +6,21 @@ OptimConfig in config.py); the config accepts exactly the names listed here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import optax
 
-if TYPE_CHECKING:
-    from jaxring.engine.config import OptimConfig
+# The `optim:` section, jaxring.engine.config.OptimConfig; not imported: config.py imports this module's names.
+OptimSection = Any
 
 # name -> (optim config, schedule) -> optimizer
-OPTIMIZERS: dict[str, Callable[[OptimConfig, optax.Schedule], optax.GradientTransformation]] = {
+OPTIMIZERS: dict[str, Callable[[OptimSection, optax.Schedule], optax.GradientTransformation]] = {
     "sgd": lambda cfg, schedule: optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
     "adamw": lambda cfg, schedule: optax.adamw(schedule, weight_decay=cfg.weight_decay),
 }
 
 # name -> (optim config, steps per epoch, total steps) -> schedule
-SCHEDULES: dict[str, Callable[[OptimConfig, int, int], optax.Schedule]] = {
+SCHEDULES: dict[str, Callable[[OptimSection, int, int], optax.Schedule]] = {
     "anneal": lambda cfg, epoch_steps, total_steps: optax.exponential_decay(
         cfg.learning_rate, epoch_steps, 1.0 / cfg.anneal_factor, staircase=True
     ),
@@ -38,11 +38,11 @@ def _lookup(table: dict, kind: str, name: str):
         raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(table)}") from None
 
 
-def learning_rate_schedule(cfg: OptimConfig, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
+def learning_rate_schedule(cfg: OptimSection, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
     return _lookup(SCHEDULES, "optim.schedule", cfg.schedule)(cfg, steps_per_epoch, total_steps)
 
 
-def make_optimizer(cfg: OptimConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.GradientTransformation:
     optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(cfg, schedule)
     if cfg.clip_norm is None:
         return optimizer

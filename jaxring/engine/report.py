@@ -32,7 +32,7 @@ def trained_by(summary: dict, platform: str) -> str:
     devices, processes = summary["local_devices"], summary["processes"]
     line = (f"trained on {devices} {platform} device{'s' if devices != 1 else ''} x {processes} "
             f"process{'es' if processes != 1 else ''}, {summary['allreduce']} all-reduce")
-    share = summary.get("last_window_allreduce_share")
+    share = summary.get("last_window_allreduce_share_estimate")
     if devices * processes == 1:
         return line + " over one replica (no exchange)"
     # A tenth of a percent: a ring's share on CPU is often under 1%, which a whole percent shows as 0.

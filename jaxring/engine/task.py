@@ -61,7 +61,7 @@ class MetricNames:
 class Task(Protocol):
     """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = examples.
 
-    jaxring/engine/tasks.py finds a task class by the config's `task:` key and
+    jaxring/engine/registry.py finds a task class by the config's `task:` key and
     checks it has every member below with these arguments before anything runs.
     Required: `metrics` and the seven methods up to `eval_batches`. Optional,
     with the default named: `config_sections`, `from_config`, `check_data`,
@@ -119,9 +119,10 @@ class Task(Protocol):
         the devices, processes, all-reduce share and time to either), as for an empty text."""
         return {}, ""
 
-    # Optional, for scripts/evaluate.py, which scores a run again: a task with options of its own
-    # (Deep Speech 2: a manifest, a beam search with an LM) has both of these. Default: none,
-    # and the evaluation training runs, on --split dev or test.
+    # Optional, for scripts/evaluate.py (jaxring/engine/launch.py), which scores a run again: a task with
+    # options of its own (Deep Speech 2: a manifest, a beam search with an LM) has both of these. Default:
+    # no options, and the split (--split dev or test) scored as training scores it
+    # (jaxring/engine/evaluation.py's score_split).
 
     @staticmethod
     def add_evaluate_arguments(parser) -> None:
@@ -129,9 +130,7 @@ class Task(Protocol):
         --checkpoint, --batch-size)."""
         return None
 
-    def evaluate(self, args, config, variables) -> tuple[dict, str | None]:
-        """(JSON-serialisable scores of `variables` as `args` ask, an error to end with once they are
-        printed, or None); raise ValueError (DataError) for options or data it cannot score."""
-        from jaxring.engine.scoring import score_split  # it imports the trainer, which imports this module
-
-        return score_split(self, config, variables, args.split, args.batch_size), None
+    # evaluate(self, args, config, variables) -> tuple[dict, str | None]: (JSON-serialisable scores of
+    # `variables` as `args` ask, an error to end with once they are printed, or None); raises ValueError
+    # (DataError) for options or data it cannot score. Not declared here: the default lives in the engine,
+    # which this module does not import, and a subclass must not inherit an empty one.

@@ -10,12 +10,13 @@ run writes to its directory. The gradient all-reduce is the `sync` object's
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import flax
 import jax
@@ -30,32 +31,30 @@ from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
 from jaxring.engine import rundir
 from jaxring.engine.checkpoint import BEST, LATEST, Checkpoints
+from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
+from jaxring.engine.evaluation import evaluate, make_predict
 from jaxring.engine.optim import learning_rate_schedule, make_optimizer
 from jaxring.engine.progress import Progress
+from jaxring.engine.registry import check_task_class, checked_loss
 from jaxring.engine.sync import make_sync
-from jaxring.engine.task import AXIS, SOURCES, Shard, Task
-from jaxring.engine.tasks import check_task_class, checked_loss
+from jaxring.engine.task import AXIS, Shard, Task
 
+# The most training steps left in flight: JAX queues steps without waiting, and
+# each queued step holds its batch and outputs; waiting for the step this far
+# back keeps the queue full and that memory bounded (the results do not depend
+# on it: docs/USAGE.md, "Steps in flight").
+STEPS_IN_FLIGHT = 16
 # Timings of the sync alone at start-up, of which the median is kept: the
 # all-reduce share of a step is that over the measured step time, with no
 # extra collectives in the training loop. The share is the steady state's:
 # across processes the first 15-30 calls of the program after it compiled
 # ran 10-20 ms in one of three against 2 ms after (ds2_tiny, 2 processes,
 # docs/PERFORMANCE.md), so many untimed calls come first.
-# The most training steps left in flight: JAX queues steps without waiting, and
-# each queued step holds its batch and outputs; waiting for the step this far
-# back keeps the queue full and that memory bounded (the results do not depend
-# on it: docs/USAGE.md, "Steps in flight").
-STEPS_IN_FLIGHT = 16
 SYNC_TIMING_WARMUP = 20
 SYNC_TIMING_REPEATS = 10
 
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
-
-# summary.json keys renamed on 2026-11-24, still written with the same value under the old name for the
-# readers users have; summary.json's "deprecated" says what each became.
-RENAMED_SUMMARY_KEYS = {"last_window_allreduce_share": "last_window_allreduce_share_estimate"}
 
 
 @flax.struct.dataclass
@@ -67,88 +66,28 @@ class TrainState:
     rng: jax.Array
 
 
-# ---------------------------------------------------------------- batches on devices
-
-
-def split_for_devices(batch: dict, n_devices: int) -> dict:
-    """[B, ...] leaves -> [n_devices, B / n_devices, ...]."""
-
-    def split(x):
-        if x.shape[0] % n_devices:
-            raise ValueError(
-                f"a batch of {x.shape[0]} examples cannot be split evenly over {n_devices} local devices; "
-                f"make train.batch_size a multiple of processes x local devices"
-            )
-        return x.reshape((n_devices, x.shape[0] // n_devices) + x.shape[1:])
-
-    return jax.tree_util.tree_map(split, batch)
-
-
-def pad_batch(batch: dict, size: int) -> dict:
-    """Leaves padded to `size` rows by repeating the last row (outputs of the copies are dropped)."""
-    index = np.minimum(np.arange(size), batch_rows(batch) - 1)
-    return jax.tree_util.tree_map(lambda x: np.asarray(x)[index], batch)
-
-
-def split_sources(batch: dict) -> tuple[dict, list[str]]:
-    """(the batch's arrays, the names of its examples' sources, if the task gives them)."""
-    arrays = dict(batch)
-    return arrays, list(arrays.pop(SOURCES, []))
-
-
-def batch_rows(batch: dict) -> int:
-    return len(jax.tree_util.tree_leaves(batch)[0])
-
-
-def replicate(tree, devices):
-    """A copy of `tree` on each device, stacked along a leading axis (what pmap takes)."""
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), (AXIS,)), jax.sharding.PartitionSpec(AXIS))
-    stack = lambda x: np.broadcast_to(np.asarray(x)[None], (len(devices),) + np.shape(x))  # noqa: E731
-    return jax.tree_util.tree_map(lambda x: jax.device_put(stack(x), sharding), tree)
-
-
-def unreplicate(tree):
-    return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), tree)
-
-
 def count_params(params) -> int:
     return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
 
 
-def sum_across_processes(counts: dict[str, float], comm) -> dict[str, float]:
-    """`counts` summed over the processes of MPI communicator `comm` (None: this process only)."""
-    if comm is None:
-        return counts
-    agreement.agree(comm, "the sum of evaluation counts", "counts")  # every process arrives, within the timeout
-    keys = sorted(set().union(*comm.allgather(set(counts))))
-    totals = comm.allreduce(np.array([counts.get(k, 0.0) for k in keys], np.float64))  # elementwise sum
-    return dict(zip(keys, totals.tolist()))
-
-
-def make_predict(task: Task):
-    return jax.pmap(task.predict, axis_name=AXIS)
-
-
-def evaluate(task: Task, predict, variables, batches: Iterable[dict], n_devices: int, comm=None):
-    """Task metrics over `batches` (this process's share), summed across processes.
-
-    `variables` are replicated over the local devices; each batch is padded
-    to a multiple of them and the padding's outputs dropped before scoring.
-    """
-    counts = collections.defaultdict(float)
-    for batch in batches:
-        batch, _ = split_sources(batch)
-        rows = batch_rows(batch)
-        padded = pad_batch(batch, math.ceil(rows / n_devices) * n_devices)
-        outputs = predict(variables, split_for_devices(padded, n_devices))
-        outputs = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])[:rows], outputs)
-        for key, value in task.score(outputs, batch).items():
-            counts[key] += value
-    return task.summarize(sum_across_processes(dict(counts), comm))
-
-
 def variables_of(state: TrainState) -> dict:
     return {"params": state.params, **state.model_state}
+
+
+@dataclasses.dataclass
+class _Window:
+    """The steps since the last logged row, over which the row's pace is measured."""
+
+    examples: int = 0
+    steps: int = 0
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def add(self, examples: int) -> None:
+        self.examples += examples
+        self.steps += 1
+
+    def restart(self) -> None:
+        self.examples, self.steps, self.started = 0, 0, time.perf_counter()
 
 
 # ---------------------------------------------------------------- the engine
@@ -177,7 +116,9 @@ class Trainer:
                 f"({self.world_size} processes x {self.n_local} local devices)"
             )
         self.shard = Shard(self.rank, self.world_size)
-        self.batches = batches if batches is not None else task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
+        if batches is None:
+            batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
+        self.batches = batches
         epoch_steps = self.batches.steps_per_epoch
         # max_steps, when set, is the run's length (the data repeats as often as that takes).
         self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
@@ -192,6 +133,7 @@ class Trainer:
         self.progress = Progress(enabled=self.rank == 0)
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
         self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
+        self._in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
 
     # -- state
 
@@ -354,123 +296,157 @@ class Trainer:
 
     # -- the loop
 
-    def _log_row(self, step: int, out: dict, examples: int, elapsed: float, steps: int, sync_s: float) -> dict:
-        loss = float(out["loss"][0])
-        step_s = elapsed / steps
-        return {
-            "step": step,
-            "epoch": (step - 1) // self.batches.steps_per_epoch,
-            "loss": loss,
-            "grad_norm": float(out["grad_norm"][0]),
-            "learning_rate": float(self.schedule(step - 1)),
-            "examples_per_s": examples / elapsed,
-            "step_s": step_s,
-            # An estimate, not a measurement: the sync timed alone once at start-up (time_sync)
-            # over this window's measured mean step.
-            "allreduce_share_estimate": min(1.0, sync_s / step_s),
-        }
-
-    def _best_step(self) -> int | None:
-        """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
-        best = self._from_lead("the best step", self.checkpoints.best)
-        return None if best is None else best["step"]
-
     def fit(self, resume: bool = False, overwrite: bool = False) -> dict:
         """Trains to the end, evaluates and writes the run directory; returns the summary.
 
         `resume` / `overwrite`: what to do with a run already in the directory
         (jaxring/engine/rundir.py); without either, such a directory is an error.
         """
-        cfg = self.config
-        lead = self.rank == 0
         self.workdir.mkdir(parents=True, exist_ok=True)
         steps = self._from_lead("the checkpoint steps", self.checkpoints.steps)
-        resume = rundir.take_over(self.workdir, steps, resume, overwrite, lead)
+        resume = rundir.take_over(self.workdir, steps, resume, overwrite, self.rank == 0)
         data_report = self.check_before_training()
         state = self.init_state()
         n_params = count_params(state.params)
-        resumed_row = None
-        if resume:
-            state, extra = self.restore(state)
-            resumed_row = extra.get("row")
-            # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
-            self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
+        state, resumed_row = self._resume(state) if resume else (state, None)
         start = int(state.step)
-        if resume:  # the step of the newest intact checkpoint, which is the one resumed
-            rundir.refuse_finished(self.workdir, start, self.total_steps)
-        if lead:
-            self.checkpoints.discard_partial()
-            config_lib.save(cfg, self.workdir / "config.yaml")
-            if data_report is not None:
-                metrics_lib.write_json(self.workdir / "data_report.json", data_report)
-                for split in data_report.values():
-                    self.progress.status(f"data {split['summary']}")
-            log = metrics_lib.RunLog(self.workdir, resume_step=start if resume else None, resumed_row=resumed_row)
-            per_device = cfg.train.batch_size // (self.world_size * self.n_local)
-            self.progress.status(
-                f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
-                f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
-                f"all-reduce {cfg.train.allreduce} in buckets of {self.bucket_bytes:,} B, {self.total_steps} steps "
-                f"({self.batches.steps_per_epoch} per epoch)" + (f", resuming at step {start}" if resume else "")
-            )
+        log = None  # the lead process's alone: it writes the run directory
+        if self.rank == 0:
+            log = self._open_run_directory(data_report, start if resume else None, resumed_row, n_params)
         state = replicate(state, self.devices)
         sync_s = self.time_sync(state)
         self.progress.status(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)")
+        state, row, last = self._train(state, start, log, sync_s)
+        return self._conclude(state, row, last, log, sync_s, n_params)
+
+    def _resume(self, template: TrainState) -> tuple[TrainState, dict | None]:
+        """(the newest intact checkpoint's state, its metrics.jsonl row); refuses a run that already ended."""
+        state, extra = self.restore(template)
+        # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
+        self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
+        rundir.refuse_finished(self.workdir, int(state.step), self.total_steps)
+        return state, extra.get("row")
+
+    def _open_run_directory(self, data_report: dict | None, resume_step: int | None, resumed_row: dict | None,
+                            n_params: int) -> metrics_lib.RunLog:
+        """The lead process's start: config.yaml, data_report.json, the run log and the run's first status line."""
+        cfg = self.config
+        self.checkpoints.discard_partial()
+        config_lib.save(cfg, self.workdir / "config.yaml")
+        if data_report is not None:
+            metrics_lib.write_json(self.workdir / "data_report.json", data_report)
+            for split in data_report.values():
+                self.progress.status(f"data {split['summary']}")
+        log = metrics_lib.RunLog(self.workdir, resume_step=resume_step, resumed_row=resumed_row)
+        per_device = cfg.train.batch_size // (self.world_size * self.n_local)
+        self.progress.status(
+            f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
+            f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
+            f"all-reduce {cfg.train.allreduce} in buckets of {self.bucket_bytes:,} B, {self.total_steps} steps "
+            f"({self.batches.steps_per_epoch} per epoch)"
+            + (f", resuming at step {resume_step}" if resume_step is not None else "")
+        )
+        return log
+
+    def _train(self, state: TrainState, start: int, log, sync_s: float) -> tuple[TrainState, dict, dict]:
+        """Steps start + 1 to the last: (state, the last step's row, the latest value of every logged key).
+
+        The last step is neither evaluated nor saved here: _conclude does both."""
         self.progress.start(self.total_steps, start)
-        window_start = time.perf_counter()
-        examples = window_steps = 0
-        last: dict = {}  # the latest value of every logged key
+        window = _Window()
+        last: dict = {}
         row: dict = {"step": start}
         batches = iter(self.batches)
-        in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
         self.throughput.start()
         for step in range(start + 1, self.total_steps + 1):
-            batch, sources = split_sources(next(batches))
-            global_rows = batch_rows(batch) * self.world_size
-            examples += global_rows
-            self.throughput.add(global_rows)
-            if step == start + 1:
-                self.progress.status("compiling the training step (the first step runs when it is compiled)")
-            state, out = self.train_step(state, batch)
-            self._unchecked_losses.append((step, out["loss"], sources))
-            in_flight.append(out["loss"])
-            if len(in_flight) > STEPS_IN_FLIGHT:
-                in_flight.popleft().block_until_ready()
-            if step == start + 1:
-                jax.block_until_ready(out)
-                self.progress.status(f"first step compiled and run in {time.perf_counter() - window_start:.1f} s")
-            window_steps += 1
+            state, out = self._dispatch(state, next(batches), step, window, first=step == start + 1)
             row = {"step": step}
-            if step % cfg.train.log_every == 0 or step == self.total_steps:
+            if step % self.config.train.log_every == 0 or step == self.total_steps:
                 self._check_losses()
                 jax.block_until_ready(out)  # steps are dispatched asynchronously: time them done
-                elapsed = time.perf_counter() - window_start
-                row.update(self._log_row(step, out, examples, elapsed, window_steps, sync_s))
+                row.update(self._log_row(step, out, window, sync_s))
             if step == self.total_steps:
                 self.progress.logged(step, self._postfix({**last, **row}))
-                break  # evaluated and saved below
-            if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
-                dev = self.evaluate(state, "dev")
-                row.update({f"dev_{k}": v for k, v in dev.items()})
-                self.save(state, dev, row)
-            elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                self.save(state, row=row)
+                break
+            self._evaluate_or_save(state, step, row)
             if len(row) > 1:
                 last.update(row)
-                if lead:
+                if log is not None:
                     log.write(row)
                 if "loss" in row:
                     self.progress.logged(step, self._postfix(last))
-                examples, window_steps, window_start = 0, 0, time.perf_counter()
+                window.restart()
             self.progress.advance()
         self.throughput.stop()
         self.progress.close()
+        return state, row, last
 
+    def _dispatch(self, state: TrainState, batch: dict, step: int, window: _Window, first: bool):
+        """Queues step `step` without waiting for it; waits for the step STEPS_IN_FLIGHT back, and for
+        the first step, which compiles."""
+        batch, sources = split_sources(batch)
+        global_rows = batch_rows(batch) * self.world_size
+        window.add(global_rows)
+        self.throughput.add(global_rows)
+        if first:
+            self.progress.status("compiling the training step (the first step runs when it is compiled)")
+        state, out = self.train_step(state, batch)
+        self._unchecked_losses.append((step, out["loss"], sources))
+        self._in_flight.append(out["loss"])
+        if len(self._in_flight) > STEPS_IN_FLIGHT:
+            self._in_flight.popleft().block_until_ready()
+        if first:
+            jax.block_until_ready(out)
+            self.progress.status(f"first step compiled and run in {time.perf_counter() - window.started:.1f} s")
+        return state, out
+
+    def _log_row(self, step: int, out: dict, window: _Window, sync_s: float) -> dict:
+        elapsed = time.perf_counter() - window.started
+        step_s = elapsed / window.steps
+        return {
+            "step": step,
+            "epoch": (step - 1) // self.batches.steps_per_epoch,
+            "loss": float(out["loss"][0]),
+            "grad_norm": float(out["grad_norm"][0]),
+            "learning_rate": float(self.schedule(step - 1)),
+            "examples_per_s": window.examples / elapsed,
+            "step_s": step_s,
+            # An estimate, not a measurement: the sync timed alone once at start-up (time_sync)
+            # over this window's measured mean step.
+            "allreduce_share_estimate": min(1.0, sync_s / step_s),
+        }
+
+    def _evaluate_or_save(self, state: TrainState, step: int, row: dict) -> None:
+        """Dev metrics and a checkpoint every eval.every_steps, else a checkpoint every checkpoint.every_steps."""
+        cfg = self.config
+        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+            dev = self.evaluate(state, "dev")
+            row.update({f"dev_{k}": v for k, v in dev.items()})
+            self.save(state, dev, row)
+        elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+            self.save(state, row=row)
+
+    def _conclude(self, state: TrainState, row: dict, last: dict, log, sync_s: float, n_params: int) -> dict:
+        """The last step evaluated and saved, test scored, the summary written (lead process); the summary."""
         dev = self.evaluate(state, "dev")
         row.update({f"dev_{k}": v for k, v in dev.items()})
         last.update(row)
         self.save(state, dev, row)
-        summary = {
+        summary = self._summary(last, dev, sync_s, n_params)
+        summary["best_step"] = best_step = self._best_step()
+        if self.config.eval.test_at_end:
+            summary.update(self._test_scores(state, best_step))
+        if log is not None:
+            log.write(row)
+            rows = log.rows()
+            log.close()
+            metrics_lib.write_json(self.workdir / "summary.json", summary)
+            metrics_lib.plot_curves(rows, self.workdir / "plots", self.task.metrics)
+        return summary
+
+    def _summary(self, last: dict, dev: dict, sync_s: float, n_params: int) -> dict:
+        cfg = self.config
+        return {
             "steps": self.total_steps,
             "epochs": self.total_steps / self.batches.steps_per_epoch,
             "parameters": n_params,
@@ -486,26 +462,21 @@ class Trainer:
             "allreduce_s": sync_s,
             **{f"dev_{k}": v for k, v in dev.items()},
         }
-        summary.update({old: summary[new] for old, new in RENAMED_SUMMARY_KEYS.items()})
-        summary["deprecated"] = {old: f"renamed {new}; same value" for old, new in RENAMED_SUMMARY_KEYS.items()}
-        best_step = self._best_step()
-        summary["best_step"] = best_step
-        if cfg.eval.test_at_end:
-            if best_step is not None and best_step != self.total_steps:
-                # BEST: a damaged best checkpoint falls back to the newest intact one, named on stderr.
-                best, _ = self.load_checkpoint(unreplicate(state), BEST)
-                state = replicate(best, self.devices)
-            test = self.evaluate(state, "test")
-            # The step whose weights produced test_*: best_step unless its checkpoint was damaged.
-            summary["test_step"] = int(np.asarray(state.step)[0])
-            summary.update({f"test_{k}": v for k, v in test.items()})
-        if lead:
-            log.write(row)
-            rows = log.rows()
-            log.close()
-            metrics_lib.write_json(self.workdir / "summary.json", summary)
-            metrics_lib.plot_curves(rows, self.workdir / "plots", self.task.metrics)
-        return summary
+
+    def _test_scores(self, state: TrainState, best_step: int | None) -> dict:
+        """test_* of the best checkpoint's weights (the final state's when it is the best), and their step."""
+        if best_step is not None and best_step != self.total_steps:
+            # BEST: a damaged best checkpoint falls back to the newest intact one, named on stderr.
+            best, _ = self.load_checkpoint(unreplicate(state), BEST)
+            state = replicate(best, self.devices)
+        test = self.evaluate(state, "test")
+        # The step whose weights produced test_*: best_step unless its checkpoint was damaged.
+        return {"test_step": int(np.asarray(state.step)[0]), **{f"test_{k}": v for k, v in test.items()}}
+
+    def _best_step(self) -> int | None:
+        """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
+        best = self._from_lead("the best step", self.checkpoints.best)
+        return None if best is None else best["step"]
 
     def _postfix(self, row: dict) -> dict:
         shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}

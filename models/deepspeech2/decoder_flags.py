@@ -4,6 +4,9 @@ import argparse
 import os
 from pathlib import Path
 
+from models.deepspeech2 import beam_scoring
+from models.deepspeech2.lm import ArpaLM
+
 
 def add_decoder_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (default: greedy)")
@@ -23,9 +26,6 @@ def decoder_of(args, config):
         if args.lm or args.alpha is not None or args.beta is not None:
             raise ValueError("--lm, --alpha and --beta weight a beam search; add --beam-width (e.g. 16)")
         return None, {"decoder": "greedy"}
-    from models.deepspeech2 import decoding
-    from models.deepspeech2.lm import ArpaLM
-
     lm = None
     if args.lm:
         try:
@@ -36,15 +36,13 @@ def decoder_of(args, config):
     beta = config.decode.beta if args.beta is None else args.beta
     described = {"decoder": "beam", "beam_width": args.beam_width, "lm": os.path.abspath(args.lm) if args.lm else None,
                  "alpha": alpha if lm else None, "beta": beta}
-    return decoding.beam_decoder(args.beam_width, lm, alpha, beta), described
+    return beam_scoring.beam_decoder(args.beam_width, lm, alpha, beta), described
 
 
 def _lm_hint(args) -> str:
     """Where to look instead: a relative --lm is relative to the current directory, and the run may have its own."""
-    from models.deepspeech2.decoding import LM_FILE
-
     where = "" if os.path.isabs(args.lm) else f" (a relative path is relative to the current directory, {os.getcwd()})"
-    own = Path(args.workdir) / LM_FILE
+    own = Path(args.workdir) / beam_scoring.LM_FILE
     if own.is_file():
         return f"{where}; the run has its own LM: --lm {own.resolve()}"
     return f"{where}; build one with scripts/build_lm.py"

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from models.deepspeech2 import beam_scoring
+from models.deepspeech2.data import DataError, Problems
 from models.deepspeech2.decoder_flags import add_decoder_flags, decoder_of
 
 
@@ -30,9 +32,6 @@ def evaluate(task, args, config, variables) -> tuple[dict, str | None]:
     is not where the run's config.yaml says (a run directory from another machine), the whole
     corpus is synthesised again first, and a line on stderr says so.
     """
-    from models.deepspeech2 import decoding
-    from models.deepspeech2.data import DataError, Problems
-
     if args.split not in ("train", "dev", "test"):
         raise DataError(f"--split {args.split!r}: Deep Speech 2 scores train, dev or test (or --manifest M.jsonl)")
     decoder, described = decoder_of(args, config)
@@ -43,11 +42,11 @@ def evaluate(task, args, config, variables) -> tuple[dict, str | None]:
     problems = Problems(on_skip=lambda line: print(f"skipped {line}", file=sys.stderr, flush=True))
     batch_size = args.batch_size or config.eval.batch_size
     if args.by:
-        result = {"by": args.by, "groups": {value: decoding.score_manifest(task, variables, part, batch_size,
+        result = {"by": args.by, "groups": {value: beam_scoring.score_manifest(task, variables, part, batch_size,
                                                                             decoder, problems)
                                             for value, part in grouped(manifest, args.by, args.per_group)}}
     else:
-        result = decoding.score_manifest(task, variables, manifest, batch_size, decoder, problems)
+        result = beam_scoring.score_manifest(task, variables, manifest, batch_size, decoder, problems)
     result = {**result, "manifest": str(manifest), "skipped": len(problems.unusable), **described}
     failure = None
     if problems.unusable:
@@ -59,8 +58,6 @@ def grouped(manifest: str, field: str, per_group: int | None):
     """(value, manifest of its utterances) for each value of `field` in `manifest`, in sorted order: the
     first `per_group` utterances of each, in a temporary folder (removed once all are scored)."""
     import tempfile
-
-    from models.deepspeech2.data import DataError
 
     folder = os.path.dirname(os.path.abspath(manifest))
     groups = {}

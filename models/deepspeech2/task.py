@@ -20,7 +20,7 @@ import numpy as np
 from jaxring.engine.checkpoint import load_variables
 from jaxring.engine.config import ConfigPath
 from jaxring.engine.task import AXIS, SOURCES, MetricNames, Shard
-from models.deepspeech2 import alphabet, ctc, decode, evaluation, metrics
+from models.deepspeech2 import alphabet, ctc, ctc_decoders, evaluation, metrics
 from models.deepspeech2 import model as ds2
 from models.deepspeech2.augment import AugmentConfig, augment
 from models.deepspeech2.data import AudioError, BatchIterator, DataError, SpeechDataset, ensure_synthetic_corpus
@@ -28,7 +28,7 @@ from models.deepspeech2.data import Problems, featurize, read_audio, read_manife
 from models.deepspeech2.data.features import NUM_BINS
 from models.deepspeech2.data import problems as P
 from models.deepspeech2.data import voices
-from models.deepspeech2.decoding import DecodeConfig, lm_test_scores, score_manifest
+from models.deepspeech2.beam_scoring import DecodeConfig, lm_test_scores, score_manifest
 
 SPLITS = ("train", "dev", "test")
 SYNTHESIZED = {"synthetic": ensure_synthetic_corpus, "voices": voices.ensure_voices_corpus}  # data.corpus -> maker
@@ -146,8 +146,8 @@ class DeepSpeech2Task:
         self.data = data
         self.augmentation = augmentation
         # (logits, lengths) -> transcripts; greedy while training, a beam search (see
-        # models/deepspeech2/decoding.py) when scoring with a language model
-        self.decoder = decode.greedy_decode
+        # models/deepspeech2/beam_scoring.py) when scoring with a language model
+        self.decoder = ctc_decoders.greedy_decode
         self.network = ds2.DeepSpeech2(model)
         # Training computes batch-norm statistics over all local devices together, so
         # N devices at B/N per device normalise exactly like one device at B.

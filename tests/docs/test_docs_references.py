@@ -2,7 +2,7 @@
 index (docs/bench/README.md) lists every JSON there; every command line in a shell block names a
 script that exists and takes the flags given (parsed, never run) or a make target the Makefile has;
 every relative link resolves, its #anchor included; and the README and the two long pages keep
-within their line budgets (issue 38)."""
+within their line budgets (LINE_BUDGETS)."""
 
 import json
 import os
@@ -73,6 +73,8 @@ def test_the_bench_index_lists_every_json_and_only_those():
 # -- command lines
 
 _PYTHONS = {"python", "python3", ".venv/bin/python"}
+# An installed jaxring's commands (pyproject.toml's [project.scripts]): the checkout's scripts parse the same flags.
+_ENTRY_POINTS = {"jaxring-train": "scripts/train.py", "jaxring-evaluate": "scripts/evaluate.py"}
 _LAUNCHERS = {"mpirun", "srun"}
 
 
@@ -101,6 +103,8 @@ def command_of(words: list[str]):
         return None
     if words[0] == "make":
         return "make", [w for w in words[1:] if "=" not in w and not w.startswith("-")]
+    if words[0] in _ENTRY_POINTS:
+        return "python", _ENTRY_POINTS[words[0]], [w.strip("[]") for w in words[1:] if w != "..."]
     if words[0] in _LAUNCHERS:
         for i, word in enumerate(words):
             if word in _PYTHONS:
@@ -182,6 +186,8 @@ def test_a_command_line_is_found_in_each_form_the_docs_use():
     assert command_of(shlex.split("mpirun -np 2 --host a:1 python -m mpi4py scripts/train.py ... [--resume]")) == (
         "python", "scripts/train.py", ["--resume"])
     assert command_of(shlex.split("/usr/bin/time make train TRAIN_FLAGS=--resume")) == ("make", ["train"])
+    assert command_of(shlex.split("jaxring-evaluate --workdir runs/mlp")) == (
+        "python", "scripts/evaluate.py", ["--workdir", "runs/mlp"])
     assert command_of(shlex.split("test CER 12.33% WER 30.15% (greedy)")) is None
 
 

@@ -48,7 +48,8 @@ class Block:
 sys.meta_path.insert(0, Block())
 sys.path[:0] = ["scripts", "."]
 import bench_torch_ds2, bench_train, check_persistent_rnn, compile_time, models
-task = models.build_task(models.load_config("configs/ds2_tiny.yaml", []))
+from jaxring.engine.experiment import build_task, load_config
+task = build_task(load_config("configs/ds2_tiny.yaml", []))
 print(sorted(task.init(__import__("jax").random.key(0))["params"])[:1])
 """
 
@@ -64,12 +65,13 @@ def test_the_gpu_stages_build_the_step_without_the_audio_packages():
 def test_torch_twin_has_the_models_frames_and_takes_a_step():
     import torch
 
-    import models
+    import models  # noqa: F401  (registers deepspeech2)
     from bench_torch_ds2 import bench_torch, build_model
     from bench_train import random_batch
+    from jaxring.engine.experiment import load_config
     from models.deepspeech2.model import output_lengths
 
-    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", []).model
+    config = load_config(ROOT / "configs" / "ds2_tiny.yaml", [], ROOT).model
     batch = random_batch(2, 0.5)
     logits = build_model(torch, config)(torch.from_numpy(batch["features"]).permute(0, 2, 1).unsqueeze(1))
     assert tuple(logits.shape) == (output_lengths(config, batch["features"].shape[1]), 2, 29)

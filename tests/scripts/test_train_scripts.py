@@ -21,9 +21,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_lm  # noqa: E402
 import evaluate  # noqa: E402
 import fit_lm_weights  # noqa: E402
-import models  # noqa: E402
 import train  # noqa: E402
 import transcribe  # noqa: E402
+
+from jaxring.engine import cli, launch  # noqa: E402
+from jaxring.engine.experiment import load_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,8 @@ def test_train_writes_the_run_directory(run, capsys):
 def test_corpus_synthesis_prints_timestamped_lines_once(tmp_path, capsys):
     from models.deepspeech2.data import ensure_synthetic_corpus
 
-    train.show_task_progress("models.deepspeech2.task")
-    train.show_task_progress("models.deepspeech2.task")  # main() run twice in one process: one line per message
+    launch.show_task_progress("models.deepspeech2.task")
+    launch.show_task_progress("models.deepspeech2.task")  # run() twice in one process: one line per message
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)
     ensure_synthetic_corpus(str(tmp_path), utterances=3, seed=5)  # already there: silent
     lines = capsys.readouterr().out.splitlines()
@@ -96,15 +98,20 @@ def test_fit_lm_weights_picks_the_best_of_its_grid(run, tmp_path):
 
 def test_config_paths_mean_the_same_files_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = models.load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.manifest_dir=lists"])
+    config = load_config(ROOT / "configs" / "ds2_tiny.yaml", ["data.manifest_dir=lists"], paths_relative_to=ROOT)
     assert config.data.cache_dir == str(ROOT / "data" / "cache")  # the file says data/cache
     assert config.data.manifest_dir == str(tmp_path / "lists")  # --set: from the cwd
 
 
+def test_an_installed_jaxring_reads_config_paths_from_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(ROOT / "configs" / "ds2_tiny.yaml")  # what jaxring-train does: no checkout to name
+    assert config.data.cache_dir == str(tmp_path / "data" / "cache")
+
 
 def test_the_default_run_directory_is_runs_slash_the_config_name_in_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    workdir = train.parse_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir
+    workdir = cli.parse_train_args(["--config", str(ROOT / "configs" / "ds2_tiny.yaml")]).workdir
     assert workdir.resolve() == tmp_path / "runs" / "ds2_tiny"  # where the user is, not inside the checkout
 
 

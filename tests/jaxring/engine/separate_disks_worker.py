@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import jaxring  # noqa: E402
-from test_trainer import SEPARATE_DISKS_CONFIG, ToyTask, toy_config  # noqa: E402
+from toy_task import SEPARATE_DISKS_CONFIG, ToyTask, toy_config  # noqa: E402
 
 from jaxring.engine.trainer import Trainer  # noqa: E402
 

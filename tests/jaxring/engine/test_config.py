@@ -263,20 +263,6 @@ def test_every_config_writes_out_its_optimizer_recipe(path):
     assert needed <= set(optim), f"{path.name} leaves {sorted(needed - set(optim))} to the engine's defaults"
 
 
-def test_a_renamed_key_still_works_with_a_warning(tmp_path):
-    path = tmp_path / "old.yaml"
-    path.write_text("eval:\n  max_utterances: 7\n")
-    with pytest.warns(FutureWarning, match=r"eval.max_utterances is deprecated: it is now called eval.max_examples"):
-        assert config_lib.load(path, TASK).eval.max_examples == 7
-    with pytest.warns(FutureWarning):  # --set under the old name, over the file's old name
-        assert config_lib.load(path, TASK, ["eval.max_utterances=9"]).eval.max_examples == 9
-    # the new name given with --set replaces the file's old name
-    assert config_lib.load(path, TASK, ["eval.max_examples=3"]).eval.max_examples == 3
-    path.write_text("eval:\n  max_utterances: 7\n  max_examples: 8\n")
-    with pytest.warns(FutureWarning), pytest.raises(config_lib.ConfigError, match="same setting; give only eval.max_examples"):
-        config_lib.load(path, TASK)
-
-
 def test_sections_are_immutable_and_saved_in_schema_order(tmp_path):
     cfg = config_lib.build({"task": "toy", "optim": {"learning_rate": 0.5}}, TASK)
     for section in (cfg.train, cfg.optim, cfg.eval, cfg.checkpoint):

@@ -4,8 +4,8 @@ from jaxring.engine.report import final_report
 from jaxring.engine.task import MetricNames
 
 SUMMARY = {"dev_err": 0.25, "dev_miss": 0.5, "test_err": 0.125, "test_miss": 0.0625, "best_step": 30,
-           "local_devices": 2, "processes": 3, "allreduce": "ring", "last_window_allreduce_share": 0.054,
-           "train_seconds": 407.4}
+           "local_devices": 2, "processes": 3, "allreduce": "ring",
+           "last_window_allreduce_share_estimate": 0.054, "train_seconds": 407.4}
 
 
 class Plain:
@@ -42,8 +42,8 @@ def test_one_replica_and_a_resumed_run_without_the_earlier_time():
 
 def test_nine_replicas_are_an_exchange_and_the_share_is_rounded_to_a_tenth_of_a_percent():
     # 3 devices x 3 processes: a ratio of 1, but nine replicas; a 75% share must not read as 75.1%.
-    nine = {**SUMMARY, "local_devices": 3, "processes": 3, "last_window_allreduce_share": 0.75}
+    nine = {**SUMMARY, "local_devices": 3, "processes": 3, "last_window_allreduce_share_estimate": 0.75}
     _, line = final_report(Plain(), None, "RUN", nine, "gpu")
     assert "; trained on 3 gpu devices x 3 processes, ring all-reduce 75.0% of the step; 407 s;" in line
-    small = {**SUMMARY, "last_window_allreduce_share": 0.0041}
+    small = {**SUMMARY, "last_window_allreduce_share_estimate": 0.0041}
     assert "ring all-reduce 0.4% of the step" in final_report(Plain(), None, "RUN", small, "cpu")[1]

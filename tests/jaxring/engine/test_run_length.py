@@ -6,7 +6,7 @@ import pytest
 
 from jaxring.engine import rundir
 from jaxring.engine import trainer as trainer_lib
-from tests.jaxring.engine.test_trainer import ToyTask, toy_config, world_of
+from tests.jaxring.engine.toy_task import ToyTask, toy_config, world_of
 
 
 def test_max_steps_is_the_length_even_past_the_epochs_and_a_finished_run_is_not_repeated(tmp_path):

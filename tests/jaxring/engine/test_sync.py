@@ -12,7 +12,7 @@ import pytest
 from jaxring.collectives.fusion import plan_buckets
 from jaxring.engine import sync as sync_lib
 from jaxring.engine.task import AXIS
-from jaxring.engine.trainer import replicate
+from jaxring.engine.devices import replicate
 from tests.tiny_runs import finish, mpirun
 
 # Odd shapes, two dtypes and an empty leaf: buckets of 64 bytes split, fuse and skip leaves.

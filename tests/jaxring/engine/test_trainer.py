@@ -1,4 +1,4 @@
-"""The engine on a toy task: replica equivalence, determinism, optimizer recipe, resume after SIGKILL."""
+"""The engine on a toy task: replica equivalence, determinism, the run directory, resume after SIGKILL."""
 
 import json
 import os
@@ -13,46 +13,16 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from jaxring.engine import config as config_lib
-from jaxring.engine import optim
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.devices import replicate, split_for_devices
 from jaxring.engine.task import AXIS, MetricNames
+from tests.jaxring.engine.toy_task import (SEPARATE_DISKS_CONFIG, SPLITS, ToyTask, ring_available, toy_config,
+                                           world_of)
 from tests.tiny_runs import finish, mpirun
-
-DIM = 5
-HIDDEN = 8
-
-
-class ToyBatches:
-    """Seeded shuffles of a fixed data set; the position is (epoch, batch index)."""
-
-    def __init__(self, x, y, batch_size, shard, seed, delay=0.0):
-        self.x, self.y, self.batch_size, self.shard, self.seed, self.delay = x, y, batch_size, shard, seed, delay
-        self.steps_per_epoch = len(x) // (batch_size * shard.count)
-        self.epoch, self.index = 0, 0
-
-    def state(self):
-        return {"epoch": self.epoch, "index": self.index}
-
-    def restore(self, state):
-        self.epoch, self.index = state["epoch"], state["index"]
-
-    def __iter__(self):
-        while True:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
-            while self.index < self.steps_per_epoch:
-                rows = order[(self.index * self.shard.count + self.shard.index) * self.batch_size :][: self.batch_size]
-                self.index += 1
-                time.sleep(self.delay)
-                yield {"x": self.x[rows], "y": self.y[rows]}
-            self.epoch, self.index = self.epoch + 1, 0
-
-
-SPLITS = {"dev": slice(0, 40), "test": slice(40, 75)}  # odd sizes: padding is exercised
 
 
 def numpy_mse(task, params, split):
@@ -62,82 +32,11 @@ def numpy_mse(task, params, split):
     return np.mean((np.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
 
 
-class ToyTask:
-    """y = tanh(x W1) W2 by squared error, with a running input mean as non-param state."""
-
-    metrics = MetricNames(best="mse", plotted=("mse",), shown=("mse",), label="dev mse")  # not a rate: no %
-
-    def __init__(self, rows=96, delay=0.0, compute_dtype=jnp.float32):
-        rng = np.random.default_rng(0)
-        self.x = rng.normal(size=(rows, DIM)).astype(np.float32)
-        self.y = np.sin(self.x @ rng.normal(size=(DIM, 1))).astype(np.float32)
-        self.delay = delay
-        self.compute_dtype = compute_dtype
-
-    def init(self, rng):
-        k1, k2 = jax.random.split(rng)
-        return {
-            "params": {"w1": jax.random.normal(k1, (DIM, HIDDEN)) * 0.5, "w2": jax.random.normal(k2, (HIDDEN, 1)) * 0.5},
-            "stats": {"mean": jnp.zeros((DIM,))},
-        }
-
-    def _forward(self, params, x):
-        cast = lambda a: a.astype(self.compute_dtype)  # noqa: E731
-        return (jnp.tanh(cast(x) @ cast(params["w1"])) @ cast(params["w2"])).astype(jnp.float32)
-
-    def loss(self, variables, batch, rng):
-        error = self._forward(variables["params"], batch["x"]) - batch["y"]
-        mean = 0.9 * variables["stats"]["mean"] + 0.1 * batch["x"].mean(0)
-        return jnp.mean(error**2), {"stats": {"mean": mean}}
-
-    def predict(self, variables, batch):
-        return self._forward(variables["params"], batch["x"])
-
-    def score(self, outputs, batch):
-        return {"squared_error": float(np.sum((outputs - batch["y"]) ** 2)), "rows": len(batch["y"])}
-
-    def summarize(self, counts):
-        return {"mse": counts["squared_error"] / counts["rows"]}
-
-    def train_batches(self, batch_size, shard, seed):
-        return ToyBatches(self.x, self.y, batch_size, shard, seed, self.delay)
-
-    def eval_batches(self, split, batch_size, shard, limit):
-        x, y = self.x[SPLITS[split]][:limit], self.y[SPLITS[split]][:limit]
-        for start in range(0, len(x), batch_size):
-            yield {"x": x[start : start + batch_size], "y": y[start : start + batch_size]}
-
-
-def toy_config(**sections):
-    raw = {
-        "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "ring" if ring_available() else "psum"},
-        "optim": {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "clip_norm": 1.0},
-        "eval": {"every_steps": 6, "batch_size": 16},
-        "checkpoint": {"keep": 2},  # the best checkpoint by the task's metric, mse
-    }
-    for name, values in sections.items():
-        raw[name] = {**raw.get(name, {}), **values}
-    return config_lib.build(raw, {})
-
-
-def world_of(n_devices):
-    return SimpleNamespace(rank=0, size=1, local_devices=jax.local_devices()[:n_devices])
-
-
 def train_params(tmp_path, n_devices, task=None, **sections):
     trainer = trainer_lib.Trainer(task or ToyTask(), toy_config(**sections), tmp_path, world_of(n_devices))
     summary = trainer.fit()
     state, _ = trainer.checkpoints.restore(trainer.init_state())
     return state, summary
-
-
-def ring_available():
-    try:
-        import jaxring
-
-        return hasattr(jaxring, "tree_allreduce")
-    except ImportError:
-        return False
 
 
 @pytest.mark.parametrize(
@@ -186,10 +85,7 @@ def test_run_directory(tmp_path, capsys):
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"] and on_disk["loss"] == rows[-1]["loss"]
     assert on_disk["bucket_bytes"] == 1 << 20  # no train.bucket_bytes in the config: the CPU's default
-    # the renamed key is still written, with the same value, and said to be deprecated
-    assert on_disk["last_window_allreduce_share"] == on_disk["last_window_allreduce_share_estimate"]
     assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
-    assert "renamed last_window_allreduce_share_estimate" in on_disk["deprecated"]["last_window_allreduce_share"]
     dev_rows = [r for r in rows if "dev_mse" in r]
     assert [r["step"] for r in dev_rows] == [6, 12, 18, 24]
     assert on_disk["best_step"] == on_disk["test_step"] == min(dev_rows, key=lambda r: r["dev_mse"])["step"]
@@ -254,81 +150,6 @@ def test_master_weights_stay_float32_under_bfloat16_compute(tmp_path):
     assert np.isfinite(summary["loss"])
 
 
-def test_nesterov_sgd_with_clipping_matches_numpy():
-    cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, nesterov=True, clip_norm=1.0)
-    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
-    rng = np.random.default_rng(1)
-    params = rng.normal(size=7)
-    state = optimizer.init(jnp.asarray(params, jnp.float32))
-    p, velocity = params.copy(), np.zeros(7)
-    current = jnp.asarray(params, jnp.float32)
-    for _ in range(3):
-        grad = rng.normal(size=7) * 3
-        clipped = grad * min(1.0, 1.0 / np.linalg.norm(grad))
-        velocity = 0.99 * velocity + clipped
-        p = p - 0.1 * (clipped + 0.99 * velocity)  # Nesterov: look ahead along the new velocity
-        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
-        current = optax.apply_updates(current, updates)
-    np.testing.assert_allclose(current, p, rtol=1e-5)
-
-
-def test_schedules():
-    anneal = config_lib.OptimConfig(learning_rate=6e-4, schedule="anneal", anneal_factor=1.2)
-    schedule = optim.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
-    assert [float(schedule(s)) for s in (0, 4)] == pytest.approx([6e-4, 6e-4])
-    assert float(schedule(5)) == pytest.approx(6e-4 / 1.2) and float(schedule(14)) == pytest.approx(6e-4 / 1.44)
-    cosine = config_lib.OptimConfig(learning_rate=1.0, schedule="warmup_cosine", warmup_steps=10, final_learning_rate=0.1)
-    schedule = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
-    assert float(schedule(5)) == pytest.approx(0.5)
-    assert float(schedule(10)) == pytest.approx(1.0)
-    assert float(schedule(60)) == pytest.approx(0.55)  # halfway down the cosine
-    assert float(schedule(110)) == pytest.approx(0.1)
-    # a run shorter than its warmup: the rate peaks at the warmup's end and is final one step later
-    short = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=4)
-    assert [float(short(s)) for s in (4, 10, 11)] == pytest.approx([0.4, 1.0, 0.1])
-
-
-def test_adamw_matches_numpy():
-    cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, clip_norm=None, schedule="constant")
-    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
-    rng = np.random.default_rng(3)
-    p = rng.normal(size=5)
-    m, v = np.zeros(5), np.zeros(5)
-    current = jnp.asarray(p, jnp.float32)
-    state = optimizer.init(current)
-    for t in range(1, 4):
-        grad = rng.normal(size=5)
-        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad**2
-        step = (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
-        p = p - 0.01 * (step + 0.1 * p)
-        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
-        current = optax.apply_updates(current, updates)
-    np.testing.assert_allclose(current, p, rtol=1e-5)
-
-
-def test_the_engine_defaults_are_plain_sgd_at_a_constant_rate_without_clipping():
-    cfg = config_lib.OptimConfig(learning_rate=0.1)
-    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, steps_per_epoch=2, total_steps=100))
-    rng = np.random.default_rng(4)
-    p = rng.normal(size=6)
-    current = jnp.asarray(p, jnp.float32)
-    state = optimizer.init(current)
-    for _ in range(5):  # past two epochs: an annealed rate would have changed
-        grad = rng.normal(size=6) * 1e3  # far above any clip norm
-        p = p - 0.1 * grad
-        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
-        current = optax.apply_updates(current, updates)
-    np.testing.assert_allclose(current, p, rtol=1e-5)
-    with pytest.raises(config_lib.ConfigError, match="optim.schedule anneal needs optim.anneal_factor"):
-        config_lib.OptimConfig(schedule="anneal")
-
-
-def test_unknown_optimizer_names_the_valid_ones():
-    cfg = SimpleNamespace(name="lamb", clip_norm=None)
-    with pytest.raises(ValueError, match="unknown optim.name 'lamb'; valid names: sgd, adamw"):
-        optim.make_optimizer(cfg, optax.constant_schedule(0.1))
-
-
 class NoisyTask(ToyTask):
     """ToyTask whose loss is a draw from the step's rng: each replica's loss shows which rng it got."""
 
@@ -339,11 +160,11 @@ class NoisyTask(ToyTask):
 
 def test_every_replica_of_every_process_draws_its_own_rng(tmp_path):
     n_local, draws = 2, []
-    batch = trainer_lib.split_for_devices({"x": ToyTask().x[:8], "y": ToyTask().y[:8]}, n_local)
+    batch = split_for_devices({"x": ToyTask().x[:8], "y": ToyTask().y[:8]}, n_local)
     for rank in (0, 1):  # process `rank` of a run of two, each with n_local devices (the step itself is local)
         world = SimpleNamespace(rank=rank, size=1, local_devices=jax.local_devices()[:n_local])
         trainer = trainer_lib.Trainer(NoisyTask(), toy_config(), tmp_path / str(rank), world)
-        state = trainer_lib.replicate(trainer.init_state(), world.local_devices)
+        state = replicate(trainer.init_state(), world.local_devices)
         _, _, losses = jax.pmap(trainer._local, axis_name=AXIS)(state, batch)
         draws += np.asarray(losses).tolist()
     assert len(set(draws)) == 2 * n_local, draws  # dropout-like noise must not repeat across replicas
@@ -357,7 +178,7 @@ def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
 _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_trainer import ToyTask, toy_config, world_of
+from toy_task import ToyTask, toy_config, world_of
 from jaxring.engine.trainer import Trainer
 cfg = toy_config(train={{"epochs": 4}}, checkpoint={{"every_steps": 4}}, eval={{"every_steps": 0}})
 Trainer(ToyTask(delay={delay}), cfg, {workdir!r}, world_of(4)).fit(resume={resume})
@@ -438,9 +259,6 @@ def test_summary_throughput_is_the_whole_training_loop_and_since_the_resume(tmp_
     assert resumed["train_seconds"] == pytest.approx(first["train_seconds"] + resumed["train_seconds_since_resume"])
     assert resumed["examples_per_s"] == pytest.approx(96 / resumed["train_seconds"])
     assert resumed["examples_per_s_since_resume"] == pytest.approx(48 / resumed["train_seconds_since_resume"])
-
-
-SEPARATE_DISKS_CONFIG = {"train": {"epochs": 2}, "checkpoint": {"every_steps": 4}, "eval": {"every_steps": 6}}
 
 
 def test_processes_with_separate_disks_resume_from_process_0s_checkpoint(tmp_path):

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import models
+import models  # noqa: F401  (registers deepspeech2)
+from jaxring.engine.experiment import load_config
 from jaxring.engine import config as config_lib
 from models.deepspeech2 import alphabet
 from models.deepspeech2.ctc import ctc_loss
@@ -245,7 +246,7 @@ def test_parameter_counts_match_hand_counts():
     assert count_params(gru) == _hand_count_bidirectional_gru(5, 12, 3)
     rnn = tiny(conv_layers=3, conv_channels=(2, 3, 4), rnn_cell="rnn", rnn_layers=2, bidirectional=False, lookahead=6)
     assert count_params(rnn) == _hand_count_lookahead_rnn((2, 3, 4), 8, 2, 6)
-    assert count_params(models.load_config("configs/ds2_small.yaml").model) == _hand_count_bidirectional_gru_2conv(32, 32, 512, 3)
+    assert count_params(load_config("configs/ds2_small.yaml").model) == _hand_count_bidirectional_gru_2conv(32, 32, 512, 3)
 
 
 def _hand_count_bidirectional_gru_2conv(c0, c1, hidden, layers):
@@ -291,14 +292,14 @@ def test_model_section_errors_name_the_key():
 def test_config_file_resolves_its_task(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("task: deepspeech2\nmodel:\n  rnn_hidden: 64\ntrain:\n  epochs: 3\n")
-    config = models.load_config(path)
+    config = load_config(path)
     assert config.model.rnn_hidden == 64 and config.train.epochs == 3 and config.task == "deepspeech2"
     (tmp_path / "untasked.yaml").write_text("model: {}\n")
     with pytest.raises(config_lib.ConfigError, match="needs a top-level `task: NAME`"):
-        models.load_config(tmp_path / "untasked.yaml")
+        load_config(tmp_path / "untasked.yaml")
     (tmp_path / "other.yaml").write_text("task: wav2vec\n")
     with pytest.raises(config_lib.ConfigError, match=r"unknown task 'wav2vec': it is not registered \(registered tasks: deepspeech2 "):
-        models.load_config(tmp_path / "other.yaml")
+        load_config(tmp_path / "other.yaml")
 
 
 def test_gradients_are_finite_with_an_infeasible_utterance():

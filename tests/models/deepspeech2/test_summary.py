@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
+import models  # noqa: F401  (registers deepspeech2)
+from jaxring.engine.experiment import load_config
 from models.deepspeech2 import model
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables
 from models.deepspeech2.summary import count_params, flops_per_audio_second, forward_flops
@@ -56,5 +57,5 @@ def test_model_summary_script_prints_exact_params():
         [sys.executable, "scripts/model_summary.py", "--config", "configs/ds2_tiny.yaml"],
         capture_output=True, text=True, check=True, env={"PYTHONPATH": ".", "JAX_PLATFORMS": "cpu", "PATH": ""},
     ).stdout
-    assert f"params: {count_params(models.load_config('configs/ds2_tiny.yaml').model)}\n" in out
+    assert f"params: {count_params(load_config('configs/ds2_tiny.yaml').model)}\n" in out
     assert "GFLOPs per second of audio" in out

@@ -7,10 +7,12 @@ import jiwer
 import numpy as np
 import pytest
 
-import models
+import models  # noqa: F401  (registers deepspeech2)
+from jaxring.engine.experiment import load_config
 from jaxring.engine import config as config_lib
 from jaxring.engine.task import Shard
-from jaxring.engine.trainer import Trainer, replicate, unreplicate
+from jaxring.engine.devices import replicate, unreplicate
+from jaxring.engine.trainer import Trainer
 from models.deepspeech2 import alphabet
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.model import ModelConfig
@@ -75,7 +77,7 @@ def test_scores_match_jiwer_over_the_whole_set(task):
     first = task.score({"logits": logits[:2], "lengths": lengths[:2]}, {k: v[:2] for k, v in batch.items()})
     second = task.score({"logits": logits[2:], "lengths": lengths[2:]}, {k: v[2:] for k, v in batch.items()})
     result = task.summarize({k: first[k] + second[k] for k in first})
-    from models.deepspeech2.decode import greedy_decode
+    from models.deepspeech2.ctc_decoders import greedy_decode
 
     kept = [0, 1, 2, 4]
     hyps = greedy_decode(logits[kept], lengths[kept])
@@ -157,7 +159,7 @@ def test_manifest_corpus_needs_its_manifests():
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "configs").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_config_validates(path):
-    config = models.load_config(path)
+    config = load_config(path)
     assert config.train.batch_size > 0 and config.model.conv_layers >= 1
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from models.deepspeech2 import alphabet
-from models.deepspeech2.decode import beam_decode, beam_search, greedy_decode
+from models.deepspeech2.ctc_decoders import beam_decode, beam_search, greedy_decode
 from models.deepspeech2.lm import train_witten_bell, transcript_tokens
 from models.deepspeech2.metrics import cer, wer
 

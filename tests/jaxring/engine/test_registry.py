@@ -1,19 +1,19 @@
-"""The task registry (jaxring/engine/tasks.py): the three ways to name a task, the errors when none
+"""The task registry (jaxring/engine/registry.py): the three ways to name a task, the errors when none
 resolves, and the contract checked on the class with every problem named."""
 
 import dataclasses
 import sys
-import textwrap
 
 import jax.numpy as jnp
 import pytest
 
 from jaxring.engine import config as config_lib
-from jaxring.engine import tasks
+from jaxring.engine import registry
 from jaxring.engine import trainer as trainer_lib
+from jaxring.engine.experiment import build_task, load_config
 from jaxring.engine.report import final_report
 from jaxring.engine.task import MetricNames, Task
-from tests.jaxring.engine.test_trainer import ToyTask, toy_config, world_of
+from tests.jaxring.engine.toy_task import ToyTask, toy_config, world_of
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def package(tmp_path, monkeypatch):
     """A package `mytasks` in a folder on the Python path, as a user's own would be."""
     (tmp_path / "mytasks").mkdir()
     (tmp_path / "mytasks" / "__init__.py").write_text("")
-    (tmp_path / "mytasks" / "toy.py").write_text("from tests.jaxring.engine.test_trainer import ToyTask\n"
+    (tmp_path / "mytasks" / "toy.py").write_text("from tests.jaxring.engine.toy_task import ToyTask\n"
                                                  "class Helper:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
@@ -30,7 +30,7 @@ def package(tmp_path, monkeypatch):
 
 
 def test_an_import_path_names_a_class_on_the_python_path(package):
-    assert tasks.task_class("mytasks.toy:ToyTask") is ToyTask
+    assert registry.task_class("mytasks.toy:ToyTask") is ToyTask
 
 
 def test_an_installed_packages_entry_point_names_a_task(package):
@@ -38,23 +38,24 @@ def test_an_installed_packages_entry_point_names_a_task(package):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mytasks\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[jaxring.tasks]\ntoy = mytasks.toy:ToyTask\n")
-    assert tasks.registered()["toy"] == "mytasks.toy:ToyTask"
-    assert tasks.task_class("toy") is ToyTask
+    assert registry.registered()["toy"] == "mytasks.toy:ToyTask"
+    assert registry.task_class("toy") is ToyTask
 
 
 def test_a_registered_name_wins_and_deepspeech2_is_registered_so(monkeypatch):
     import models  # noqa: F401  (registers deepspeech2)
 
-    monkeypatch.setattr(tasks, "_registered", {**tasks._registered, "toy": "tests.jaxring.engine.test_trainer:ToyTask"})
-    assert tasks.task_class("toy") is ToyTask
-    assert tasks.registered()["deepspeech2"] == "models.deepspeech2.task:DeepSpeech2Task"
+    toy = "tests.jaxring.engine.toy_task:ToyTask"
+    monkeypatch.setattr(registry, "_registered", {**registry._registered, "toy": toy})
+    assert registry.task_class("toy") is ToyTask
+    assert registry.registered()["deepspeech2"] == "models.deepspeech2.task:DeepSpeech2Task"
     with pytest.raises(ValueError, match="must be an import path 'package.module:Class'"):
-        tasks.register("mlp", "mypkg.MLPTask")
+        registry.register("mlp", "mypkg.MLPTask")
 
 
 def test_a_name_that_resolves_to_nothing_says_what_was_tried_and_how_to_register():
     with pytest.raises(config_lib.ConfigError) as error:
-        tasks.task_class("mlp")
+        registry.task_class("mlp")
     message = str(error.value)
     assert "unknown task 'mlp': it is not registered (registered tasks: " in message
     assert "package.module:Class" in message and "'jaxring.tasks'" in message and "register(name" in message
@@ -62,9 +63,9 @@ def test_a_name_that_resolves_to_nothing_says_what_was_tried_and_how_to_register
 
 def test_an_import_path_that_does_not_import_names_the_module_or_the_classes_it_has(package):
     with pytest.raises(config_lib.ConfigError, match=r"cannot import module 'mytasks\.nothere' .*PYTHONPATH"):
-        tasks.task_class("mytasks.nothere:Task")
+        registry.task_class("mytasks.nothere:Task")
     with pytest.raises(config_lib.ConfigError, match=r"has no 'ToyTsk'; its classes: Helper"):
-        tasks.task_class("mytasks.toy:ToyTsk")
+        registry.task_class("mytasks.toy:ToyTsk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +93,7 @@ class Broken:
 
 def test_the_class_is_checked_and_every_problem_named():
     with pytest.raises(config_lib.ConfigError) as error:
-        tasks.check_task_class(Broken)
+        registry.check_task_class(Broken)
     message = str(error.value)
     assert "Broken does not meet the Task contract (jaxring/engine/task.py)" in message
     assert "missing method predict(self, variables, batch)" in message
@@ -101,7 +102,7 @@ def test_the_class_is_checked_and_every_problem_named():
     assert "config_sections names 'train', which the engine owns" in message
     assert "config_sections['data'] must be a dataclass" in message
     assert "metrics must be a jaxring.engine.task.MetricNames; got tuple" in message
-    tasks.check_task_class(ToyTask)  # the whole contract, without the optional members
+    registry.check_task_class(ToyTask)  # the whole contract, without the optional members
 
 
 class Minimal(Task):
@@ -141,13 +142,13 @@ def test_a_subclass_of_task_without_a_required_method_is_refused_though_it_inher
 
     with pytest.raises(config_lib.ConfigError, match=r"NoPredict does not meet .*: missing method predict\(self, "
                                                      r"variables, batch\)$"):
-        tasks.check_task_class(NoPredict)
+        registry.check_task_class(NoPredict)
 
 
 def test_a_minimal_task_gets_the_optional_members_defaults(tmp_path):
-    tasks.check_task_class(Minimal)
-    config = config_lib.build({"toy": {"width": 5}, **toy_config().to_dict()}, tasks.config_sections(Minimal))
-    task = tasks.build_task(Minimal, config)
+    registry.check_task_class(Minimal)
+    config = config_lib.build({"toy": {"width": 5}, **toy_config().to_dict()}, registry.config_sections(Minimal))
+    task = registry.build_task(Minimal, config)
     assert task.toy == Section(5)  # from_config's default: the class called with its sections
     summary = trainer_lib.Trainer(task, config, tmp_path, world_of(2)).fit()
     assert summary["steps"] == 12 and not (tmp_path / "data_report.json").exists()  # check_data's default: none
@@ -165,7 +166,7 @@ def test_a_loss_without_its_aux_is_refused_saying_what_the_contract_wants(tmp_pa
     with pytest.raises(TypeError, match=r"LossAlone.loss must return \(loss, aux\): .*; got one array of shape \(\)\n"):
         trainer.fit()
     with pytest.raises(TypeError, match=r"must return \(loss, aux\).*got a pair whose loss has shape \(3,\)"):
-        tasks.checked_loss(ToyTask(), (jnp.ones(3), {}))
+        registry.checked_loss(ToyTask(), (jnp.ones(3), {}))
 
 
 def test_a_task_built_without_the_registry_is_checked_too(tmp_path):
@@ -177,13 +178,11 @@ def test_a_task_built_without_the_registry_is_checked_too(tmp_path):
 
 
 def test_a_config_names_a_task_without_sections_by_its_import_path(tmp_path):
-    import models
-
     path = tmp_path / "toy.yaml"
-    path.write_text("task: tests.jaxring.engine.test_trainer:ToyTask\ntrain: {batch_size: 8}\n")
-    config = models.load_config(path)
+    path.write_text("task: tests.jaxring.engine.toy_task:ToyTask\ntrain: {batch_size: 8}\n")
+    config = load_config(path)
     assert set(config.sections) == {"train", "optim", "eval", "checkpoint"} and config.train.batch_size == 8
-    assert type(models.build_task(config)) is ToyTask  # from_config's default: the class with no sections
-    path.write_text("task: tests.jaxring.engine.test_trainer:ToyTask\nmodel: {width: 3}\n")
+    assert type(build_task(config)) is ToyTask  # from_config's default: the class with no sections
+    path.write_text("task: tests.jaxring.engine.toy_task:ToyTask\nmodel: {width: 3}\n")
     with pytest.raises(config_lib.ConfigError, match="unknown key 'model' in the config"):
-        models.load_config(path)
+        load_config(path)

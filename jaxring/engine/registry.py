@@ -29,7 +29,7 @@ ENTRY_POINT_GROUP = "jaxring.tasks"
 _HOW_TO_REGISTER = (
     f"name a class by its import path (task: package.module:Class, its folder on PYTHONPATH), declare it in the "
     f"entry-point group {ENTRY_POINT_GROUP!r} of an installed package, or call "
-    f"jaxring.engine.tasks.register(name, 'package.module:Class') before the config is loaded"
+    f"jaxring.engine.registry.register(name, 'package.module:Class') before the config is loaded"
 )
 
 _registered: dict[str, str] = {}

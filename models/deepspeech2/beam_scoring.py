@@ -13,11 +13,10 @@ import functools
 import os
 from pathlib import Path
 
-import jax
-
 from jaxring.engine.checkpoint import load_variables
+from jaxring.engine.evaluation import score_batches
 from jaxring.engine.task import Shard
-from models.deepspeech2 import alphabet, decode
+from models.deepspeech2 import alphabet, ctc_decoders
 from models.deepspeech2.data import read_manifest
 from models.deepspeech2.lm import ArpaLM, train_witten_bell, transcript_tokens
 
@@ -67,7 +66,7 @@ def load_lm(path: str | None, workdir: str | Path, train_manifest: str, unit: st
 
 def beam_decoder(beam_width: int, lm: ArpaLM | None, alpha: float, beta: float):
     """A task decoder (logits [B, T, 29], lengths [B]) -> transcripts, by prefix beam search."""
-    return functools.partial(decode.beam_decode, beam_width=beam_width, lm=lm,
+    return functools.partial(ctc_decoders.beam_decode, beam_width=beam_width, lm=lm,
                              alpha=alpha if lm is not None else 0.0, beta=beta)
 
 
@@ -76,16 +75,10 @@ def score_manifest(task, variables, manifest: str, batch_size: int, decoder=None
 
     `problems`: where unusable entries are counted (a data.Problems; default: a new one).
     """
-    # Imported here: the trainer imports mpi4py, which starts MPI, and the task
-    # (which imports this module) must load without it.
-    from jaxring.engine.trainer import evaluate, make_predict, replicate
-
     if decoder is not None:
         task = copy.copy(task)
         task.decoder = decoder
-    batches = task.manifest_batches(manifest, batch_size, Shard(0, 1), problems=problems)
-    devices = jax.local_devices()
-    return evaluate(task, make_predict(task), replicate(variables, devices), batches, len(devices))
+    return score_batches(task, variables, task.manifest_batches(manifest, batch_size, Shard(0, 1), problems=problems))
 
 
 def lm_test_scores(task, config, workdir) -> dict:

@@ -1,0 +1,86 @@
+"""The optimizers and learning-rate schedules of jaxring/engine/optim.py against numpy."""
+
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxring.engine import config as config_lib
+from jaxring.engine import optim
+
+
+def test_nesterov_sgd_with_clipping_matches_numpy():
+    cfg = config_lib.OptimConfig(name="sgd", learning_rate=0.1, momentum=0.99, nesterov=True, clip_norm=1.0)
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+    rng = np.random.default_rng(1)
+    params = rng.normal(size=7)
+    state = optimizer.init(jnp.asarray(params, jnp.float32))
+    p, velocity = params.copy(), np.zeros(7)
+    current = jnp.asarray(params, jnp.float32)
+    for _ in range(3):
+        grad = rng.normal(size=7) * 3
+        clipped = grad * min(1.0, 1.0 / np.linalg.norm(grad))
+        velocity = 0.99 * velocity + clipped
+        p = p - 0.1 * (clipped + 0.99 * velocity)  # Nesterov: look ahead along the new velocity
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_schedules():
+    anneal = config_lib.OptimConfig(learning_rate=6e-4, schedule="anneal", anneal_factor=1.2)
+    schedule = optim.learning_rate_schedule(anneal, steps_per_epoch=5, total_steps=50)
+    assert [float(schedule(s)) for s in (0, 4)] == pytest.approx([6e-4, 6e-4])
+    assert float(schedule(5)) == pytest.approx(6e-4 / 1.2) and float(schedule(14)) == pytest.approx(6e-4 / 1.44)
+    cosine = config_lib.OptimConfig(learning_rate=1.0, schedule="warmup_cosine", warmup_steps=10, final_learning_rate=0.1)
+    schedule = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
+    assert float(schedule(5)) == pytest.approx(0.5)
+    assert float(schedule(10)) == pytest.approx(1.0)
+    assert float(schedule(60)) == pytest.approx(0.55)  # halfway down the cosine
+    assert float(schedule(110)) == pytest.approx(0.1)
+    # a run shorter than its warmup: the rate peaks at the warmup's end and is final one step later
+    short = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=4)
+    assert [float(short(s)) for s in (4, 10, 11)] == pytest.approx([0.4, 1.0, 0.1])
+
+
+def test_adamw_matches_numpy():
+    cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, clip_norm=None, schedule="constant")
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+    rng = np.random.default_rng(3)
+    p = rng.normal(size=5)
+    m, v = np.zeros(5), np.zeros(5)
+    current = jnp.asarray(p, jnp.float32)
+    state = optimizer.init(current)
+    for t in range(1, 4):
+        grad = rng.normal(size=5)
+        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad**2
+        step = (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+        p = p - 0.01 * (step + 0.1 * p)
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_the_engine_defaults_are_plain_sgd_at_a_constant_rate_without_clipping():
+    cfg = config_lib.OptimConfig(learning_rate=0.1)
+    optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, steps_per_epoch=2, total_steps=100))
+    rng = np.random.default_rng(4)
+    p = rng.normal(size=6)
+    current = jnp.asarray(p, jnp.float32)
+    state = optimizer.init(current)
+    for _ in range(5):  # past two epochs: an annealed rate would have changed
+        grad = rng.normal(size=6) * 1e3  # far above any clip norm
+        p = p - 0.1 * grad
+        updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
+        current = optax.apply_updates(current, updates)
+    np.testing.assert_allclose(current, p, rtol=1e-5)
+    with pytest.raises(config_lib.ConfigError, match="optim.schedule anneal needs optim.anneal_factor"):
+        config_lib.OptimConfig(schedule="anneal")
+
+
+def test_unknown_optimizer_names_the_valid_ones():
+    cfg = SimpleNamespace(name="lamb", clip_norm=None)
+    with pytest.raises(ValueError, match="unknown optim.name 'lamb'; valid names: sgd, adamw"):
+        optim.make_optimizer(cfg, optax.constant_schedule(0.1))
