@@ -17,10 +17,11 @@ def scan_recurrence(cell_name: str, relu_clip: float, unroll: int, kernels, bias
 
     `cell_name`: "gru" or "rnn" (a ReLU clipped at `relu_clip`); kernels [D, H, gates * H],
     biases [D, gates * H], projected [D, B, T, gates * H] (the inputs' projections), mask
-    [D, B, T]; each direction's frames in the order it reads them. The state is held across padded frames, so a direction reading time backwards
-    starts at each utterance's own last frame. One loop for both directions halves
-    the loop iterations: at ds2_tiny's size (batch 16, 96 frames, 128 units) forward
-    and backward take 23 ms on a 2-core CPU instead of 28 ms for one loop per direction.
+    [D, B, T]; each direction's frames in the order it reads them. The state is held across
+    padded frames, so a direction reading time backwards starts at each utterance's own last
+    frame. One loop for both directions halves the loop iterations: at ds2_tiny's size (batch
+    16, 96 frames, 128 units) forward and backward take 23 ms on a 2-core CPU instead of 28 ms
+    for one loop per direction.
     """
     biases = biases[:, None, :]
 

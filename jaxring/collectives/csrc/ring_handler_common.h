@@ -60,7 +60,7 @@ inline RingCall MakeRingCall(RendezvousKey key, Mode mode, int64_t elements, int
 
 // The workspace XLA allocates next to a call's output, in 4-byte elements of
 // the accumulation type: [partial sums | staging slice]. The one definition:
-// jaxring/collectives/ring.py sizes the buffer with it (through
+// jaxring/collectives/_ring_call.py sizes the buffer with it (through
 // _jaxring_cpu.workspace_elements) and the handlers check what they get.
 // Partial sums: all-reduce keeps them in the output when it has the
 // accumulation type (4-byte types); reduce_scatter's output is one chunk, so
@@ -93,7 +93,7 @@ inline std::string CheckWorkspace(const WorkspaceLayout& layout, int64_t given_e
   return "jaxring: the workspace has " + std::to_string(given_elements) +
          " elements but this call needs " + std::to_string(layout.total()) + " (partial sums " +
          std::to_string(layout.partial_sums) + " + staging " + std::to_string(layout.staging) +
-         "); the lowering (jaxring/collectives/ring.py) and the compiled handler disagree: "
+         "); the lowering (jaxring/collectives/_ring_call.py) and the compiled handler disagree: "
          "rebuild the package (pip install --no-build-isolation -e .)";
 }
 

@@ -33,7 +33,7 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
-// Harness op ids lie far above any the Python side hands out (jaxring/collectives/ring.py
+// Harness op ids lie far above any the Python side hands out (jaxring/collectives/_ring_call.py
 // counts from 1), so their rings never share flags with real collectives.
 // Correctness runs of k ranks all use one ring, whatever their shape: the
 // flags must serve call after call with nothing reset, as under XLA.
