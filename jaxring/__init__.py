@@ -17,7 +17,7 @@ _LAZY = {
     "World": "jaxring.collectives.topology",
     "init": "jaxring.collectives.topology",
     "initialize_jax_distributed": "jaxring.collectives.topology",
-    "global_allreduce": "jaxring.collectives.mpi",
+    "global_allreduce": "jaxring.collectives.global_ops",
     "broadcast": "jaxring.collectives.replicas",
     "replicas_consistent": "jaxring.collectives.replicas",
     "check_replicas": "jaxring.collectives.replicas",

@@ -24,7 +24,7 @@ import sys
 # CUDA reads this once, when it starts.
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
-from jaxring.collectives import ring  # noqa: E402
+from jaxring.collectives import _ring_call  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB * 4**i for i in range(9)]  # 4 KiB .. 256 MiB
@@ -116,7 +116,7 @@ class Bench:
         elements = nbytes // ITEMSIZE[dtype]
         calls = self.calls_for(nbytes)
         rotate = 2 if nbytes >= 64 * MIB else 4
-        t = self.harness.time(engine, path, mode, dtype, ranks, elements, ring.SLICE_BYTES["cuda"], calls, max(3, calls // 10), rotate)
+        t = self.harness.time(engine, path, mode, dtype, ranks, elements, _ring_call.SLICE_BYTES["cuda"], calls, max(3, calls // 10), rotate)
         record = dict(kind="per_call", engine=engine, path=path if engine == "device" else "ring", ranks=ranks,
                       bytes=nbytes, dtype=dtype, calls=calls, device_us=median_us(t["device_us"]),
                       host_us=t["host_us_per_call"], lanes=t["lanes"], one_shot=t["one_shot"])

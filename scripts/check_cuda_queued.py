@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from check_cuda_ring import ENGINES, MODES, harness, ring
+from check_cuda_ring import ENGINES, MODES, _ring_call, harness
 
 
 def check_queued(rng, engine, path, k, steps, n, timeout, mode="allreduce"):
@@ -29,7 +29,7 @@ def check_queued(rng, engine, path, k, steps, n, timeout, mode="allreduce"):
     chunk = n // k
     x = rng.standard_normal((steps, k, chunk if mode == "all_gather" else n), dtype=np.float32)
     out = np.zeros((steps, k, chunk if mode == "reduce_scatter" else n), np.float32)
-    errors = harness.queue(engine, path, MODES[mode], "float32", x, out, n, ring.SLICE_BYTES["cuda"], timeout)
+    errors = harness.queue(engine, path, MODES[mode], "float32", x, out, n, _ring_call.SLICE_BYTES["cuda"], timeout)
     if any(errors):
         return False, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
     wide = x.astype(np.float64)

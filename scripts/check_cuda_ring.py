@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from byte_sizes import parse_bytes  # noqa: E402
 from jaxring.collectives import _jaxring_cuda_harness as harness  # noqa: E402
-from jaxring.collectives import _ffi, ring  # noqa: E402
+from jaxring.collectives import _ffi, _ring_call  # noqa: E402
 
 MODES = _ffi.modes()
 DTYPES = {
@@ -93,7 +93,7 @@ def check_case(engine, path, mode, reference, timeout):
     # The harness copies bytes; nanobind accepts numpy's own dtypes only (not ml_dtypes' bfloat16).
     bits = np.dtype(f"u{outputs.itemsize}")
     errors = harness.run(engine, path, MODES[mode], reference.dtype, inputs.view(bits), outputs.view(bits), full,
-                         ring.SLICE_BYTES["cuda"], timeout)
+                         _ring_call.SLICE_BYTES["cuda"], timeout)
     if any(errors):
         return False, "; ".join(e for e in errors if e)
     got = outputs.astype(np.float64)

@@ -70,7 +70,7 @@ def parity_case(cell, directions, batch, frames, hidden, dtype_name, seed) -> di
     import jax.numpy as jnp
 
     from jaxring.rnn import layer
-    from models.deepspeech2.model import scan_recurrence
+    from jaxring.rnn.scan import scan_recurrence
 
     relu_clip = 20.0
     rng = np.random.default_rng(seed)

@@ -6,7 +6,6 @@ buckets of up to `bucket_bytes` pays them once per bucket.
 """
 
 import math
-import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -98,22 +97,11 @@ def fused(fn, tree, bucket_bytes):
     return unpack([fn(flat) for flat in flats], layout)
 
 
-def tree_allreduce(tree, axis_name, op=None, *, bucket_bytes=None, processes=False, timeout=None):
+def tree_allreduce(tree, axis_name, op="sum", *, bucket_bytes=None, processes=False, timeout=None):
     """Sum (op="sum", as jax.lax.psum) or mean (op="mean") of every leaf of `tree` over `axis_name`
     (and every process with processes=True, as ring.allreduce), one collective per fused bucket
     of at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
-
-    Without `op` it sums, as ring.allreduce and lax.psum do, and warns: until
-    2026-11-24 it averaged, and a caller relying on that must now say op="mean".
     """
-    if op is None:
-        warnings.warn(
-            "jaxring.tree_allreduce called without op: it now sums (op='sum', as jaxring.allreduce and "
-            "jax.lax.psum); it averaged before. Pass op='mean' to average, or op='sum' to silence this warning",
-            FutureWarning,
-            stacklevel=2,
-        )
-        op = "sum"
     if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
         return ring.allreduce(tree, axis_name, op, timeout=timeout)
     bucket_bytes = bucket_bytes or default_bucket_bytes()

@@ -4,8 +4,8 @@
 shard_map sums `x` over the devices of `axis_name` (this process' devices)
 and over every process of the MPI job, in one compiled program:
 
-1. local ring reduce-scatter (ring.py): local device i holds chunk i of this
-   process' sum, in the accumulation type (float32 for 16-bit floats);
+1. local ring reduce-scatter (ring.py's, or lax's: `LocalOps`): local device i holds
+   chunk i of this process' sum, in the accumulation type (float32 for 16-bit floats);
 2. the cross-process leg, `mpi_ring_p`: an XLA custom call
    (csrc/mpi/cpu_mpi_ring.cc; on GPUs csrc/mpi/cuda_mpi_ring.cc, which stages the
    chunk through pinned host memory) that runs ring_schedule.h's ring over the
@@ -21,11 +21,14 @@ same collective (shape, dtype, op) run once, when the leg is lowered
 carries a tag fixed at lowering, the same in every process.
 
 This module imports mpi4py (which starts MPI) and the compiled MPI leg: ring.py
-imports it only for processes=True.
+imports it only for processes=True and for axes that span processes. It never imports
+ring.py: the ring's custom call it lowers is _ring_call.py's, and callers pass the local ops.
 """
 
 import functools
 import itertools
+import math
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,10 +37,8 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
-from jaxring.collectives import _jax_compat, accumulation, agreement, ring, topology
+from jaxring.collectives import _jax_compat, _ring_call, accumulation, agreement, kinds, topology
 from jaxring.collectives import timeout as timeout_lib
-
-_AXIS = "jaxring_local"
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 # Types a value that is bitwise equal on every device of `names` (the all-gathered
@@ -71,7 +72,7 @@ def _leg_module():
         ) from e
     world = topology.init()
     for device, comm in zip(world.local_devices, world.device_comms):
-        _jaxring_mpi.set_device_comm(ring.device_ordinal(device), MPI._handleof(comm))
+        _jaxring_mpi.set_device_comm(_ring_call.device_ordinal(device), MPI._handleof(comm))
     for platform, capsule in _jaxring_mpi.registrations().items():
         jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, capsule, platform=platform)
     timeout_lib.add_handler_module(_jaxring_mpi)
@@ -83,41 +84,52 @@ def processes() -> int:
     return topology.init().size
 
 
-def sum_over_processes(x, names, timeout_ms: int, what: str, *, local_ops: str = "ring"):
+class LocalOps(NamedTuple):
+    """The collectives among this process' devices of a ring, on 1-D arrays, tiled."""
+
+    devices: int
+    reduce_scatter: Callable
+    all_gather: Callable
+
+
+def lax_local_ops(names) -> LocalOps:
+    """XLA's own psum_scatter and all_gather over the axes `names`."""
+    return LocalOps(
+        math.prod(jax.lax.axis_size(name) for name in names),
+        functools.partial(jax.lax.psum_scatter, axis_name=names, tiled=True),
+        functools.partial(jax.lax.all_gather, axis_name=names, tiled=True),
+    )
+
+
+def sum_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str):
     """The sum of `x` over the devices of `names` and every process, bitwise equal everywhere.
 
     Inside pmap or shard_map; `x` of a supported dtype, not empty. Under
-    check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`: "ring" (jaxring's ring) or "lax" (XLA's own
-    psum_scatter and all_gather) for the reduce-scatter and all-gather among
-    this process' devices.
+    check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
+    the reduce-scatter and all-gather among this process' devices of `names`
+    (ring.py's ring, or lax's: lax_local_ops).
     """
     _leg_module()
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
-        flat = ring._typed_input(flat, names, ring.ALLREDUCE)
-    if local_ops == "ring":
-        scatter = functools.partial(ring._ring, mode=ring.REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
-        gather = functools.partial(ring._ring, mode=ring.ALL_GATHER, names=names, timeout_ms=timeout_ms)
-    else:
-        scatter = functools.partial(jax.lax.psum_scatter, axis_name=names, tiled=True)
-        gather = functools.partial(jax.lax.all_gather, axis_name=names, tiled=True)
-    total = _through_the_leg(flat, x.dtype, ring._ring_size(names), scatter, gather, timeout_ms, what)
+        flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
+    total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what)
     if _jax_compat.checking_varying_axes():
         total = invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
 
-def _through_the_leg(flat, dtype, local, scatter, gather, timeout_ms, what):
-    """The sum of the 1-D `flat` (accumulation type) over the `local` devices of a ring in this
-    process and over every process: `scatter` (a local reduce-scatter), the leg on each device's
-    chunk, `gather` (a local all-gather) in `dtype`."""
-    size = flat.size
+def _through_the_leg(flat, dtype, local_ops, timeout_ms, what):
+    """The sum of the 1-D `flat` (accumulation type) over the local devices of a ring in this
+    process and over every process: a local reduce-scatter, the leg on each device's
+    chunk, a local all-gather in `dtype`."""
+    size, local = flat.size, local_ops.devices
     if local > 1:
         chunk = -(-size // local)
-        flat = scatter(jnp.pad(flat, (0, local * chunk - size)))
+        flat = local_ops.reduce_scatter(jnp.pad(flat, (0, local * chunk - size)))
     flat = mpi_ring_p.bind(flat, timeout_ms=timeout_ms, what=what).astype(dtype)
     if local > 1:
-        flat = gather(flat)[:size]
+        flat = local_ops.all_gather(flat)[:size]
     return flat
 
 
@@ -160,13 +172,13 @@ def lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms):
     (aval,) = ctx.avals_in
     what = f"sum of {np.dtype(aval.dtype).name}[{aval.shape[0]}] over {axis_name} across {world.size} processes"
 
+    ring_op = functools.partial(_ring_call.device_rings_p.bind, rings=parts, timeout_ms=timeout_ms)
+    local_ops = LocalOps(len(parts[0]), functools.partial(ring_op, kind=kinds.REDUCE_SCATTER),
+                         functools.partial(ring_op, kind=kinds.ALL_GATHER))
+
     def sum_(flat):
         acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        scatter = functools.partial(ring.device_rings_p.bind, mode=ring.REDUCE_SCATTER, rings=parts,
-                                    timeout_ms=timeout_ms)
-        gather = functools.partial(ring.device_rings_p.bind, mode=ring.ALL_GATHER, rings=parts,
-                                   timeout_ms=timeout_ms)
-        return _through_the_leg(acc, flat.dtype, len(parts[0]), scatter, gather, timeout_ms, what)
+        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what)
 
     _leg_module()
     return mlir.lower_fun(sum_, multiple_results=False)(ctx, x)
@@ -176,32 +188,8 @@ def mean_over_processes_with_lax(x, axis_name):
     """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg across."""
     n_procs = processes()
     what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    total = sum_over_processes(x, (axis_name,), 0, what, local_ops="lax")
+    total = sum_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what)
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
-
-
-def global_allreduce(x, op: str = "sum", *, timeout: float | None = None):
-    """Sum (or mean) of every leaf of `x` over all local devices of all processes, from outside pmap.
-
-    `x`: a pytree of arrays whose leading axis is the number of local devices
-    (as pmap returns them). The same as ``jax.pmap(lambda v:
-    jaxring.allreduce(v, axis, op, processes=True), axis)(x)`` over
-    `World.local_devices`, which it is; usable inside jit too.
-    """
-    world = topology.init()
-    n_local = len(world.local_devices)
-    for leaf in jax.tree_util.tree_leaves(x):
-        if not hasattr(leaf, "shape") or leaf.ndim < 1 or leaf.shape[0] != n_local:
-            raise ValueError(
-                f"every leaf of x must have a leading axis of {n_local} (one row per local device, as "
-                f"pmap returns it), got shape {getattr(leaf, 'shape', type(leaf).__name__)}"
-            )
-    return _global_allreduce(world.local_devices, op, timeout)(x)
-
-
-@functools.cache
-def _global_allreduce(devices, op, timeout):
-    return jax.pmap(lambda v: ring.allreduce(v, _AXIS, op, processes=True, timeout=timeout), _AXIS, devices=devices)
 
 
 # --- the leg's primitive ------------------------------------------------------

@@ -1,11 +1,11 @@
 """The ring collectives as JAX ops, usable inside jit under pmap or shard_map.
 
-Each op is one XLA custom call (jaxring/collectives/csrc): the handlers of the devices
+Each op is one XLA custom call (_ring_call.py): the handlers of the devices
 along the mapped axis wait for each other's progress (on CPU the engine of
 csrc/cpu/cpu_engine.h, which runs csrc/core/ring_protocol.h; on CUDA the engines of
-docs/CUDA_RING.md) and run one of the paths of docs/ARCHITECTURE.md. The devices of each ring, in axis order, are read from
-the mesh when the op is lowered and passed as a static attribute, so a
-handler learns its rank without reading device memory.
+docs/CUDA_RING.md) and run one of the paths of docs/ARCHITECTURE.md. The devices of
+each ring, in axis order, are read from the mesh when the op is lowered. What differs
+between the three ops is one row each of kinds.py.
 
 The public ops take lax's arguments and return lax's shapes and types:
 `allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
@@ -17,7 +17,6 @@ result (see _ring_of_one). An empty array is lax's op.
 """
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -25,17 +24,12 @@ import numpy as np
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from jaxring.collectives import _ffi, _jax_compat, accumulation, timeout as timeout_lib
+from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, kinds, timeout as timeout_lib
+from jaxring.collectives.kinds import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
 
-_MODES = _ffi.modes()
-ALLREDUCE, REDUCE_SCATTER, ALL_GATHER = _MODES["allreduce"], _MODES["reduce_scatter"], _MODES["all_gather"]
 OPS = ("sum", "mean")
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 SUPPORTED_DTYPE_NAMES = ", ".join(np.dtype(d).name for d in SUPPORTED_DTYPES)
-# Stage size of the pipelined ring (per slice of a chunk), by platform.
-SLICE_BYTES = {"cpu": 4 << 20, "cuda": 4 << 20}
-
-_op_ids = itertools.count(1)
 
 ring_p = core.Primitive(_ffi.target_name())
 
@@ -75,11 +69,11 @@ def _canonical_axis(axis, ndim, what, error=ValueError):
     return int(axis) % ndim
 
 
-def _ring(flat, *, mode, names, timeout_ms):
+def _ring(flat, *, kind, names, timeout_ms):
     """Binds one ring op on a 1-D array (whether it runs in place is decided at every bind: _in_place)."""
     if _jax_compat.checking_varying_axes():
-        flat = _typed_input(flat, names, mode)
-    return ring_p.bind(flat, mode=mode, axis_name=names, ranks=_ring_size(names), op_id=next(_op_ids),
+        flat = kinds.typed_input(flat, names, kind)
+    return ring_p.bind(flat, kind=kind, axis_name=names, ranks=_ring_size(names), op_id=_ring_call.next_op_id(),
                        timeout_ms=timeout_ms)
 
 
@@ -91,34 +85,6 @@ def _ring_of_one(lax_op, local_result):
     over a group of one, as a lax user would pay).
     """
     return lax_op() if _jax_compat.checking_varying_axes() else local_result()
-
-
-def _typed_input(flat, names, mode):
-    """The ring's input under check_vma, as lax's op takes it before it reduces.
-
-    lax.psum and psum_scatter take a value varying over all the reduced axes or
-    over none (not unreduced or reduced ones: explicit sharding); under
-    jax_auto_pcast every op marks the input varying over the reduced axes it
-    is invariant over, so a value invariant over them counts once per device.
-    """
-    aval = jax.typeof(flat)
-    missing = tuple(n for n in names if n not in _jax_compat.varying_axes(aval))
-    if mode != ALL_GATHER:
-        name, lax_name = ("allreduce", "psum") if mode == ALLREDUCE else ("reduce_scatter", "psum_scatter")
-        if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
-            raise ValueError(
-                f"jaxring.{name} over {names} of an unreduced or reduced value ({aval}): "
-                f"use jax.lax.{lax_name} for explicit-sharding reductions"
-            )
-        if len(missing) not in (0, len(names)):
-            raise ValueError(
-                f"jaxring.{name} over {names} of a value varying over some of them only ({aval}): "
-                f"as lax.{lax_name}, it takes one that varies over all or none; mark it with "
-                f"jax.lax.pcast(x, {missing}, to='varying')"
-            )
-    if missing and _jax_compat.auto_pcast():
-        return jax.lax.pcast(flat, missing, to="varying")
-    return flat
 
 
 def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
@@ -162,7 +128,7 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
             return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
         if x.size == 0:
             return lax_op()
-        total = _ring(x.reshape(-1), mode=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
+        total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
@@ -175,7 +141,8 @@ def _processes() -> int:
 
 
 def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
-    """allreduce(processes=True) of one leaf in a job of several processes."""
+    """allreduce(processes=True) of one leaf in a job of several processes: the local ring's
+    reduce-scatter, the MPI leg, the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
     if jax.process_count() > 1 and ranks > jax.local_device_count():
@@ -188,7 +155,12 @@ def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
         total = x
     else:
         what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
-        total = mpi.sum_over_processes(x, names, timeout_ms, what)
+        local_ops = mpi.LocalOps(
+            ranks,
+            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms),
+            functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
+        )
+        total = mpi.sum_over_processes(x, names, local_ops, timeout_ms, what)
     return accumulation.mean(total, ranks * n_procs) if op == "mean" else total
 
 
@@ -227,7 +199,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
         return lax_op()
     # Device r's block must be the r-th contiguous chunk of the flat buffer.
     blocks = jnp.moveaxis(x, dim, 0)
-    mine = _ring(blocks.reshape(-1), mode=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
+    mine = _ring(blocks.reshape(-1), kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
     mine = mine.reshape((size // ranks,) + blocks.shape[1:])
     return jnp.moveaxis(mine, 0, dim) if tiled else mine[0]
 
@@ -254,7 +226,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
     if x.size == 0:
         return lax_op()
-    flat = _ring(x.reshape(-1), mode=ALL_GATHER, names=names, timeout_ms=timeout_ms)
+    flat = _ring(x.reshape(-1), kind=ALL_GATHER, names=names, timeout_ms=timeout_ms)
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
         return stacked
@@ -264,58 +236,15 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
 # --- the primitive's rules -------------------------------------------------
 
 
-def _out_elements(elements, mode, ranks):
-    return {ALLREDUCE: elements, REDUCE_SCATTER: elements // ranks, ALL_GATHER: elements * ranks}[mode]
-
-
-def _out_varying(x, mode, axis_name):
-    """The varying axes of the output, by lax's rules (psum_invariant, psum_scatter, all_gather)."""
-    if not _jax_compat.checking_varying_axes():
-        return frozenset()
-    varying = _jax_compat.varying_axes(x)
-    if mode == ALLREDUCE:
-        if not varying.intersection(axis_name):
-            raise ValueError(
-                f"jaxring.allreduce over {axis_name} of a value that does not vary over any of "
-                f"them (it varies over {set(varying) or 'nothing'}): as with lax.psum, mark it "
-                "varying first with jax.lax.pcast(x, axis_name, to='varying')"
-            )
-        return varying - frozenset(axis_name)
-    if not varying.issuperset(axis_name):
-        name = "reduce_scatter" if mode == REDUCE_SCATTER else "all_gather"
-        raise ValueError(
-            f"jaxring.{name} over {axis_name} needs a value varying over all of them (as "
-            f"lax.{'psum_scatter' if mode == REDUCE_SCATTER else 'all_gather'}), got one varying "
-            f"over {set(varying) or 'nothing'}; mark it with jax.lax.pcast(x, axis_name, to='varying') "
-            "or pass check_vma=False to jax.shard_map"
-        )
-    return varying  # each device still holds its own block
-
-
-def _abstract_eval(x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
-    if mode == REDUCE_SCATTER and x.shape[0] % ranks:
-        raise ValueError(f"reduce_scatter input of {x.shape[0]} elements is not a multiple of {ranks}")
-    shape = (_out_elements(x.shape[0], mode, ranks),)
-    out = _jax_compat.with_shape_and_varying(x, shape, _out_varying(x, mode, axis_name))
+def _abstract_eval(x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
+    if kind.output_is_block and kind.ring_elements(x.shape[0], ranks) % ranks:
+        raise ValueError(f"{kind.name} input of {x.shape[0]} elements is not a multiple of {ranks}")
+    shape = (kind.out_elements(x.shape[0], ranks),)
+    out = _jax_compat.with_shape_and_varying(x, shape, kinds.output_varying(x, kind, axis_name))
     # Typed as lax's: an untyped psum's result is never weakly typed (psum_p's abstract eval).
-    return out.update(weak_type=False) if mode == ALLREDUCE and not _jax_compat.checking_varying_axes() else out
-
-
-def _workspace_elements(dtype, elements, mode, platform):
-    """Accumulation-type elements the handler needs besides the output.
-
-    The layout's one owner is the C++ side (WorkspaceFor in
-    csrc/core/ring_handler_common.h); the handlers refuse any other size.
-    """
-    return _ffi.cpu_module().workspace_elements(
-        mode, np.dtype(dtype).itemsize, elements, SLICE_BYTES[platform], staging_slice=platform == "cuda"
-    )
-
-
-def device_ordinal(device) -> int:
-    """What the handlers know `device` by (XLA's DeviceOrdinal): the CUDA ordinal on a GPU, else
-    the device id (they differ in a multi-process jax.distributed run)."""
-    return device.local_hardware_id if device.platform == "gpu" else device.id
+    if kind.invariant_output and not _jax_compat.checking_varying_axes():
+        return out.update(weak_type=False)
+    return out
 
 
 def _rings(ctx, axis_name):
@@ -336,116 +265,61 @@ def _rings(ctx, axis_name):
     return np.transpose(mesh.devices, order).reshape(-1, ring), mesh
 
 
-def _ordinals(rings):
-    return np.vectorize(device_ordinal, otypes=[np.int64])(rings)
-
-
-def _lowering(ctx, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place, platform):
+def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, platform):
     rings, mesh = _rings(ctx, axis_name)
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        if mode != ALLREDUCE:
+        if kind is not ALLREDUCE:
             raise ValueError(
-                f"jaxring.{'reduce_scatter' if mode == REDUCE_SCATTER else 'all_gather'} over "
-                f"{axis_name} of the mesh {dict(mesh.shape)}: the axis spans jax.distributed processes, "
-                "where jaxring runs allreduce only. Map the axis over each process' own devices, or use "
-                f"jax.lax.{'psum_scatter' if mode == REDUCE_SCATTER else 'all_gather'} over the global mesh."
+                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
+                "jax.distributed processes, where jaxring runs allreduce only. Map the axis over each process' "
+                f"own devices, or use jax.lax.{kind.lax_twin} over the global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
         return mpi.lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms)
-    return _emit(ctx, x, mode=mode, ordinals=_ordinals(rings), op_id=op_id,
-                 timeout_ms=timeout_ms, in_place=in_place, platform=platform)
+    return _ring_call.emit(ctx, x, kind=kind, ordinals=_ring_call.ordinals(rings), op_id=op_id,
+                           timeout_ms=timeout_ms, in_place=in_place, platform=platform)
 
 
-def _emit(ctx, x, *, mode, ordinals, op_id, timeout_ms, in_place, platform):
-    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals);
-    its output takes its input's buffer where `in_place` and the CPU handler runs in place."""
-    (x_aval,) = ctx.avals_in
-    (out_aval,) = ctx.avals_out
-    ring = ordinals.shape[1]
-    full = x_aval.shape[0] * (ring if mode == ALL_GATHER else 1)
-    workspace_elements = _workspace_elements(x_aval.dtype, full, mode, platform)
-    workspace = jax.core.ShapedArray((workspace_elements,), accumulation.accumulation_dtype(x_aval.dtype))
-    in_place = in_place and platform == "cpu" and _ffi.cpu_module().runs_in_place(mode, ring)
-    lower = jax.ffi.ffi_lowering(_ffi.target_name(), operand_output_aliases={0: 0} if in_place else None)
-    out, _ = lower(
-        ctx.replace(avals_out=[out_aval, workspace]),
-        x,
-        op_id=np.int64(op_id),
-        mode=np.int64(mode),
-        elements=np.int64(full),
-        ring_devices=ordinals.reshape(-1),
-        ring_size=np.int64(ring),
-        timeout_ms=np.int64(timeout_ms),
-        slice_bytes=np.int64(SLICE_BYTES[platform]),
-    )
-    return [out]
-
-
-# One ring op over explicit rings of this process' devices, bound only while an
-# allreduce over an axis that spans jax.distributed processes is lowered
-# (mpi.lower_sum_across_processes): each process runs its part of every ring,
-# and the MPI leg joins the parts. `rings`: the devices, a tuple of rings.
-device_rings_p = core.Primitive("jaxring_device_rings")
-
-
-def _device_rings_abstract_eval(x, *, mode, rings, timeout_ms):
-    return jax.core.ShapedArray((_out_elements(x.shape[0], mode, len(rings[0])),), x.dtype)
-
-
-def _device_rings_lowering(ctx, x, *, mode, rings, timeout_ms, platform):
-    return _emit(ctx, x, mode=mode, ordinals=_ordinals(np.array(rings, dtype=object)),
-                 op_id=next(_op_ids), timeout_ms=timeout_ms, in_place=False, platform=platform)
-
-
-device_rings_p.def_abstract_eval(_device_rings_abstract_eval)
-for _platform in ("cpu", "cuda"):
-    # Not cached: equal rings of one program would share the op id drawn here, and so their ring state.
-    mlir.register_lowering(device_rings_p, functools.partial(_device_rings_lowering, platform=_platform),
-                           platform=_platform, cacheable=False)
-
-
-def _transpose(cotangent, x, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
+def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
-    if mode == ALLREDUCE and _jax_compat.checking_varying_axes():
+    if kind.invariant_output and _jax_compat.checking_varying_axes():
         # Typed, the cotangent of a sum is the same on every device: each
         # input receives it whole, no communication (lax.psum's transpose).
         return [jax.lax.pcast(cotangent, axis_name, to="varying")]
     # Untyped, the cotangent may differ between devices, and the transpose of
     # a sum over devices is a sum over devices; reduce_scatter and all_gather
     # are each other's transpose.
-    transposed_mode = {ALLREDUCE: ALLREDUCE, REDUCE_SCATTER: ALL_GATHER, ALL_GATHER: REDUCE_SCATTER}[mode]
     return [
-        ring_p.bind(cotangent, mode=transposed_mode, axis_name=axis_name, ranks=ranks, op_id=next(_op_ids),
-                    timeout_ms=timeout_ms)
+        ring_p.bind(cotangent, kind=kinds.transpose_of(kind), axis_name=axis_name, ranks=ranks,
+                    op_id=_ring_call.next_op_id(), timeout_ms=timeout_ms)
     ]
 
 
-def _batch(axis_data, args, dims, *, mode, axis_name, ranks, op_id, timeout_ms, in_place):
+def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
     if axis_data.name in axis_name:
         raise ValueError(
             f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
             "axis, not a device axis. Map it with jax.pmap or jax.shard_map, or use jax.lax.psum"
         )
-    # Lay the batch out so that each device's chunk holds its chunk of every
-    # batch element: [B, N*c] -> [N, B, c] for reduce_scatter, and back for
-    # all_gather. All-reduce is elementwise, so any layout works.
+    # Lay the batch out so that each device's block holds its block of every
+    # batch element: [B, N*c] -> [N, B, c] where the output is a block (reduce_scatter),
+    # and back where the input is one (all_gather). Elementwise (all-reduce), any layout works.
     (x,), (dim,) = args, dims
-    params = dict(mode=mode, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
+    params = dict(kind=kind, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
     if dim is None:  # a value vmap does not batch (a constant): the op as it is, once
         return ring_p.bind(x, **params), None
     x = jnp.moveaxis(x, dim, 0)
     batch, length = x.shape
-    if mode == REDUCE_SCATTER:
+    if kind.output_is_block:
         x = x.reshape(batch, ranks, length // ranks).transpose(1, 0, 2)
-        return ring_p.bind(x.reshape(-1), **params).reshape(batch, length // ranks), 0
     out = ring_p.bind(x.reshape(-1), **params)
-    if mode == ALL_GATHER:
-        return out.reshape(ranks, batch, length).transpose(1, 0, 2).reshape(batch, ranks * length), 0
-    return out.reshape(batch, length), 0
+    if kind.input_is_block:
+        return out.reshape(ranks, batch, -1).transpose(1, 0, 2).reshape(batch, -1), 0
+    return out.reshape(batch, -1), 0
 
 
 def _in_place(trace, operands, params):

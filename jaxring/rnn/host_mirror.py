@@ -10,7 +10,7 @@ numbers under some orders, as a missing barrier or buffer would on the GPU.
 Storage is in the compute dtype (inputs, weights, the saved states, outputs);
 every product accumulates and every gate is computed in float32, or in float64
 when the compute dtype is float64 (for exact comparisons against a float64 scan).
-Arrays are laid out as models/deepspeech2/model.py's `recurrence` takes them:
+Arrays are laid out as scan.py's `scan_recurrence` takes them:
 [D, B, T, ...], each direction's frames in the order it reads them.
 """
 

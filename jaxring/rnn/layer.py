@@ -1,4 +1,5 @@
-"""model.rnn_impl's choice between the scan and the persistent layer, and the persistent layer as a JAX op.
+"""The choice of a recurrent layer's implementation (the scan of scan.py or the persistent layer), and the
+persistent layer as a JAX op.
 
 On CUDA the persistent layer is the kernel of csrc/persistent_rnn.cu, called through
 the XLA FFI handlers of csrc/module_rnn_cuda.cc, with a custom VJP running the
@@ -19,6 +20,7 @@ import numpy as np
 from jaxring.rnn import host_mirror
 from jaxring.rnn.plan import H100, DeviceBudget, Plan, plan_layer
 
+# "auto": the persistent layer where its kernel runs and the layer fits, else the scan.
 IMPLEMENTATIONS = ("scan", "persistent", "auto")
 GATES = {"gru": 3, "rnn": 1}
 # The split the host mirror runs: the one the kernel would use on an H100.
@@ -73,25 +75,26 @@ def layer_plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Pl
 
 
 def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
-    """(whether to run the persistent layer, the sentence to log when `impl` asked for it and the scan runs).
+    """(whether implementation `impl` (one of IMPLEMENTATIONS) runs the persistent layer here, the sentence
+    to log when `impl` asked for it and the scan runs).
 
-    `kernels` [D, H, gates * H], `projected` [D, B, T, gates * H], as `recurrence` takes them."""
+    `kernels` [D, H, gates * H], `projected` [D, B, T, gates * H], as scan.scan_recurrence takes them."""
     if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"model.rnn_impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+        raise ValueError(f"the recurrent layer's implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl == "scan":
         return False, None
     here = platform()
     if here == "cpu" and impl == "auto":
-        return False, "model.rnn_impl=auto: the scan on cpu, where the persistent layer is the slow host mirror"
+        return False, "auto: the scan on cpu, where the persistent layer is the slow host mirror"
     if here not in ("cpu", "cuda"):
-        return False, f"model.rnn_impl={impl}: the scan on {here}, the persistent layer's kernel is for CUDA"
+        return False, f"{impl}: the scan on {here}, the persistent layer's kernel is for CUDA"
     if here == "cuda" and impl == "persistent" and cuda_module() is None:
-        raise RuntimeError(f"model.rnn_impl=persistent on CUDA: jaxring was built without the persistent layer's "
-                           f"CUDA handlers (jaxring/rnn/_jaxring_rnn_cuda); {_REBUILD}, or set model.rnn_impl=auto")
+        raise RuntimeError(f"persistent on CUDA: jaxring was built without the persistent layer's "
+                           f"CUDA handlers (jaxring/rnn/_jaxring_rnn_cuda); {_REBUILD}, or choose auto")
     directions, hidden = kernels.shape[:2]
     plan = layer_plan(cell, hidden, directions, projected.shape[1], projected.dtype)
     if isinstance(plan, str):
-        return False, f"model.rnn_impl={impl}: the scan on {here}, the layer does not fit: {plan}"
+        return False, f"{impl}: the scan on {here}, the layer does not fit: {plan}"
     return True, None
 
 
@@ -101,7 +104,7 @@ def _callback(function, results, *args):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def persistent_recurrence(cell: str, relu_clip: float, kernels, biases, projected, mask):
-    """models/deepspeech2/model.py's `recurrence` by the persistent layer's split: [D, B, T, H]."""
+    """scan.scan_recurrence by the persistent layer's split: [D, B, T, H]."""
     return _forward(cell, relu_clip, kernels, biases, projected, mask)[0]
 
 
@@ -112,7 +115,7 @@ def _accumulator_dtype(dtype):
 def _plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Plan:
     plan = layer_plan(cell, hidden, directions, batch, dtype)
     if isinstance(plan, str):
-        raise ValueError(f"persistent_recurrence: {plan}; use the scan (model.rnn_impl=auto falls back to it)")
+        raise ValueError(f"persistent_recurrence: {plan}; use the scan (the implementation auto falls back to it)")
     return plan
 
 

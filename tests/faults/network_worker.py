@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from jaxring.collectives import mpi, topology
+from jaxring.collectives import global_ops, topology
 from jaxring.collectives.abort import abort_on_uncaught_exception
 
 abort_on_uncaught_exception()  # what scripts/train.py does
@@ -32,7 +32,7 @@ def contribution(rank, i):
 
 
 for i in range(args.iterations):
-    got = np.asarray(mpi.global_allreduce(contribution(world.rank, i).astype(np.float32)))
+    got = np.asarray(global_ops.global_allreduce(contribution(world.rank, i).astype(np.float32)))
     want = sum(contribution(r, i).sum(axis=0) for r in range(world.size))
     if not np.allclose(got, want[None], rtol=1e-4, atol=1e-4 * np.sqrt(world.size * devices)):
         print(f"WRONG rank {world.rank} iteration {i}: max error {np.abs(got - want).max()}", flush=True)

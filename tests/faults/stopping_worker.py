@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from jaxring.collectives import mpi, topology
+from jaxring.collectives import global_ops, mpi, topology
 from jaxring.collectives.abort import abort_on_uncaught_exception
 
 abort_on_uncaught_exception()  # what scripts/train.py does
@@ -26,7 +26,7 @@ if algorithm == "ring":
     mpi.ONE_SHOT_MAX_BYTES = 0
 world = topology.init()
 x = np.random.default_rng(world.rank).normal(size=(len(world.local_devices), 1001)).astype(np.float32)
-mpi.global_allreduce(x)  # compiled and run once: the stop below is in the middle of a job
+global_ops.global_allreduce(x)  # compiled and run once: the stop below is in the middle of a job
 if world.rank == 1:
     # the others are already in the compiled exchange, or about to be
     os.kill(os.getpid(), getattr(signal, "SIG" + signal_name))
@@ -34,5 +34,5 @@ if algorithm == "barrier":
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Barrier()
-mpi.global_allreduce(x).block_until_ready()  # dispatched asynchronously: its error comes with the result
+global_ops.global_allreduce(x).block_until_ready()  # dispatched asynchronously: its error comes with the result
 print(f"FAIL rank {world.rank}: global_allreduce returned although rank 1 stopped in it", flush=True)

@@ -20,9 +20,10 @@ def _leg_calls(platform, shape):
     """The MPI leg's custom-call lines of sum_over_processes lowered for `platform`."""
     devices = topology.init().local_devices
     mesh = Mesh(np.array(devices), ("i",))
-    leg = jax.jit(
-        jax.shard_map(lambda v: mpi.sum_over_processes(v, ("i",), 0, "test leg"), mesh=mesh, in_specs=P("i"), out_specs=P())
-    )
+    def sum_(v):
+        return mpi.sum_over_processes(v, ("i",), mpi.lax_local_ops(("i",)), 0, "test leg")
+
+    leg = jax.jit(jax.shard_map(sum_, mesh=mesh, in_specs=P("i"), out_specs=P()))
     x = np.random.default_rng(1).standard_normal((len(devices), *shape)).astype(np.float32)
     text = leg.trace(x).lower(lowering_platforms=(platform,)).as_text()
     return [line.strip() for line in text.splitlines() if "custom_call @jaxring_mpi_ring" in line]

@@ -37,8 +37,8 @@ def test_queued_steps_sum_each_steps_own_values(n_devices, repeats):
 
 
 def test_queued_steps_on_a_loaded_machine():
-    """Two processes spin on the machine's cores meanwhile (the races of issue 36 were
-    reported with the machine busy)."""
+    """Two processes spin on the machine's cores meanwhile: the races these loops catch
+    showed with the machine busy."""
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         run_loops(4, repeats=1)

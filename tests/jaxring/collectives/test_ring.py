@@ -179,7 +179,7 @@ def test_bad_arguments_say_what_to_do():
 def test_pipelined_slices_give_the_same_bits_as_whole_chunks(monkeypatch, ranks, dtype):
     x = random_array(np.random.default_rng(7), (ranks, 3001), dtype)
     whole = np.asarray(pmapped(lambda v: jaxring.allreduce(v, "i"), ranks)(x))
-    monkeypatch.setitem(jaxring.collectives.ring.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
+    monkeypatch.setitem(jaxring.collectives._ring_call.SLICE_BYTES, "cpu", 96)  # dozens of slices per chunk
     chunk = -(-3001 // ranks)
     sliced, chunks = pmapped(
         lambda v: (jaxring.allreduce(v, "i"), jaxring.reduce_scatter(jnp.pad(v, (0, chunk * ranks - 3001)), "i", tiled=True)),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxring
-from jaxring.collectives import _ffi, ring
+from jaxring.collectives import _ffi, _ring_call
 
 MODES = _ffi.modes()
 
@@ -27,8 +27,8 @@ def test_layout_by_mode_and_type(elements):
 
 
 def test_a_workspace_of_the_wrong_size_is_refused(monkeypatch):
-    right = ring._workspace_elements
-    monkeypatch.setattr(ring, "_workspace_elements", lambda *args: right(*args) + 3)
+    right = _ring_call.workspace_elements
+    monkeypatch.setattr(_ring_call, "workspace_elements", lambda *args: right(*args) + 3)
     x = np.arange(2 * 1001, dtype=np.float32).reshape(2, 1001) + 0.5
     f = jax.pmap(lambda v: jaxring.allreduce(v, "i"), axis_name="i", devices=jax.devices()[:2])
     with pytest.raises(Exception, match=r"the workspace has 3 elements but this call needs 0 \(partial sums 0 \+ "

@@ -1,4 +1,4 @@
-"""The host mirror of the persistent kernel against the model's scan computed in float64."""
+"""The host mirror of the persistent kernel against the reference scan (jaxring/rnn/scan.py) computed in float64."""
 
 import jax
 import ml_dtypes
@@ -7,7 +7,7 @@ import pytest
 
 from jaxring.rnn import host_mirror, layer
 from jaxring.rnn.plan import DeviceBudget, plan_layer
-from models.deepspeech2.model import scan_recurrence
+from jaxring.rnn.scan import scan_recurrence
 
 GATES = {"gru": 3, "rnn": 1}
 RELU_CLIP = 1.5  # low, so random pre-activations land on both sides of the clip

@@ -140,8 +140,8 @@ def test_kernels_match_the_float64_mirror(cell, directions, batch, frames, hidde
                   dtype)
 
 
-def test_kernels_match_the_models_float64_scan():
-    """Against models/deepspeech2/model.py's scan itself, one shape (JAX compiles the scan for seconds;
+def test_kernels_match_the_float64_scan():
+    """Against jaxring/rnn/scan.py's scan itself, one shape (JAX compiles the scan for seconds;
     the other shapes and the plain RNN go through the mirror, which the scan's tests pin)."""
     cell, directions, batch, frames, hidden, blocks = SHAPES[0]
     layer, d_outputs = case(cell, directions, batch, frames, hidden)

@@ -51,12 +51,16 @@ inline RingCall MakeRingCall(CallKey key, Mode mode, int64_t elements, int64_t r
                   rank,
                   timeout_ms,
                   std::max<int64_t>(1, slice_bytes / ElementBytes(type)),
-                  mode == Mode::kAllReduce ? 16 / ElementBytes(type) : 1};
+                  // A chunk that is the caller's block (reduce_scatter's output, all_gather's
+                  // input) is one of N equal ones the caller padded: unaligned.
+                  TraitsOf(mode).input_is_chunk() || TraitsOf(mode).output_is_chunk()
+                      ? 1
+                      : 16 / ElementBytes(type)};
 }
 
 // The workspace XLA allocates next to a call's output, in 4-byte elements of
 // the accumulation type: [partial sums | staging slice]. The one definition:
-// jaxring/collectives/ring.py sizes the buffer with it (through
+// jaxring/collectives/_ring_call.py sizes the buffer with it (through
 // _jaxring_cpu.workspace_elements) and the handlers check what they get.
 // Partial sums: all-reduce keeps them in the output when it has the
 // accumulation type (4-byte types); reduce_scatter's output is one chunk, so
@@ -70,8 +74,9 @@ struct WorkspaceLayout {
 
 inline WorkspaceLayout WorkspaceFor(Mode mode, int64_t element_bytes, int64_t elements,
                                     int64_t slice_bytes, bool staging_slice) {
-  const bool sums_in_output = mode == Mode::kAllGather ||
-                              (mode == Mode::kAllReduce && element_bytes == 4);
+  const ModeTraits traits = TraitsOf(mode);
+  const bool sums_in_output =
+      !traits.reduces || (!traits.output_is_chunk() && element_bytes == 4);
   return WorkspaceLayout{sums_in_output ? 0 : elements,
                          staging_slice ? std::max<int64_t>(1, slice_bytes / element_bytes) : 0};
 }
@@ -88,7 +93,7 @@ inline std::string CheckWorkspace(const WorkspaceLayout& layout, int64_t given_e
   return "jaxring: the workspace has " + std::to_string(given_elements) +
          " elements but this call needs " + std::to_string(layout.total()) + " (partial sums " +
          std::to_string(layout.partial_sums) + " + staging " + std::to_string(layout.staging) +
-         "); the lowering (jaxring/collectives/ring.py) and the compiled handler disagree: "
+         "); the lowering (jaxring/collectives/_ring_call.py) and the compiled handler disagree: "
          "rebuild the package (pip install --no-build-isolation -e .)";
 }
 
@@ -104,8 +109,8 @@ inline std::string DescribeCall(int64_t run_id, int32_t device_ordinal,
   if (ElementBytes(type) == 0) {
     return "jaxring: unsupported dtype; use float32, bfloat16, float16 or int32";
   }
-  if (mode < 0 || mode > static_cast<int64_t>(Mode::kAllGather)) {
-    return "jaxring: unknown collective mode";
+  if (TraitsOf(static_cast<Mode>(mode)).name == nullptr) {
+    return "jaxring: unknown collective mode " + std::to_string(mode);
   }
   if (ring_size < 1 || ring_devices.size() % ring_size != 0) {
     return "jaxring: ring_devices is not a whole number of rings";

@@ -253,7 +253,7 @@ JAXRING_HOST_DEVICE void SumEveryInput(const SchedulePlan& plan, const LaneCall<
   const int unit = PackElements<T>();
   T* out = static_cast<T*>(call.buffers[call.rank].out);
   const Chunking& chunks = plan.chunks;
-  if (plan.mode == Mode::kAllGather) {
+  if (TraitsOf(plan.mode).input_is_chunk()) {
     // Rank p's input is chunk p of the output.
     for (int64_t p = 0; p < call.ranks; ++p) {
       const Chunking pieces = LanePieces(chunks.Size(p), call.lanes, unit);
@@ -263,7 +263,7 @@ JAXRING_HOST_DEVICE void SumEveryInput(const SchedulePlan& plan, const LaneCall<
     return;
   }
   // All-reduce: the whole buffer; reduce-scatter: this rank's chunk.
-  const bool scatter = plan.mode == Mode::kReduceScatter;
+  const bool scatter = TraitsOf(plan.mode).output_is_chunk();
   const int64_t begin = scatter ? chunks.Offset(call.rank) : 0;
   const Chunking pieces =
       LanePieces(scatter ? chunks.Size(call.rank) : chunks.elements, call.lanes, unit);
@@ -279,11 +279,11 @@ JAXRING_HOST_DEVICE void PushOwnChunk(const SchedulePlan& plan, const LaneCall<W
   const Chunking pieces = LanePieces(chunks.Size(call.rank), call.lanes, PackElements<T>());
   const int64_t offset = pieces.Offset(call.lane), n = pieces.Size(call.lane);
   T* out = static_cast<T*>(call.buffers[call.rank].out);
-  if (plan.mode == Mode::kReduceScatter) {
+  if (TraitsOf(plan.mode).output_is_chunk()) {
     ew.SumInRankOrder(inputs, static_cast<int>(call.ranks), begin + offset, out + offset, n);
     return;
   }
-  const bool reduce = plan.mode == Mode::kAllReduce;
+  const bool reduce = TraitsOf(plan.mode).reduces;
   const int64_t block = reduce ? kPushBlockBytes / static_cast<int64_t>(sizeof(T)) : n;
   for (int64_t done = 0; done < n; done += block) {
     const int64_t at = begin + offset + done, count = Min(block, n - done);

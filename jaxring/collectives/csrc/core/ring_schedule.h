@@ -39,6 +39,37 @@ JAXRING_HOST_DEVICE inline int64_t Mod(int64_t a, int64_t n) { return ((a % n) +
 // Python reads these values from the compiled module (MODES), never restates them.
 enum class Mode : int64_t { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 
+// Each collective as the ring's phases: the one description of a Mode that the schedule,
+// the one-shot lanes (ring_protocol.h), the workspace and the attributes
+// (ring_handler_common.h) read; Python's twin is jaxring/collectives/kinds.py. A
+// reduce-scatter phase leaves each rank its chunk of the sum of a full buffer of N chunks;
+// an all-gather phase gives every rank every rank's chunk of it.
+struct ModeTraits {
+  const char* name;  // Python's name for it (MODES); null for a value that is no Mode
+  bool reduces;      // a reduce-scatter phase
+  bool gathers;      // an all-gather phase
+  // Without a reduce-scatter the input is this rank's chunk; without an all-gather, the output.
+  JAXRING_HOST_DEVICE constexpr bool input_is_chunk() const { return !reduces; }
+  JAXRING_HOST_DEVICE constexpr bool output_is_chunk() const { return !gathers; }
+};
+
+// No default, and a missing Mode is an error here: a new collective does not compile
+// until it is described, rather than running another one's arithmetic.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+JAXRING_HOST_DEVICE constexpr ModeTraits TraitsOf(Mode mode) {
+  switch (mode) {
+    case Mode::kAllReduce:
+      return ModeTraits{"allreduce", true, true};
+    case Mode::kReduceScatter:
+      return ModeTraits{"reduce_scatter", true, false};
+    case Mode::kAllGather:
+      return ModeTraits{"all_gather", false, true};
+  }
+  return ModeTraits{nullptr, false, false};  // a value from outside (an attribute) that names no Mode
+}
+#pragma GCC diagnostic pop
+
 // Chunk c covers [Offset(c), Offset(c) + Size(c)). The buffer is cut in units
 // of `align` elements and the remainder spread one unit each over the first
 // chunks, so any size works (sizes below N give empty chunks) and, with
@@ -117,10 +148,14 @@ struct SchedulePlan {
   // Steps before the all-gather: the reduce-scatter's N-1, or one seeding
   // step (all-gather's own chunk; a ring of one's copy).
   JAXRING_HOST_DEVICE int64_t FirstSteps() const {
-    return (mode == Mode::kAllGather || ranks() == 1) ? 1 : ranks() - 1;
+    return (!TraitsOf(mode).reduces || ranks() == 1) ? 1 : ranks() - 1;
   }
   JAXRING_HOST_DEVICE int64_t GatherSteps() const {
-    return mode == Mode::kReduceScatter ? 0 : ranks() - 1;
+    return TraitsOf(mode).gathers ? ranks() - 1 : 0;
+  }
+  // Elements of this rank's output.
+  JAXRING_HOST_DEVICE int64_t OutputElements() const {
+    return TraitsOf(mode).output_is_chunk() ? chunks.Size(rank) : chunks.elements;
   }
   // The same number of stages on every rank (empty slices included), so that
   // progress counts line up between neighbours.
@@ -138,11 +173,12 @@ struct SchedulePlan {
   // (t - 1, k) of its left neighbour: progress (t - 1) * slices + k + 1.
   JAXRING_HOST_DEVICE Stage StageAt(int64_t step, int64_t k) const {
     const int64_t n = ranks();
+    const ModeTraits traits = TraitsOf(mode);
     StageKind kind = StageKind::kCopy;
     int64_t chunk = 0, dst_base = 0, wait_right = 0;
     bool left_is_input = false;
     if (step < FirstSteps()) {
-      if (mode == Mode::kAllGather) {
+      if (traits.input_is_chunk()) {
         // The input is the own chunk alone; place it in the output first.
         kind = StageKind::kSeed;
         chunk = rank;
@@ -155,7 +191,7 @@ struct SchedulePlan {
         dst_base = chunks.Offset(chunk);
         if (step == n - 2) {
           kind = StageKind::kReduceLast;
-          if (mode == Mode::kReduceScatter) dst_base = 0;  // the output is the chunk alone
+          if (traits.output_is_chunk()) dst_base = 0;  // the output is the chunk alone
         }
         left_is_input = step == 0;
       }
@@ -166,7 +202,7 @@ struct SchedulePlan {
       // When partial sums live in the output buffer, this chunk is what the
       // right neighbour reads in its reduce-scatter step s: do not overwrite
       // it before the right neighbour has read it.
-      if (mode == Mode::kAllReduce) wait_right = s * slices + k + 1;
+      if (traits.reduces) wait_right = s * slices + k + 1;
     }
     const int64_t src_base = kind == StageKind::kSeed ? 0 : chunks.Offset(chunk);
     const int64_t begin = Min(k * slice_len, chunks.Size(chunk));

@@ -143,8 +143,7 @@ __device__ void FinishCall(const KernelArgs& args) {
   }
   if (__syncthreads_or(failed)) {
     const SchedulePlan& plan = args.plan;
-    const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank)
-                                                        : plan.chunks.elements;
+    const int64_t n = plan.OutputElements();
     T* out = static_cast<T*>(args.buffers[plan.rank].out);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) PoisonValue(out + i);
     __syncthreads();

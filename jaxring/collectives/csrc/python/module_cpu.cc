@@ -28,9 +28,10 @@ NB_MODULE(_jaxring_cpu, m) {
   });
   m.attr("TARGET_NAME") = jaxring::kTargetName;
   nb::dict modes;
-  modes["allreduce"] = static_cast<int64_t>(jaxring::Mode::kAllReduce);
-  modes["reduce_scatter"] = static_cast<int64_t>(jaxring::Mode::kReduceScatter);
-  modes["all_gather"] = static_cast<int64_t>(jaxring::Mode::kAllGather);
+  // Every Mode by TraitsOf's name; their values run from 0 (ring_schedule.h).
+  for (int64_t mode = 0; const char* name = jaxring::TraitsOf(static_cast<jaxring::Mode>(mode)).name; ++mode) {
+    modes[name] = mode;
+  }
   m.attr("MODES") = modes;
   // The schedule both handlers run, for tests that check it by brute force.
   m.def("schedule", [](int64_t mode, int64_t elements, int64_t ranks, int64_t rank,

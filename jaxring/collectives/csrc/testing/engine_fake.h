@@ -65,7 +65,7 @@ inline void PlayKernel(KernelArgs args) {
   }
   if (failed) {
     const SchedulePlan& plan = args.plan;
-    const int64_t n = plan.mode == Mode::kReduceScatter ? plan.chunks.Size(plan.rank) : plan.chunks.elements;
+    const int64_t n = plan.OutputElements();
     float* out = static_cast<float*>(args.buffers[plan.rank].out);
     for (int64_t i = 0; i < n; ++i) out[i] = std::nanf("");
   }

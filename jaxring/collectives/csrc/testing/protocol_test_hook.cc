@@ -83,11 +83,11 @@ std::vector<std::string> RunThreads(int64_t mode, const std::string& path, bool 
   const int64_t calls = inputs.shape(0), ranks = inputs.shape(1);
   const int64_t in_elements = inputs.shape(2), out_elements = outputs.shape(2);
   const Mode m = static_cast<Mode>(mode);
-  const int64_t elements = m == Mode::kAllGather ? in_elements * ranks : in_elements;
+  const int64_t elements = TraitsOf(m).input_is_chunk() ? in_elements * ranks : in_elements;
   // Partial sums live apart from the output, as XLA's workspace holds them,
   // for reduce_scatter (one-chunk output) and 16-bit types.
   const bool separate_sums =
-      m == Mode::kReduceScatter || (m == Mode::kAllReduce && sizeof(T) != sizeof(Acc));
+      TraitsOf(m).reduces && (TraitsOf(m).output_is_chunk() || sizeof(T) != sizeof(Acc));
   const int64_t sets = reuse_buffers ? 1 : calls;
   T* const all_outputs = static_cast<T*>(outputs.data());
   const T* const all_inputs = static_cast<const T*>(inputs.data());
@@ -130,7 +130,9 @@ std::vector<std::string> RunThreads(int64_t mode, const std::string& path, bool 
       for (int64_t lane = 0; lane < lanes; ++lane) {
         threads.emplace_back([&, r, lane] {
           std::mt19937 rng(seed + static_cast<uint32_t>(r * lanes + lane));
-          const int64_t align = m == Mode::kAllReduce ? 16 / static_cast<int64_t>(sizeof(T)) : 1;
+          const int64_t align = TraitsOf(m).input_is_chunk() || TraitsOf(m).output_is_chunk()
+                                    ? 1
+                                    : 16 / static_cast<int64_t>(sizeof(T));
           const SchedulePlan plan =
               SchedulePlan::Make(m, elements, ranks, r, slice_elements, align);
           bool failed = false;
@@ -266,7 +268,7 @@ std::vector<Event> RecordOneShot(int64_t mode, int64_t elements, int64_t ranks, 
                                  int64_t lanes, int64_t lane) {
   const Mode m = static_cast<Mode>(mode);
   // At least 1, so that an empty buffer still gives each rank its own place.
-  const int64_t stride = Max(1, m == Mode::kAllGather ? elements / ranks : elements);
+  const int64_t stride = Max(1, TraitsOf(m).input_is_chunk() ? elements / ranks : elements);
   std::vector<float> inputs(ranks * stride + 1), out(elements + 1);
   std::vector<uint64_t> flags(ranks * kFlagWords);
   std::vector<uint64_t*> blocks;

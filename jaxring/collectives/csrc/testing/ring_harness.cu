@@ -33,7 +33,7 @@ void Check(cudaError_t err, const char* what) {
   }
 }
 
-// Harness op ids lie far above any the Python side hands out (jaxring/collectives/ring.py
+// Harness op ids lie far above any the Python side hands out (jaxring/collectives/_ring_call.py
 // counts from 1), so their rings never share flags with real collectives.
 // Correctness runs of k ranks all use one ring, whatever their shape: the
 // flags must serve call after call with nothing reset, as under XLA.
@@ -46,10 +46,10 @@ int64_t NextTimingOpId() {
 }
 
 int64_t InElements(const HarnessCase& c) {
-  return c.mode == static_cast<int64_t>(Mode::kAllGather) ? c.elements / c.ranks : c.elements;
+  return TraitsOf(static_cast<Mode>(c.mode)).input_is_chunk() ? c.elements / c.ranks : c.elements;
 }
 int64_t OutElements(const HarnessCase& c) {
-  return c.mode == static_cast<int64_t>(Mode::kReduceScatter) ? c.elements / c.ranks : c.elements;
+  return TraitsOf(static_cast<Mode>(c.mode)).output_is_chunk() ? c.elements / c.ranks : c.elements;
 }
 // XLA's workspace for this case (ring_handler_common.h), as the handler gets it.
 WorkspaceLayout LayoutOf(const HarnessCase& c) {

@@ -11,7 +11,7 @@ stuck waiting.
 
 import numpy as np
 
-from jaxring.collectives import mpi, topology
+from jaxring.collectives import global_ops, mpi, topology
 
 world = topology.init()
 SMALL = np.ones((len(world.local_devices), 8), np.float32)
@@ -20,7 +20,7 @@ RING = np.ones((len(world.local_devices), (mpi.ONE_SHOT_MAX_BYTES // 4 + 1) * le
 
 def expect_timeout(x, silent):
     try:
-        mpi.global_allreduce(x)
+        global_ops.global_allreduce(x)
     except Exception as error:  # noqa: BLE001  (XLA reports a handler's failure as a ValueError "INTERNAL: ...")
         assert f"rank {world.rank} of {world.size} waited" in str(error), error
         assert f"no answer from rank {silent} (stopped, dead, or in another call)" in str(error), error
@@ -29,7 +29,7 @@ def expect_timeout(x, silent):
 
 
 for x in (SMALL, RING):
-    assert (np.asarray(mpi.global_allreduce(x)) == world.n_devices).all()
+    assert (np.asarray(global_ops.global_allreduce(x)) == world.n_devices).all()
 if world.rank != 1:
     expect_timeout(SMALL, silent=1)
     expect_timeout(RING, silent=(world.rank - 1) % world.size)

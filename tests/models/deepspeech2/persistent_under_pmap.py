@@ -3,7 +3,7 @@ across the replicas, with each `rnn_impl` (scan, persistent): STEPS steps queued
 loop queues them (no block between), each on its own batch; prints each one's losses and last
 gradients as JSON.
 
-Run as its own process (tests/jaxring/rnn/test_rnn_impl.py) so it gets exactly the devices
+Run as its own process (tests/models/deepspeech2/test_rnn_impl.py) so it gets exactly the devices
 XLA_FLAGS gives it, as a user's `--host-devices` run does.
 """
 
