@@ -109,3 +109,29 @@ def test_a_step_record_comes_from_bench_train_as_it_is(monkeypatch):
     record = check.step_record("scan", "float32", 8, jaxring.init())  # the tests' 8 host devices
     assert (record["impl"], record["dtype"], record["global_batch"]) == ("scan", "float32", 8)
     assert record["step_s"] > 0 and record["compile_s"] > 0
+
+
+def test_frozen_mask_gradients_are_the_scans_where_the_masks_agree():
+    """The plain RNN's float64 gradient reference equals jax's gradients of the scan, given the scan's own outputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxring.rnn.scan import scan_recurrence
+
+    rng = np.random.default_rng(3)
+    directions, batch, frames, hidden, clip = 2, 4, 11, 6, 2.0
+    kernels = rng.normal(size=(directions, hidden, hidden)) / np.sqrt(hidden)
+    biases = 0.1 * rng.normal(size=(directions, hidden))
+    projected = 2 * rng.normal(size=(directions, batch, frames, hidden))
+    lengths = np.array([frames, 3, 7, 1])
+    forward = np.arange(frames)[None, :] < lengths[:, None]
+    mask = np.stack([forward, forward[:, ::-1]])
+    d_outputs = rng.normal(size=(directions, batch, frames, hidden))
+    with jax.default_matmul_precision("highest"):
+        outputs, vjp = jax.vjp(lambda k, b, p: scan_recurrence("rnn", clip, 1, k, b, p, jnp.asarray(mask)),
+                               *(jnp.asarray(a, jnp.float32) for a in (kernels, biases, projected)))
+        expected = vjp(jnp.asarray(d_outputs, jnp.float32))
+    got = check.frozen_mask_gradients(kernels, outputs, mask, d_outputs, clip)
+    assert 0 < np.mean((np.asarray(outputs) > 0) & (np.asarray(outputs) < clip)) < 1  # both clips are reached
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, np.asarray(e, np.float64), rtol=1e-4, atol=1e-4 * np.abs(e).max())
