@@ -290,7 +290,9 @@ CpuPath PathFor(const RingCall& call, xla::ffi::DataType type) {
 }  // namespace
 
 bool RunsInPlace(Mode mode, int64_t ranks) {
-  return mode == Mode::kAllReduce && ranks <= kMaxDeviceRanks;
+  // Only a whole buffer in and a whole buffer out can share one: an all-reduce.
+  const ModeTraits traits = TraitsOf(mode);
+  return !traits.input_is_chunk() && !traits.output_is_chunk() && ranks <= kMaxDeviceRanks;
 }
 
 int64_t CpuPushMaxBytes() { return push_max_bytes.load(std::memory_order_relaxed); }
