@@ -1,5 +1,5 @@
 // The device engine's host side with played kernels (engine_fake.h) under
-// ThreadSanitizer, for tests/jaxring/collectives/test_device_engine_tsan.py:
+// ThreadSanitizer, for tests/jaxring/collectives/test_engines_tsan.py:
 // executions started in shuffled orders on the ranks, several in flight per
 // rank, fewer sessions than executions in flight, both paths; every sum is
 // checked against a double-precision one. Prints the wrong elements and the

@@ -1,5 +1,5 @@
 // The host-staged engine's meeting and walk through the schedule (host_staged.h)
-// under ThreadSanitizer, for tests/jaxring/collectives/test_staged_engine_tsan.py:
+// under ThreadSanitizer, for tests/jaxring/collectives/test_engines_tsan.py:
 // executions started in shuffled orders on the ranks, several in flight per
 // rank, each run two calls of the op; every sum is checked against a
 // double-precision one. Prints the wrong elements and the errors; exit status
