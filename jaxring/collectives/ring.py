@@ -69,12 +69,16 @@ def _canonical_axis(axis, ndim, what, error=ValueError):
     return int(axis) % ndim
 
 
-def _ring(flat, *, kind, names, timeout_ms):
-    """Binds one ring op on a 1-D array (whether it runs in place is decided at every bind: _in_place)."""
+def _ring(flat, *, kind, names, timeout_ms, reduction="sum", groups=None):
+    """Binds one ring op on a 1-D array (whether it runs in place is decided at every bind: _in_place).
+
+    `reduction` ("sum", "max", "min") combines the devices' values where the kind reduces;
+    `groups` (lax's axis_index_groups, as a tuple of tuples, or None for the whole axis) splits
+    the axis into rings."""
     if _jax_compat.checking_varying_axes():
         flat = kinds.typed_input(flat, names, kind)
     return ring_p.bind(flat, kind=kind, axis_name=names, ranks=_ring_size(names), op_id=_ring_call.next_op_id(),
-                       timeout_ms=timeout_ms)
+                       timeout_ms=timeout_ms, reduction=reduction, groups=groups)
 
 
 def _ring_of_one(lax_op, local_result):
@@ -236,7 +240,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
 # --- the primitive's rules -------------------------------------------------
 
 
-def _abstract_eval(x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
+def _abstract_eval(x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups):
     if kind.output_is_block and kind.ring_elements(x.shape[0], ranks) % ranks:
         raise ValueError(f"{kind.name} input of {x.shape[0]} elements is not a multiple of {ranks}")
     shape = (kind.out_elements(x.shape[0], ranks),)
@@ -265,7 +269,7 @@ def _rings(ctx, axis_name):
     return np.transpose(mesh.devices, order).reshape(-1, ring), mesh
 
 
-def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, platform):
+def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups, platform):
     rings, mesh = _rings(ctx, axis_name)
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
@@ -283,7 +287,7 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, pl
                            timeout_ms=timeout_ms, in_place=in_place, platform=platform)
 
 
-def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
+def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups):
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
     if kind.invariant_output and _jax_compat.checking_varying_axes():
@@ -295,11 +299,11 @@ def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_pl
     # are each other's transpose.
     return [
         ring_p.bind(cotangent, kind=kinds.transpose_of(kind), axis_name=axis_name, ranks=ranks,
-                    op_id=_ring_call.next_op_id(), timeout_ms=timeout_ms)
+                    op_id=_ring_call.next_op_id(), timeout_ms=timeout_ms, reduction=reduction, groups=groups)
     ]
 
 
-def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, in_place):
+def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups):
     if axis_data.name in axis_name:
         raise ValueError(
             f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
@@ -309,7 +313,8 @@ def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, 
     # batch element: [B, N*c] -> [N, B, c] where the output is a block (reduce_scatter),
     # and back where the input is one (all_gather). Elementwise (all-reduce), any layout works.
     (x,), (dim,) = args, dims
-    params = dict(kind=kind, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place)
+    params = dict(kind=kind, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place,
+                  reduction=reduction, groups=groups)
     if dim is None:  # a value vmap does not batch (a constant): the op as it is, once
         return ring_p.bind(x, **params), None
     x = jnp.moveaxis(x, dim, 0)
