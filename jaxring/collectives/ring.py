@@ -317,7 +317,7 @@ def _not_differentiable(reduction, rule):
     if reduction != "sum":
         raise NotImplementedError(
             f"{rule} rule for jaxring.allreduce(op={reduction!r}) not implemented, as lax's for 'p{reduction}' "
-            f"is not; differentiate through a sum, or wrap the reduction in jax.lax.stop_gradient"
+            f"is not; pass its input through jax.lax.stop_gradient where no derivative should flow"
         )
 
 

@@ -87,7 +87,7 @@ def test_no_derivative_as_lax_has_none(op):
         with pytest.raises(NotImplementedError, match=f"Transpose rule.*for {what}.*not implemented"):
             pmapped(lambda v: jax.linear_transpose(reduce, v)(v), 2)(x)
     # A max that no derivative flows through is fine, as lax's.
-    out = pmapped(jax.grad(lambda v: (v * jax.lax.stop_gradient(jaxring.allreduce(v, "i", op=op))).sum()), 2)(x)
+    out = pmapped(jax.grad(lambda v: (v * jaxring.allreduce(jax.lax.stop_gradient(v), "i", op=op)).sum()), 2)(x)
     np.testing.assert_array_equal(out, np.broadcast_to(getattr(np, op)(x, 0), x.shape))
 
 
@@ -100,7 +100,8 @@ def test_processes_true_still_refuses_max():
 def test_shard_map_types_the_result_as_lax_pmax(check_vma):
     mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
     spec = jax.sharding.PartitionSpec(("a", "b"))
-    x = random_values(np.random.default_rng(2), (4 * 5,), np.float32)
+    x = jax.device_put(random_values(np.random.default_rng(2), (4 * 5,), np.float32),
+                       jax.sharding.NamedSharding(mesh, spec))
 
     def program(reduce):
         return jax.jit(jax.shard_map(lambda v: reduce(v), mesh=mesh, in_specs=spec,
