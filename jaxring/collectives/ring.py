@@ -8,7 +8,7 @@ each ring, in axis order, are read from the mesh when the op is lowered. What di
 between the three ops is one row each of kinds.py.
 
 The public ops take lax's arguments and return lax's shapes and types:
-`allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
+`allreduce` is lax.psum / pmean / pmax / pmin, `reduce_scatter` lax.psum_scatter,
 `all_gather` lax.all_gather. Under shard_map(check_vma=True) their outputs
 carry lax's varying axes, so shard_map accepts and refuses what it does with
 lax. A ring of one device has nothing to move: no custom call, no

@@ -114,21 +114,30 @@ def test_shard_map_types_the_result_as_lax_pmax(check_vma):
         assert jax.typeof(mine) == jax.typeof(lax)
 
 
-def test_queued_steps_of_changing_values():
-    """Steps queued without a block, each step's values the last one's output plus its own input."""
-    ranks, steps = 3, 12
-    rng = np.random.default_rng(9)
-    inputs = rng.standard_normal((steps, ranks, 101)).astype(np.float32)
-    step = pmapped(lambda w, x: (w + jaxring.allreduce(x * w, "i", op="max"),
-                                 jaxring.allreduce(x - w, "i", op="min")), ranks)
-    w = np.ones((ranks, 101), np.float32)
-    outs = []
-    expected_w = w.copy()
-    for k in range(steps):
-        w, low = step(w, inputs[k])
-        outs.append(low)
-    for k in range(steps):
-        expected_low = (inputs[k] - expected_w).min(0)
-        expected_w = expected_w + (inputs[k] * expected_w).max(0)
-        assert same_bits(np.asarray(outs[k])[0], expected_low)
-    assert same_bits(np.asarray(w), expected_w)
+@pytest.mark.parametrize("dtype", ("float32", "float64", "int16"))
+def test_queued_steps_of_changing_values(dtype):
+    """Steps queued without a block, each step's values the last one's output and its own input:
+    a max and a min of every step, and a sum (wrapping, for int16) against a numpy replay in rank order."""
+    ranks, steps, size = 3, 10, 101
+    with jax.enable_x64(True):
+        inputs = random_values(np.random.default_rng(9), (steps, ranks, size), dtype)
+        if dtype != "int16":
+            # numpy breaks ties of -0.0 and +0.0 its own way: no zeros (test_nans_and_signed_zeros checks them)
+            inputs = np.where(np.isfinite(inputs) & (inputs != 0), inputs, 0.5).astype(dtype) / 64
+        step = pmapped(lambda w, x: (jaxring.allreduce(jnp.maximum(w, x), "i", op="max"),
+                                     jaxring.allreduce(w - x, "i", op="min"), jaxring.allreduce(x * w, "i")), ranks)
+        w = np.ones((ranks, size), dtype)
+        queued = []
+        for k in range(steps):
+            high, low, w = step(w, inputs[k])
+            queued.append((high, low))
+        expected_w = np.ones(size, dtype)
+        for k in range(steps):
+            high, low = queued[k]
+            assert same_bits(np.asarray(high)[0], np.maximum(expected_w, inputs[k]).max(0))
+            assert same_bits(np.asarray(low)[0], (expected_w - inputs[k]).min(0))
+            products = inputs[k] * expected_w
+            expected_w = products[0]
+            for row in products[1:]:
+                expected_w = expected_w + row  # rank order, wrapping for int16
+        assert same_bits(np.asarray(w)[0], expected_w)
