@@ -183,3 +183,24 @@ def test_shard_map_takes_every_dtype_as_lax_does():
                 assert same_bits(mine[0], lax[0])
             assert same_bits(mine[1], lax[1])
             assert [jax.typeof(a) for a in mine] == [jax.typeof(b) for b in lax]
+
+
+def outcome(fn):
+    """What running `fn` gives: ("ok", result dtype) or (exception class, message)."""
+    try:
+        return "ok", jax.tree.map(lambda a: a.dtype, fn())
+    except Exception as e:  # noqa: BLE001 (the exception is what is compared)
+        return type(e), str(e).split("\n")[0]
+
+
+@pytest.mark.parametrize("const", (np.zeros((2,), jax.dtypes.float0), np.array([1, "a"], dtype=object)),
+                         ids=("float0", "object"))
+def test_float0_and_object_arrays_get_lax_s_refusal(const):
+    pairs = [(lambda c: jaxring.allreduce(c, "i", op=op), lambda c: LAX[op](c, "i")) for op in LAX]
+    pairs += [(lambda c: jaxring.reduce_scatter(c, "i"), lambda c: jax.lax.psum_scatter(c, "i")),
+              (lambda c: jaxring.all_gather(c, "i"), lambda c: jax.lax.all_gather(c, "i"))]
+    x = np.ones((2, 3), np.float32)
+    for mine, lax in pairs:
+        outcomes = [outcome(lambda: jax.pmap(lambda v: (v, f(const)), axis_name="i", devices=jax.devices()[:2])(x))
+                    for f in (mine, lax)]
+        assert outcomes[0] == outcomes[1]
