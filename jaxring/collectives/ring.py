@@ -128,8 +128,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if processes and op not in PROCESS_OPS:
-        raise ValueError(f"allreduce(processes=True) takes op {PROCESS_OPS}, got {op!r}; reduce across processes "
-                         "with jax.distributed and jax.lax instead")
+        raise ValueError(f"op must be one of {PROCESS_OPS} with processes=True, got {op!r}; reduce across "
+                         "processes with jax.distributed and jax.lax instead")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
     n_procs = _processes() if processes else 1
@@ -309,9 +309,10 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
         if kind is not ALLREDUCE or reduction != "sum":
             raise ValueError(
-                f"jaxring.{kind.name} ({reduction}) over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each "
-                f"process' own devices, or use jax.lax's collectives over the global mesh."
+                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
+                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each process' "
+                f"own devices, or use jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the "
+                "global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
