@@ -100,18 +100,25 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     none) bounds the wait for the other devices; see jaxring/collectives/timeout.py.
 
     processes=True also reduces over every process of the MPI job (mpirun or
-    srun, each process mapping `axis_name` over its own devices): the sum of
-    the leaf over all devices of all processes, the mean dividing by their
-    count, inside the same compiled program (jaxring/collectives/mpi.py).
-    Every process must run the same program. With one process it is
+    srun, each process mapping `axis_name` over its own devices): the sum (or
+    max, min) of the leaf over all devices of all processes, the mean dividing
+    by their count, inside the same compiled program (jaxring/collectives/mpi.py).
+    Across processes every lax dtype is taken, and op may also be "max" or "min"
+    (NaNs skipped, as lax's on CPU). processes=comm, an mpi4py intracommunicator
+    of the job (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm`
+    only: the mean divides by the local devices x comm.Get_size(). Every process
+    of the communicator must run the same program; the others do not call it
+    (a process holding MPI.COMM_NULL is refused). With one process it is
     processes=False.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
-    n_procs = _processes() if processes else 1
+    communicator = _processes(processes)
+    if communicator is not None:
+        return _across_processes(x, names, op, communicator, timeout_ms)
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
     def reduce_leaf(leaf):
         x = jnp.asarray(leaf)
@@ -119,8 +126,6 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
             x = x.astype(jnp.int32)
         x = _as_supported_array(x, "allreduce")
         ranks = _ring_size(names)
-        if n_procs > 1:
-            return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
         lax_reduce = jax.lax.psum if op == "sum" else jax.lax.pmean
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
@@ -138,34 +143,56 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     return jax.tree_util.tree_map(reduce_leaf, x)
 
 
-def _processes() -> int:
-    from jaxring.collectives import mpi  # imports mpi4py: only for processes=True
+def _processes(processes):
+    """The processes `processes=` names (mpi.Communicator), or None where it is this process alone."""
+    if processes is False:  # not `not processes`: MPI.COMM_NULL is falsy, and refused by mpi.communicator
+        return None
+    from jaxring.collectives import mpi  # imports mpi4py: only for processes= other than False
 
-    return mpi.processes()
+    communicator = mpi.communicator(processes)
+    return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
-    """allreduce(processes=True) of one leaf in a job of several processes: the local ring's
-    reduce-scatter, the MPI leg, the local ring's all-gather (mpi.py)."""
+def _across_processes(tree, names, op, communicator, timeout_ms):
+    """allreduce(processes=...) over several processes: of each leaf, the local ring's
+    reduce-scatter, the MPI leg over `communicator`'s processes, the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
+    reduction = "sum" if op == "mean" else op
+    if reduction not in mpi.REDUCTIONS:
+        raise ValueError(f"op must be one of {('mean', *mpi.REDUCTIONS)} across processes, got {op!r}")
+    ranks = _ring_size(names)
+    if ranks > 1 and op not in OPS:
+        raise ValueError(
+            f"jaxring.allreduce(op={op!r}, processes=...) over {names}: the local ring of {ranks} devices "
+            f"reduces by {OPS} only; map the axis over one device per process, or use lax's collective locally"
+        )
     if jax.process_count() > 1 and ranks > jax.local_device_count():
         raise ValueError(
-            f"jaxring.allreduce(..., processes=True) over {names}: the axis has {ranks} devices, more than "
+            f"jaxring.allreduce(..., processes=...) over {names}: the axis has {ranks} devices, more than "
             f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "
-            "over it already sums over them. Drop processes=True, or map the axis over jax.local_devices()."
+            "over it already reduces over them. Drop processes=, or map the axis over jax.local_devices()."
         )
-    if x.size == 0:
-        total = x
-    else:
-        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
-        local_ops = mpi.LocalOps(
-            ranks,
-            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms),
-            functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
-        )
-        total = mpi.sum_over_processes(x, names, local_ops, timeout_ms, what)
-    return accumulation.mean(total, ranks * n_procs) if op == "mean" else total
+
+    def reduce_leaf(leaf):
+        x = jnp.asarray(leaf)
+        if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are counted, in int32
+            x = x.astype(jnp.int32)
+        if ranks > 1:
+            x = _as_supported_array(x, "allreduce")  # the local ring's dtypes; the leg takes every one
+        if x.size == 0:
+            total = x
+        else:
+            what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {communicator.size} processes"
+            local_ops = mpi.LocalOps(
+                ranks,
+                functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
+                functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
+            )
+            total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction)
+        return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
+
+    return jax.tree_util.tree_map(reduce_leaf, tree)
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):

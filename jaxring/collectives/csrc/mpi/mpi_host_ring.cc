@@ -1,7 +1,8 @@
-// The cross-process leg of jaxring.allreduce(..., processes=True) over host
+// The cross-process leg of jaxring.allreduce(..., processes=...) over host
 // buffers, shared by the CPU and CUDA handlers (mpi_host_ring.h): an
-// all-reduce of this device's chunk over the MPI processes of the
-// communicator that jaxring/collectives/mpi.py registered for this device.
+// all-reduce (sum, max or min) of this device's chunk over the MPI processes
+// of the communicator that jaxring/collectives/mpi.py registered for this
+// device and the communicator the op was given.
 // Two algorithms, chosen by the lowering (the same in every process):
 //
 // - one-shot (small buffers, where the price is latency): every process
@@ -18,8 +19,11 @@
 //   so the link stays busy while this process adds. Each chunk is summed
 //   once, by one process, in one order: every process ends with the same bits.
 //
-// Buffers have the accumulation type (float32 or int32; Python casts 16-bit
-// floats before and after), so partial sums live in the output.
+// Buffers have the accumulation type (any lax type; Python casts 16-bit
+// floats to float32 before and back after), so partial sums live in the
+// output. Complex numbers are summed as pairs of reals; integers wrap around
+// and max/min skip NaNs (all NaN: -inf for max, inf for min), as lax's
+// collectives do on CPU.
 //
 // Every wait polls MPI_Test against the deadline. The communicators return
 // MPI's errors instead of aborting: a process (or node) that dies mid-call is
@@ -35,10 +39,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <mutex>
+#include <type_traits>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,7 +66,7 @@ namespace ffi = xla::ffi;
 constexpr auto kSpin = std::chrono::milliseconds(100);
 
 std::mutex comms_mu;
-std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
+std::map<std::pair<int64_t, int64_t>, MPI_Comm> comms;  // (comm id, device ordinal) -> communicator
 
 constexpr const char* kJobMustEnd =
     "The processes are now out of step: the job must end (scripts/train.py aborts it on an "
@@ -173,10 +179,51 @@ std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>&
   return NoAnswer(leg, receive_peers.empty() ? -1 : receive_peers[0], "for a chunk");
 }
 
-inline float Add(float a, float b) { return a + b; }
-inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
-  return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+// The reductions, each Combine(partial, term) over one element type. Equal
+// operands of max/min keep the partial (signed zeros: the one met first).
+template <typename T>
+struct SumOf {
+  static T Combine(T partial, T term) {
+    if constexpr (std::is_integral_v<T>) {  // wraps around, as lax.psum does
+      using Unsigned = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<Unsigned>(partial) + static_cast<Unsigned>(term));
+    } else {
+      return partial + term;
+    }
+  }
+};
+
+// A NaN reads as the reduction's identity, so NaNs drop out and a leg of NaNs
+// only gives the identity, as lax.pmax/pmin on CPU: it folds from the identity
+// with `term > partial ? term : partial`, never taking a NaN. Every element
+// of a leg of two or more processes goes through Combine, so none stays NaN.
+template <typename T>
+T WithoutNan(T v, T identity) {
+  if constexpr (std::is_floating_point_v<T>) return v != v ? identity : v;
+  return v;
 }
+
+template <typename T>
+struct MaxOf {
+  static T Combine(T partial, T term) {
+    const T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                          : std::numeric_limits<T>::lowest();
+    partial = WithoutNan(partial, lowest);
+    term = WithoutNan(term, lowest);
+    return term > partial ? term : partial;
+  }
+};
+
+template <typename T>
+struct MinOf {
+  static T Combine(T partial, T term) {
+    const T highest = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
+                                                           : std::numeric_limits<T>::max();
+    partial = WithoutNan(partial, highest);
+    term = WithoutNan(term, highest);
+    return term < partial ? term : partial;
+  }
+};
 
 // Every wait of a leg, as LegInFlight::Finish waits: polls `done` (which sets
 // *rc) for at most `patience`, never past the leg's deadline. False when out
@@ -274,8 +321,8 @@ class Scratch {
 };
 
 // One-shot: every process sends its whole buffer to every other at once and
-// sums all of them in rank order.
-template <typename T>
+// reduces all of them in rank order.
+template <typename T, typename Op>
 class OneShot final : public LegInFlight {
  public:
   OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -334,7 +381,7 @@ class OneShot final : public LegInFlight {
     std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
     for (int p = 1; p < leg_.size; ++p) {
       const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
-      for (int64_t j = 0; j < elements_; ++j) out_[j] = Add(out_[j], term[j]);
+      for (int64_t j = 0; j < elements_; ++j) out_[j] = Op::Combine(out_[j], term[j]);
     }
   }
 
@@ -350,7 +397,7 @@ class OneShot final : public LegInFlight {
 };
 
 // The ring (file comment).
-template <typename T>
+template <typename T, typename Op>
 class Ring final : public LegInFlight {
  public:
   Ring(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -384,7 +431,9 @@ class Ring final : public LegInFlight {
       const Stage st = mine_.StageAt(done_);
       if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
         const T* partial = Slot(done_);
-        for (int64_t j = 0; j < st.count; ++j) out_[st.dst + j] = Add(in_[st.src + j], partial[j]);
+        for (int64_t j = 0; j < st.count; ++j) {
+          out_[st.dst + j] = Op::Combine(partial[j], in_[st.src + j]);
+        }
       }
       ++done_;
     }
@@ -462,32 +511,72 @@ class Alone final : public LegInFlight {
   }
 };
 
-template <typename T>
+template <typename T, typename Op>
 std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
-  if (leg.one_shot) return std::make_unique<OneShot<T>>(in, out, elements, leg);
-  return std::make_unique<Ring<T>>(in, out, elements, leg);
+  if (leg.one_shot) return std::make_unique<OneShot<T, Op>>(in, out, elements, leg);
+  return std::make_unique<Ring<T, Op>>(in, out, elements, leg);
+}
+
+// Calls visit(T{}, components) with the C++ type the leg computes `type` in and
+// how many of them make one element (2 for complex numbers, summed per
+// component); false for a type the leg does not carry.
+template <typename Visit>
+bool VisitElementType(ffi::DataType type, Visit visit) {
+  switch (type) {
+    case ffi::DataType::F32: visit(float{}, 1); return true;
+    case ffi::DataType::F64: visit(double{}, 1); return true;
+    case ffi::DataType::C64: visit(float{}, 2); return true;
+    case ffi::DataType::C128: visit(double{}, 2); return true;
+    case ffi::DataType::S8: visit(int8_t{}, 1); return true;
+    case ffi::DataType::S16: visit(int16_t{}, 1); return true;
+    case ffi::DataType::S32: visit(int32_t{}, 1); return true;
+    case ffi::DataType::S64: visit(int64_t{}, 1); return true;
+    case ffi::DataType::U8: visit(uint8_t{}, 1); return true;
+    case ffi::DataType::U16: visit(uint16_t{}, 1); return true;
+    case ffi::DataType::U32: visit(uint32_t{}, 1); return true;
+    case ffi::DataType::U64: visit(uint64_t{}, 1); return true;
+    case ffi::DataType::PRED: visit(uint8_t{}, 1); return true;  // one byte, 0 or 1: max is or, min and
+    default: return false;
+  }
+}
+
+bool IsComplex(ffi::DataType type) {
+  return type == ffi::DataType::C64 || type == ffi::DataType::C128;
 }
 
 }  // namespace
 
-ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int64_t timeout_ms,
+ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
+                   std::string_view reduction, int64_t tag, int64_t timeout_ms,
                    std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
   {
     std::lock_guard<std::mutex> lock(comms_mu);
-    auto found = comms.find(device_ordinal);
+    auto found = comms.find({comm_id, device_ordinal});
     if (found == comms.end()) {
       return ffi::Error::InvalidArgument(
-          "jaxring: no MPI communicator for device " + std::to_string(device_ordinal) +
-          "; jaxring.init() registers one per local device");
+          "jaxring: no MPI communicator " + std::to_string(comm_id) + " for device " +
+          std::to_string(device_ordinal) + "; jaxring/collectives/mpi.py registers one per "
+          "communicator and local device when an op is traced");
     }
     leg->comm = found->second;
   }
-  if (type != ffi::DataType::F32 && type != ffi::DataType::S32) {
-    return ffi::Error::InvalidArgument("jaxring: the cross-process leg takes float32 or int32");
+  if (!VisitElementType(type, [](auto, int) {})) {
+    return ffi::Error::InvalidArgument(
+        "jaxring: the cross-process leg takes every lax type but the 16-bit floats, which "
+        "jaxring/collectives/mpi.py casts to float32; got XLA type " +
+        std::to_string(static_cast<int>(type)));
+  }
+  if (reduction == "sum") {
+    leg->reduction = Reduction::kSum;
+  } else if ((reduction == "max" || reduction == "min") && !IsComplex(type)) {
+    leg->reduction = reduction == "max" ? Reduction::kMax : Reduction::kMin;
+  } else {
+    return ffi::Error::InvalidArgument("jaxring: the cross-process leg reduces by sum, max or min "
+                                       "(complex numbers by sum), not " + std::string(reduction));
   }
   MPI_Comm_rank(leg->comm, &leg->rank);
   MPI_Comm_size(leg->comm, &leg->size);
@@ -505,10 +594,27 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int6
 
 std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
                                       int64_t elements, const Leg& leg) {
-  if (type == ffi::DataType::F32) {
-    return Start(static_cast<const float*>(in), static_cast<float*>(out), elements, leg);
-  }
-  return Start(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
+  std::unique_ptr<LegInFlight> started;
+  VisitElementType(type, [&](auto zero, int components) {
+    using T = decltype(zero);
+    Leg of_components = leg;
+    of_components.piece_elements *= components;
+    const T* typed_in = static_cast<const T*>(in);
+    T* typed_out = static_cast<T*>(out);
+    const int64_t count = elements * components;
+    switch (leg.reduction) {
+      case Reduction::kSum:
+        started = Start<T, SumOf<T>>(typed_in, typed_out, count, of_components);
+        break;
+      case Reduction::kMax:
+        started = Start<T, MaxOf<T>>(typed_in, typed_out, count, of_components);
+        break;
+      case Reduction::kMin:
+        started = Start<T, MinOf<T>>(typed_in, typed_out, count, of_components);
+        break;
+    }
+  });
+  return started;
 }
 
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
@@ -518,11 +624,11 @@ std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t e
   return error;
 }
 
-void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {
+void SetLegComm(int64_t comm_id, int64_t device_ordinal, uintptr_t handle) {
   const auto comm = reinterpret_cast<MPI_Comm>(handle);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // the waits report errors, naming processes
   std::lock_guard<std::mutex> lock(comms_mu);
-  comms[device_ordinal] = comm;
+  comms[{comm_id, device_ordinal}] = comm;
 }
 
 }  // namespace jaxring

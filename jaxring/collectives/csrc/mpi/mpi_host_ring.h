@@ -15,6 +15,9 @@
 
 namespace jaxring {
 
+// How a leg combines the processes' values (mpi.py's `reduction` attribute).
+enum class Reduction { kSum, kMax, kMin };
+
 // One call of the leg: the communicator of its device and the limits it waits under.
 struct Leg {
   MPI_Comm comm;
@@ -31,14 +34,17 @@ struct Leg {
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
   int64_t piece_elements;
+  Reduction reduction;
 };
 
-// The leg of local device `device_ordinal` with the lowering's attributes, or
-// an InvalidArgument error when that device has no communicator or `type` is
-// not one the ring sums (float32, int32).
-xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t tag,
-                        int64_t timeout_ms, std::string_view what, int64_t one_shot,
-                        int64_t piece_elements, Leg* leg);
+// The leg of local device `device_ordinal` over communicator `comm_id` with
+// the lowering's attributes, or an InvalidArgument error when that device has
+// no such communicator, `type` is not one the leg carries (every lax type but
+// the 16-bit floats, which mpi.py casts to float32) or `reduction` is not
+// "sum", "max" or "min" (complex numbers: "sum" only, as lax).
+xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t comm_id,
+                        std::string_view reduction, int64_t tag, int64_t timeout_ms,
+                        std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg);
 
 // A leg in flight. StartLeg posts its first messages; `in` and `out` must
 // outlive it.
@@ -53,7 +59,7 @@ class LegInFlight {
   virtual bool Finish(Clock::duration patience, std::string* error) = 0;
 };
 
-// Sums the `elements` values of `type` at `in` over the leg's processes into
+// Reduces the `elements` values of `type` at `in` over the leg's processes into
 // `out` (host memory; `out` may be `in` for the ring, not for one-shot).
 std::unique_ptr<LegInFlight> StartLeg(xla::ffi::DataType type, const void* in, void* out,
                                       int64_t elements, const Leg& leg);
@@ -72,6 +78,8 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Ctx<xla::ffi::DeviceOrdinal>()     \
       .Arg<xla::ffi::AnyBuffer>()         \
       .Ret<xla::ffi::AnyBuffer>()         \
+      .Attr<int64_t>("comm")              \
+      .Attr<std::string_view>("reduction") \
       .Attr<int64_t>("tag")               \
       .Attr<int64_t>("timeout_ms")        \
       .Attr<std::string_view>("what")     \
