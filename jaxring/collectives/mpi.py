@@ -293,7 +293,8 @@ def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what):
 def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
     (aval,) = ctx.avals_in
     communicator = _communicators[comm_id]
-    tag = next(communicator.tags) % communicator.handshake.Get_attr(MPI.TAG_UB)
+    # MPI attaches the largest tag to MPI.COMM_WORLD only; it holds for every communicator.
+    tag = next(communicator.tags) % MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     itemsize = np.dtype(aval.dtype).itemsize
     one_shot = aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
     piece_elements = max(PIECE_BYTES // itemsize, 1)

@@ -1,8 +1,9 @@
 """The cross-process leg over every dtype and op, over communicators split from the job, next to mpi4jax.
 
-Two mpirun launches (mpi_workers/communicators.py, start-up costs seconds): 4 processes of one
-device (every dtype x op over 2-process groups, the 2x2 split with mpi4jax in one queued program,
-the refusals) and 2 processes of 2 devices (the job with a local ring, the cases it takes).
+Three mpirun launches (mpi_workers/communicators.py, start-up costs seconds): 2 processes of one
+device (every dtype x op), 2 processes of 2 devices (the cases the local ring takes, ring.py's
+OPS and SUPPORTED_DTYPES), 4 processes of one device (the 2x2 split with mpi4jax in one queued
+program, the refusals).
 """
 
 import pytest
@@ -10,8 +11,9 @@ import pytest
 from tests.jaxring.collectives.test_mpi import assert_passed, run_workers
 
 LAYOUTS = {
-    (4, 1): ["matrix_in_groups", "with_mpi4jax_queued", "refusals"],
+    (2, 1): ["matrix"],
     (2, 2): ["matrix"],
+    (4, 1): ["with_mpi4jax_queued", "refusals"],
 }
 
 
