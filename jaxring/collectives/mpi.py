@@ -23,7 +23,7 @@ same collective (shape, dtype, op) run once, when the leg is lowered
 tag fixed at lowering, the same in every process of its communicator.
 
 This module imports mpi4py (which starts MPI) and the compiled MPI leg: ring.py
-imports it only for processes=True and for axes that span processes. It never imports
+imports it only for processes= other than False and for axes that span processes. It never imports
 ring.py: the ring's custom call it lowers is _ring_call.py's, and callers pass the local ops.
 """
 
@@ -83,7 +83,6 @@ class Communicator:
     """The processes a leg crosses: jaxring's private clones of a communicator, numbered for the handlers."""
 
     id: int  # the legs' `comm` attribute (csrc/mpi/mpi_ring.h's SetLegComm); the job's is 0
-    rank: int
     size: int
     handshake: MPI.Comm = dataclasses.field(repr=False)  # the agreement at lowering
     group: MPI.Group = dataclasses.field(repr=False)  # of the communicator the user handed over
@@ -99,7 +98,7 @@ _by_handle = {}  # MPI._handleof of the user's communicator -> Communicator
 def _register(handshake: MPI.Comm, device_comms, group: MPI.Group) -> Communicator:
     _leg_module()
     world = topology.init()
-    communicator = Communicator(len(_communicators), handshake.Get_rank(), handshake.Get_size(), handshake, group)
+    communicator = Communicator(len(_communicators), handshake.Get_size(), handshake, group)
     for device, comm in zip(world.local_devices, device_comms):
         _leg_module().set_leg_comm(communicator.id, _ring_call.device_ordinal(device), MPI._handleof(comm))
     _communicators[communicator.id] = communicator
@@ -138,8 +137,11 @@ def communicator(processes) -> Communicator:
             "merge it first (Intercomm.Merge) or pass the communicator of one side"
         )
     group = processes.Get_group()
-    in_job = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), topology.init().comm.Get_group())
+    job_group = topology.init().comm.Get_group()
+    in_job = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
+    job_group.Free()
     if MPI.UNDEFINED in in_job:
+        group.Free()
         raise ValueError(
             "processes= takes a communicator of the job's own processes (MPI.COMM_WORLD or one split "
             "from it); this one holds processes outside MPI.COMM_WORLD (spawned?): jaxring's devices "
@@ -190,7 +192,7 @@ def check_leg_operand(dtype, reduction: str) -> None:
 
 
 def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str,
-                       communicator: Communicator | None = None, reduction: str = "sum"):
+                          communicator: Communicator | None = None, reduction: str = "sum"):
     """The reduction (`reduction`, of REDUCTIONS) of `x` over the devices of `names` and the
     processes of `communicator` (None: the job's), bitwise equal everywhere.
 

@@ -145,6 +145,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
 
 def _processes(processes):
     """The processes `processes=` names (mpi.Communicator), or None where it is this process alone."""
+    if isinstance(processes, (bool, np.bool_)):
+        processes = bool(processes)
     if processes is False:  # not `not processes`: MPI.COMM_NULL is falsy, and refused by mpi.communicator
         return None
     from jaxring.collectives import mpi  # imports mpi4py: only for processes= other than False
