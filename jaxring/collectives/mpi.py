@@ -40,7 +40,7 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
-from jaxring.collectives import _jax_compat, _ring_call, accumulation, agreement, kinds, topology
+from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, agreement, kinds, topology
 from jaxring.collectives import timeout as timeout_lib
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
@@ -58,8 +58,6 @@ invariant_p = core.Primitive("jaxring_invariant")
 # over shared memory the two were within 15% at 64 KiB.
 ONE_SHOT_MAX_BYTES = 32 << 10
 PIECE_BYTES = 256 << 10
-# The reductions the leg runs (csrc/mpi/mpi_host_ring.cc); a mean is a sum, divided after.
-REDUCTIONS = ("sum", "max", "min")
 
 
 @functools.cache
@@ -182,26 +180,16 @@ def lax_local_ops(names) -> LocalOps:
     )
 
 
-def check_leg_operand(dtype, reduction: str) -> None:
-    """A TypeError, at trace time, for what the leg does not reduce: complex max/min, as lax."""
-    if reduction != "sum" and jnp.issubdtype(dtype, jnp.complexfloating):
-        raise TypeError(
-            f"jaxring.allreduce across processes: op={reduction!r} of {np.dtype(dtype).name}: complex numbers "
-            "have no order (lax.pmax/pmin refuse them too); reduce the real and imaginary parts apart"
-        )
-
-
 def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str,
                           communicator: Communicator | None = None, reduction: str = "sum"):
-    """The reduction (`reduction`, of REDUCTIONS) of `x` over the devices of `names` and the
-    processes of `communicator` (None: the job's), bitwise equal everywhere.
+    """The reduction ("sum", "max" or "min": csrc/core/reduction.h) of `x` over the devices of
+    `names` and the processes of `communicator` (None: the job's), bitwise equal everywhere.
 
-    Inside pmap or shard_map; `x` of a dtype the leg takes (check_leg_operand), not empty. Under
+    Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
     (ring.py's ring, or lax's: lax_local_ops, sum only).
     """
-    check_leg_operand(x.dtype, reduction)
     communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
@@ -313,8 +301,8 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
     # One-shot sends its input while it sums: it needs both.
     lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True,
                                  operand_output_aliases=None if one_shot else {0: 0})
-    return lower(ctx, x, comm=np.int64(comm_id), reduction=reduction, tag=np.int64(tag),
-                 timeout_ms=np.int64(timeout_ms), what=what,
+    return lower(ctx, x, comm=np.int64(comm_id), reduction=np.int64(_ffi.reductions()[reduction]),
+                 tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
                  one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements))
 
 

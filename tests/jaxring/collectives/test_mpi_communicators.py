@@ -1,9 +1,9 @@
 """The cross-process leg over every dtype and op, over communicators split from the job, next to mpi4jax.
 
-Three mpirun launches (mpi_workers/communicators.py, start-up costs seconds): 2 processes of one
-device (every dtype x op), 2 processes of 2 devices (the cases the local ring takes, ring.py's
-OPS and SUPPORTED_DTYPES), 4 processes of one device (the 2x2 split with mpi4jax in one queued
-program, the refusals).
+Two mpirun launches (mpi_workers/communicators.py, start-up costs seconds): 2 processes of 2
+devices (every dtype x op through the local ring and the leg, both of the leg's algorithms) and 4
+processes of one device (float max/min with NaNs reaching the leg over 2-process groups, the 2x2
+split with mpi4jax in one queued program, the refusals).
 """
 
 import pytest
@@ -11,9 +11,8 @@ import pytest
 from tests.jaxring.collectives.test_mpi import assert_passed, run_workers
 
 LAYOUTS = {
-    (2, 1): ["matrix"],
     (2, 2): ["matrix"],
-    (4, 1): ["with_mpi4jax_queued", "refusals"],
+    (4, 1): ["nans_in_groups", "with_mpi4jax_queued", "refusals"],
 }
 
 

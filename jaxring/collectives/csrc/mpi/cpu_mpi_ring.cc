@@ -29,7 +29,7 @@ std::atomic<int64_t> patience_us{kDefaultLegPatienceUs};
 std::atomic<int64_t> finished_on_xla_thread{0}, handed_off{0};
 
 ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
-                       int64_t comm_id, std::string_view reduction, int64_t tag, int64_t timeout_ms,
+                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
                        std::string_view what, int64_t one_shot, int64_t piece_elements) {
   ffi::Promise promise;
   ffi::Future future(promise);

@@ -79,7 +79,7 @@ ffi::Error Reserve(Staging& staging, size_t bytes) {
 
 ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
                        ffi::Result<ffi::AnyBuffer> out,
-                       int64_t comm_id, std::string_view reduction, int64_t tag, int64_t timeout_ms,
+                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
                        std::string_view what, int64_t one_shot, int64_t piece_elements) {
   Leg leg{};
   if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,

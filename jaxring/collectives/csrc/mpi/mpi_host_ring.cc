@@ -21,9 +21,11 @@
 //
 // Buffers have the accumulation type (any lax type; Python casts 16-bit
 // floats to float32 before and back after), so partial sums live in the
-// output. Complex numbers are summed as pairs of reals; integers wrap around
-// and max/min skip NaNs (all NaN: -inf for max, inf for min), as lax's
-// collectives do on CPU.
+// output. Each reduction combines as the ring's engines do (core/reduction.h,
+// host_elementwise.h's Combine): complex numbers summed as pairs of reals,
+// integers wrapping, max/min by lax's CPU rule. One-shot combines in rank
+// order, so its bits are lax's; the ring starts each chunk at another rank,
+// so of -0.0 and +0.0 either may win.
 //
 // Every wait polls MPI_Test against the deadline. The communicators return
 // MPI's errors instead of aborting: a process (or node) that dies mid-call is
@@ -39,10 +41,8 @@
 
 #include <chrono>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <mutex>
-#include <type_traits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -52,6 +52,8 @@
 #include <mpi-ext.h>  // MPIX_Comm_get_failed, where the MPI has it (Open MPI, MPICH)
 #endif
 
+#include "core/host_elementwise.h"
+#include "core/ring_handler_common.h"
 #include "core/ring_schedule.h"
 #include "mpi/mpi_host_ring.h"
 #include "mpi/mpi_ring.h"
@@ -179,52 +181,6 @@ std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>&
   return NoAnswer(leg, receive_peers.empty() ? -1 : receive_peers[0], "for a chunk");
 }
 
-// The reductions, each Combine(partial, term) over one element type. Equal
-// operands of max/min keep the partial (signed zeros: the one met first).
-template <typename T>
-struct SumOf {
-  static T Combine(T partial, T term) {
-    if constexpr (std::is_integral_v<T>) {  // wraps around, as lax.psum does
-      using Unsigned = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<Unsigned>(partial) + static_cast<Unsigned>(term));
-    } else {
-      return partial + term;
-    }
-  }
-};
-
-// A NaN reads as the reduction's identity, so NaNs drop out and a leg of NaNs
-// only gives the identity, as lax.pmax/pmin on CPU: it folds from the identity
-// with `term > partial ? term : partial`, never taking a NaN. Every element
-// of a leg of two or more processes goes through Combine, so none stays NaN.
-template <typename T>
-T WithoutNan(T v, T identity) {
-  if constexpr (std::is_floating_point_v<T>) return v != v ? identity : v;
-  return v;
-}
-
-template <typename T>
-struct MaxOf {
-  static T Combine(T partial, T term) {
-    const T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
-                                                          : std::numeric_limits<T>::lowest();
-    partial = WithoutNan(partial, lowest);
-    term = WithoutNan(term, lowest);
-    return term > partial ? term : partial;
-  }
-};
-
-template <typename T>
-struct MinOf {
-  static T Combine(T partial, T term) {
-    const T highest = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
-                                                           : std::numeric_limits<T>::max();
-    partial = WithoutNan(partial, highest);
-    term = WithoutNan(term, highest);
-    return term < partial ? term : partial;
-  }
-};
-
 // Every wait of a leg, as LegInFlight::Finish waits: polls `done` (which sets
 // *rc) for at most `patience`, never past the leg's deadline. False when out
 // of patience; else true with *error "" once done, `timed_out()` past the
@@ -322,7 +278,7 @@ class Scratch {
 
 // One-shot: every process sends its whole buffer to every other at once and
 // reduces all of them in rank order.
-template <typename T, typename Op>
+template <typename T, Reduction R>
 class OneShot final : public LegInFlight {
  public:
   OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -381,7 +337,7 @@ class OneShot final : public LegInFlight {
     std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
     for (int p = 1; p < leg_.size; ++p) {
       const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
-      for (int64_t j = 0; j < elements_; ++j) out_[j] = Op::Combine(out_[j], term[j]);
+      for (int64_t j = 0; j < elements_; ++j) out_[j] = Combine<R>::Of(out_[j], term[j]);
     }
   }
 
@@ -397,7 +353,7 @@ class OneShot final : public LegInFlight {
 };
 
 // The ring (file comment).
-template <typename T, typename Op>
+template <typename T, Reduction R>
 class Ring final : public LegInFlight {
  public:
   Ring(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -432,7 +388,7 @@ class Ring final : public LegInFlight {
       if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
         const T* partial = Slot(done_);
         for (int64_t j = 0; j < st.count; ++j) {
-          out_[st.dst + j] = Op::Combine(partial[j], in_[st.src + j]);
+          out_[st.dst + j] = Combine<R>::Of(partial[j], in_[st.src + j]);
         }
       }
       ++done_;
@@ -511,47 +467,40 @@ class Alone final : public LegInFlight {
   }
 };
 
-template <typename T, typename Op>
+template <typename T, Reduction R>
 std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
-  if (leg.one_shot) return std::make_unique<OneShot<T, Op>>(in, out, elements, leg);
-  return std::make_unique<Ring<T, Op>>(in, out, elements, leg);
+  if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, leg);
+  return std::make_unique<Ring<T, R>>(in, out, elements, leg);
 }
 
-// Calls visit(T{}, components) with the C++ type the leg computes `type` in and
-// how many of them make one element (2 for complex numbers, summed per
-// component); false for a type the leg does not carry.
+// Calls visit(T{}) with the C++ type of the component type `type` of
+// ring_handler_common.h's kElementTypes (the 16-bit floats excepted: they
+// cross in float32); false for another.
 template <typename Visit>
-bool VisitElementType(ffi::DataType type, Visit visit) {
+bool VisitComponentType(ffi::DataType type, Visit visit) {
   switch (type) {
-    case ffi::DataType::F32: visit(float{}, 1); return true;
-    case ffi::DataType::F64: visit(double{}, 1); return true;
-    case ffi::DataType::C64: visit(float{}, 2); return true;
-    case ffi::DataType::C128: visit(double{}, 2); return true;
-    case ffi::DataType::S8: visit(int8_t{}, 1); return true;
-    case ffi::DataType::S16: visit(int16_t{}, 1); return true;
-    case ffi::DataType::S32: visit(int32_t{}, 1); return true;
-    case ffi::DataType::S64: visit(int64_t{}, 1); return true;
-    case ffi::DataType::U8: visit(uint8_t{}, 1); return true;
-    case ffi::DataType::U16: visit(uint16_t{}, 1); return true;
-    case ffi::DataType::U32: visit(uint32_t{}, 1); return true;
-    case ffi::DataType::U64: visit(uint64_t{}, 1); return true;
-    case ffi::DataType::PRED: visit(uint8_t{}, 1); return true;  // one byte, 0 or 1: max is or, min and
+    case ffi::DataType::F32: visit(float{}); return true;
+    case ffi::DataType::F64: visit(double{}); return true;
+    case ffi::DataType::S8: visit(int8_t{}); return true;
+    case ffi::DataType::S16: visit(int16_t{}); return true;
+    case ffi::DataType::S32: visit(int32_t{}); return true;
+    case ffi::DataType::S64: visit(int64_t{}); return true;
+    case ffi::DataType::U8: visit(uint8_t{}); return true;
+    case ffi::DataType::U16: visit(uint16_t{}); return true;
+    case ffi::DataType::U32: visit(uint32_t{}); return true;
+    case ffi::DataType::U64: visit(uint64_t{}); return true;
     default: return false;
   }
-}
-
-bool IsComplex(ffi::DataType type) {
-  return type == ffi::DataType::C64 || type == ffi::DataType::C128;
 }
 
 }  // namespace
 
 ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
-                   std::string_view reduction, int64_t tag, int64_t timeout_ms,
+                   int64_t reduction, int64_t tag, int64_t timeout_ms,
                    std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
   {
     std::lock_guard<std::mutex> lock(comms_mu);
@@ -564,20 +513,15 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
     }
     leg->comm = found->second;
   }
-  if (!VisitElementType(type, [](auto, int) {})) {
-    return ffi::Error::InvalidArgument(
-        "jaxring: the cross-process leg takes every lax type but the 16-bit floats, which "
-        "jaxring/collectives/mpi.py casts to float32; got XLA type " +
-        std::to_string(static_cast<int>(type)));
+  const ElementType* row = FindElementType(type);
+  if (std::string refused = RefuseTypeOrReduction(row, reduction, Mode::kAllReduce); !refused.empty()) {
+    return ffi::Error::InvalidArgument(refused);
   }
-  if (reduction == "sum") {
-    leg->reduction = Reduction::kSum;
-  } else if ((reduction == "max" || reduction == "min") && !IsComplex(type)) {
-    leg->reduction = reduction == "max" ? Reduction::kMax : Reduction::kMin;
-  } else {
-    return ffi::Error::InvalidArgument("jaxring: the cross-process leg reduces by sum, max or min "
-                                       "(complex numbers by sum), not " + std::string(reduction));
+  if (!VisitComponentType(row->component, [](auto) {})) {
+    return ffi::Error::InvalidArgument(std::string("jaxring: the cross-process leg takes ") + row->name +
+                                       " in float32 (jaxring/collectives/mpi.py casts it)");
   }
+  leg->reduction = static_cast<Reduction>(reduction);
   MPI_Comm_rank(leg->comm, &leg->rank);
   MPI_Comm_size(leg->comm, &leg->size);
   leg->tag = static_cast<int>(tag);
@@ -594,24 +538,26 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
 
 std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
                                       int64_t elements, const Leg& leg) {
+  // A complex number is two components, reduced one by one (kElementTypes).
+  const int64_t components = ComponentsPerElement(type);
+  Leg of_components = leg;
+  of_components.piece_elements *= components;
   std::unique_ptr<LegInFlight> started;
-  VisitElementType(type, [&](auto zero, int components) {
+  VisitComponentType(FindElementType(type)->component, [&](auto zero) {
     using T = decltype(zero);
-    Leg of_components = leg;
-    of_components.piece_elements *= components;
     const T* typed_in = static_cast<const T*>(in);
     T* typed_out = static_cast<T*>(out);
     const int64_t count = elements * components;
+    // The reduction is a template argument, chosen once per leg: the per-element loops have no branch on it.
     switch (leg.reduction) {
-      case Reduction::kSum:
-        started = Start<T, SumOf<T>>(typed_in, typed_out, count, of_components);
-        break;
       case Reduction::kMax:
-        started = Start<T, MaxOf<T>>(typed_in, typed_out, count, of_components);
+        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, of_components);
         break;
       case Reduction::kMin:
-        started = Start<T, MinOf<T>>(typed_in, typed_out, count, of_components);
+        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, of_components);
         break;
+      default:
+        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, of_components);
     }
   });
   return started;

@@ -10,13 +10,11 @@
 #include <string>
 #include <string_view>
 
+#include "core/reduction.h"
 #include "core/timeout.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxring {
-
-// How a leg combines the processes' values (mpi.py's `reduction` attribute).
-enum class Reduction { kSum, kMax, kMin };
 
 // One call of the leg: the communicator of its device and the limits it waits under.
 struct Leg {
@@ -39,11 +37,11 @@ struct Leg {
 
 // The leg of local device `device_ordinal` over communicator `comm_id` with
 // the lowering's attributes, or an InvalidArgument error when that device has
-// no such communicator, `type` is not one the leg carries (every lax type but
-// the 16-bit floats, which mpi.py casts to float32) or `reduction` is not
-// "sum", "max" or "min" (complex numbers: "sum" only, as lax).
+// no such communicator or the ring would refuse `type` or `reduction`
+// (core/ring_handler_common.h's RefuseTypeOrReduction; the leg takes the
+// 16-bit floats in float32, as mpi.py casts them).
 xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t comm_id,
-                        std::string_view reduction, int64_t tag, int64_t timeout_ms,
+                        int64_t reduction, int64_t tag, int64_t timeout_ms,
                         std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg);
 
 // A leg in flight. StartLeg posts its first messages; `in` and `out` must
@@ -79,7 +77,7 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Arg<xla::ffi::AnyBuffer>()         \
       .Ret<xla::ffi::AnyBuffer>()         \
       .Attr<int64_t>("comm")              \
-      .Attr<std::string_view>("reduction") \
+      .Attr<int64_t>("reduction")         \
       .Attr<int64_t>("tag")               \
       .Attr<int64_t>("timeout_ms")        \
       .Attr<std::string_view>("what")     \

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import jaxring  # noqa: E402
-from jaxring.collectives import mpi, ring, topology  # noqa: E402
+from jaxring.collectives import mpi, topology  # noqa: E402
 
 SEED = 20261128
 AXIS = "i"
@@ -100,29 +100,25 @@ def assert_close(name, got, want, dtype, rows, op):
     assert (error <= len(rows) * eps * magnitude + 1e-300).all(), (name, error.max(), got[0], want)
 
 
-def matrix(local_ring):
-    """(name, case, dtype, op) of every case the layout runs: all of them over one device per
-    process; with a local ring, those ring.py's local ring takes (ring.OPS, ring.SUPPORTED_DTYPES)."""
+def matrix():
+    """(name, case, dtype, op) of every dtype and op lax takes (complex max/min: check_refusals)."""
     cases = []
     for i, dtype in enumerate(DTYPES):
         for op in OPS:
-            if op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating):
-                continue  # refused, as lax: check_refusals
-            if local_ring and not (op in ring.OPS and (dtype == jnp.bool_ or dtype in ring.SUPPORTED_DTYPES)):
-                continue
-            cases.append((f"{op} {np.dtype(dtype).name}", 10 * i + OPS.index(op), dtype, op))
+            if not (op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating)):
+                cases.append((f"{op} {np.dtype(dtype).name}", 10 * i + OPS.index(op), dtype, op))
     return cases
 
 
-def check_matrix_over(comm, processes, label):
-    """Every (dtype, op) of `matrix` in one program, over `processes` (True or a communicator whose
+def check_matrix_over(comm, processes, label, cases):
+    """`cases` (of `matrix`) in one program, over `processes` (True or a communicator whose
     processes are `comm`'s), with the leg one-shot and then as a ring of 12-byte pieces (there
     without the means, whose leg is the sum's: a program less to compile)."""
     defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
     try:
         for algorithm, settings in {"one-shot": defaults, "ring": (0, 12)}.items():
             mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = settings
-            cases = [case for case in matrix(L > 1) if algorithm == "one-shot" or case[3] != "mean"]
+            cases = [case for case in cases if algorithm == "one-shot" or case[3] != "mean"]
             tree = {name: data(world.rank, case, dtype, op in ("max", "min")) for name, case, dtype, op in cases}
             ops = {name: op for name, _, _, op in cases}
             program = jax.pmap(lambda t: {k: jaxring.allreduce(v, AXIS, ops[k], processes=processes)
@@ -143,7 +139,7 @@ def check_matrix_over(comm, processes, label):
 
 def check_matrix():
     """Every dtype x op over the whole job (processes=True)."""
-    check_matrix_over(MPI.COMM_WORLD, True, "job")
+    check_matrix_over(MPI.COMM_WORLD, True, "job", matrix())
     passed("matrix")
 
 
@@ -151,6 +147,16 @@ def split_2x2():
     """4 processes as two data-parallel groups: rows {0, 1} and {2, 3}, columns {0, 2} and {1, 3}."""
     job = MPI.COMM_WORLD
     return job.Split(world.rank // 2, world.rank), job.Split(world.rank % 2, world.rank)
+
+
+def check_nans_in_groups():
+    """Float max and min over each row of the 2x2 split at once, one device per process: the NaNs
+    reach the leg itself (a local ring of several devices leaves one only where all were NaN,
+    as -inf or inf)."""
+    rows, _ = split_2x2()
+    cases = [case for case in matrix() if is_float(case[2]) and case[3] in ("max", "min")]
+    check_matrix_over(rows, rows, "row", cases)
+    passed("nans_in_groups")
 
 
 def check_with_mpi4jax_queued():
