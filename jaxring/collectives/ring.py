@@ -32,9 +32,6 @@ LAX_OPS = {"sum": jax.lax.psum, "mean": jax.lax.pmean, "max": jax.lax.pmax, "min
 OPS = tuple(LAX_OPS)
 # What the ring takes (float64, int64, uint64 and complex128 exist only under jax_enable_x64).
 SUPPORTED_DTYPES = tuple(jnp.dtype(name) for name in _ffi.element_types())
-# allreduce(processes=True) still takes only these, and only sum and mean (jaxring/collectives/mpi.py).
-PROCESS_OPS = ("sum", "mean")
-PROCESS_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32))
 
 ring_p = core.Primitive(_ffi.target_name())
 
@@ -118,21 +115,22 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     see jaxring/collectives/timeout.py.
 
     processes=True also reduces over every process of the MPI job (mpirun or
-    srun, each process mapping `axis_name` over its own devices): the sum of
-    the leaf over all devices of all processes, the mean dividing by their
-    count, inside the same compiled program (jaxring/collectives/mpi.py).
-    Every process must run the same program. With one process it is
+    srun, each process mapping `axis_name` over its own devices): the sum (or
+    max, min) of the leaf over all devices of all processes, the mean dividing
+    by their count, inside the same compiled program (jaxring/collectives/mpi.py).
+    processes=comm, an mpi4py intracommunicator
+    of the job (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm`
+    only: the mean divides by the local devices x comm.Get_size(). Every process
+    of the communicator must run the same program; the others do not call it
+    (a process holding MPI.COMM_NULL is refused). With one process it is
     processes=False.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if processes and op not in PROCESS_OPS:
-        raise ValueError(f"op must be one of {PROCESS_OPS} with processes=True, got {op!r}; reduce across "
-                         "processes with jax.distributed and jax.lax instead")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
-    n_procs = _processes() if processes else 1
+    communicator = _processes(processes)
 
     lax_reduce = LAX_OPS[op]
     reduction = "sum" if op == "mean" else op
@@ -143,14 +141,14 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
         x = jnp.asarray(leaf)
         if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
-        x = _as_supported_array(x, "allreduce", PROCESS_DTYPES if processes else SUPPORTED_DTYPES)
+        x = _as_supported_array(x, "allreduce")
         if reduction != "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
         ranks = _ring_size(names)
-        if n_procs > 1:
-            return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
+        if communicator is not None:
+            return _across_processes(x, names, op, ranks, communicator, timeout_ms)
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
@@ -168,34 +166,41 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     return jax.tree_util.tree_map(reduce_leaf, x)
 
 
-def _processes() -> int:
-    from jaxring.collectives import mpi  # imports mpi4py: only for processes=True
+def _processes(processes):
+    """The processes `processes=` names (mpi.Communicator), or None where it is this process alone."""
+    if isinstance(processes, (bool, np.bool_)):
+        processes = bool(processes)
+    if processes is False:  # not `not processes`: MPI.COMM_NULL is falsy, and refused by mpi.communicator
+        return None
+    from jaxring.collectives import mpi  # imports mpi4py: only for processes= other than False
 
-    return mpi.processes()
+    communicator = mpi.communicator(processes)
+    return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, op, ranks, n_procs, timeout_ms):
-    """allreduce(processes=True) of one leaf in a job of several processes: the local ring's
-    reduce-scatter, the MPI leg, the local ring's all-gather (mpi.py)."""
+def _across_processes(x, names, op, ranks, communicator, timeout_ms):
+    """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
+    the MPI leg over `communicator`'s processes, the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
     if jax.process_count() > 1 and ranks > jax.local_device_count():
         raise ValueError(
-            f"jaxring.allreduce(..., processes=True) over {names}: the axis has {ranks} devices, more than "
+            f"jaxring.allreduce(..., processes=...) over {names}: the axis has {ranks} devices, more than "
             f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "
-            "over it already sums over them. Drop processes=True, or map the axis over jax.local_devices()."
+            "over it already reduces over them. Drop processes=, or map the axis over jax.local_devices()."
         )
+    reduction = "sum" if op == "mean" else op
     if x.size == 0:
         total = x
     else:
-        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {n_procs} processes"
+        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {communicator.size} processes"
         local_ops = mpi.LocalOps(
             ranks,
-            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms),
+            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
             functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
         )
-        total = mpi.sum_over_processes(x, names, local_ops, timeout_ms, what)
-    return accumulation.mean(total, ranks * n_procs) if op == "mean" else total
+        total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction)
+    return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):

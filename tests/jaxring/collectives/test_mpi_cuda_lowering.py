@@ -17,11 +17,11 @@ from jaxring.collectives import mpi, topology
 
 
 def _leg_calls(platform, shape):
-    """The MPI leg's custom-call lines of sum_over_processes lowered for `platform`."""
+    """The MPI leg's custom-call lines of reduce_over_processes lowered for `platform`."""
     devices = topology.init().local_devices
     mesh = Mesh(np.array(devices), ("i",))
     def sum_(v):
-        return mpi.sum_over_processes(v, ("i",), mpi.lax_local_ops(("i",)), 0, "test leg")
+        return mpi.reduce_over_processes(v, ("i",), mpi.lax_local_ops(("i",)), 0, "test leg")
 
     leg = jax.jit(jax.shard_map(sum_, mesh=mesh, in_specs=P("i"), out_specs=P()))
     x = np.random.default_rng(1).standard_normal((len(devices), *shape)).astype(np.float32)

@@ -1,4 +1,4 @@
-// CPU handler of the cross-process leg of jaxring.allreduce(..., processes=True):
+// CPU handler of the cross-process leg of jaxring.allreduce(..., processes=...):
 // mpi_host_ring.h's legs straight on XLA's buffers. A leg starts on XLA's
 // thread and goes on there for as long as the other processes keep it
 // waiting no longer than kDefaultLegPatienceUs (mpi_ring.h) at a time (they are in step); else a
@@ -29,13 +29,13 @@ std::atomic<int64_t> patience_us{kDefaultLegPatienceUs};
 std::atomic<int64_t> finished_on_xla_thread{0}, handed_off{0};
 
 ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
-                       int64_t tag, int64_t timeout_ms, std::string_view what, int64_t one_shot,
-                       int64_t piece_elements) {
+                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
+                       std::string_view what, int64_t one_shot, int64_t piece_elements) {
   ffi::Promise promise;
   ffi::Future future(promise);
   Leg leg{};
-  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), tag, timeout_ms, what, one_shot,
-                                     piece_elements, &leg);
+  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
+                                 what, one_shot, piece_elements, &leg);
       error.failure()) {
     promise.SetError(std::move(error));
     return future;

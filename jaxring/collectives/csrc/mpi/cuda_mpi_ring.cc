@@ -1,4 +1,4 @@
-// CUDA handler of the cross-process leg of jaxring.allreduce(..., processes=True):
+// CUDA handler of the cross-process leg of jaxring.allreduce(..., processes=...):
 // the chunk is copied on XLA's stream into pinned host memory, the stream is
 // synchronised, mpi_host_ring.h's ring (the CPU handler's) sums it over the
 // processes, and the result is copied back on the stream. MPI never sees
@@ -78,17 +78,18 @@ ffi::Error Reserve(Staging& staging, size_t bytes) {
 }
 
 ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
-                       ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
+                       ffi::Result<ffi::AnyBuffer> out,
+                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
                        std::string_view what, int64_t one_shot, int64_t piece_elements) {
   Leg leg{};
-  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), tag, timeout_ms, what, one_shot,
-                                     piece_elements, &leg);
+  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
+                                 what, one_shot, piece_elements, &leg);
       error.failure()) {
     return error;
   }
   cudaError_t err = cudaSetDevice(device_ordinal);
   if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
-  const size_t bytes = x.element_count() * sizeof(float);  // float32 or int32: OpenLeg checked
+  const size_t bytes = x.size_bytes();
   Staging& staging = StagingFor(device_ordinal);
   std::lock_guard<std::mutex> lock(staging.mu);
   if (ffi::Error error = Reserve(staging, 2 * bytes); error.failure()) return error;

@@ -1,7 +1,8 @@
-// The cross-process leg of jaxring.allreduce(..., processes=True) over host
+// The cross-process leg of jaxring.allreduce(..., processes=...) over host
 // buffers, shared by the CPU and CUDA handlers (mpi_host_ring.h): an
-// all-reduce of this device's chunk over the MPI processes of the
-// communicator that jaxring/collectives/mpi.py registered for this device.
+// all-reduce (sum, max or min) of this device's chunk over the MPI processes
+// of the communicator that jaxring/collectives/mpi.py registered for this
+// device and the communicator the op was given.
 // Two algorithms, chosen by the lowering (the same in every process):
 //
 // - one-shot (small buffers, where the price is latency): every process
@@ -18,8 +19,13 @@
 //   so the link stays busy while this process adds. Each chunk is summed
 //   once, by one process, in one order: every process ends with the same bits.
 //
-// Buffers have the accumulation type (float32 or int32; Python casts 16-bit
-// floats before and after), so partial sums live in the output.
+// Buffers have the accumulation type (any lax type; Python casts 16-bit
+// floats to float32 before and back after), so partial sums live in the
+// output. Each reduction combines as the ring's engines do (core/reduction.h,
+// host_elementwise.h's Combine): complex numbers summed as pairs of reals,
+// integers wrapping, max/min by lax's CPU rule. One-shot combines in rank
+// order, so its bits are lax's; the ring starts each chunk at another rank,
+// so of -0.0 and +0.0 either may win.
 //
 // Every wait polls MPI_Test against the deadline. The communicators return
 // MPI's errors instead of aborting: a process (or node) that dies mid-call is
@@ -35,10 +41,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -46,6 +52,8 @@
 #include <mpi-ext.h>  // MPIX_Comm_get_failed, where the MPI has it (Open MPI, MPICH)
 #endif
 
+#include "core/host_elementwise.h"
+#include "core/ring_handler_common.h"
 #include "core/ring_schedule.h"
 #include "mpi/mpi_host_ring.h"
 #include "mpi/mpi_ring.h"
@@ -60,7 +68,7 @@ namespace ffi = xla::ffi;
 constexpr auto kSpin = std::chrono::milliseconds(100);
 
 std::mutex comms_mu;
-std::unordered_map<int64_t, MPI_Comm> comms;  // device ordinal -> communicator
+std::map<std::pair<int64_t, int64_t>, MPI_Comm> comms;  // (comm id, device ordinal) -> communicator
 
 constexpr const char* kJobMustEnd =
     "The processes are now out of step: the job must end (scripts/train.py aborts it on an "
@@ -173,11 +181,6 @@ std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>&
   return NoAnswer(leg, receive_peers.empty() ? -1 : receive_peers[0], "for a chunk");
 }
 
-inline float Add(float a, float b) { return a + b; }
-inline int32_t Add(int32_t a, int32_t b) {  // wraps around, as lax.psum does
-  return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
-}
-
 // Every wait of a leg, as LegInFlight::Finish waits: polls `done` (which sets
 // *rc) for at most `patience`, never past the leg's deadline. False when out
 // of patience; else true with *error "" once done, `timed_out()` past the
@@ -274,8 +277,8 @@ class Scratch {
 };
 
 // One-shot: every process sends its whole buffer to every other at once and
-// sums all of them in rank order.
-template <typename T>
+// reduces all of them in rank order.
+template <typename T, Reduction R>
 class OneShot final : public LegInFlight {
  public:
   OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -334,7 +337,7 @@ class OneShot final : public LegInFlight {
     std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
     for (int p = 1; p < leg_.size; ++p) {
       const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
-      for (int64_t j = 0; j < elements_; ++j) out_[j] = Add(out_[j], term[j]);
+      for (int64_t j = 0; j < elements_; ++j) out_[j] = Combine<R>::Of(out_[j], term[j]);
     }
   }
 
@@ -350,7 +353,7 @@ class OneShot final : public LegInFlight {
 };
 
 // The ring (file comment).
-template <typename T>
+template <typename T, Reduction R>
 class Ring final : public LegInFlight {
  public:
   Ring(const T* in, T* out, int64_t elements, const Leg& leg)
@@ -384,7 +387,9 @@ class Ring final : public LegInFlight {
       const Stage st = mine_.StageAt(done_);
       if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
         const T* partial = Slot(done_);
-        for (int64_t j = 0; j < st.count; ++j) out_[st.dst + j] = Add(in_[st.src + j], partial[j]);
+        for (int64_t j = 0; j < st.count; ++j) {
+          out_[st.dst + j] = Combine<R>::Of(partial[j], in_[st.src + j]);
+        }
       }
       ++done_;
     }
@@ -462,33 +467,61 @@ class Alone final : public LegInFlight {
   }
 };
 
-template <typename T>
+template <typename T, Reduction R>
 std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
   if (leg.size == 1) {
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
-  if (leg.one_shot) return std::make_unique<OneShot<T>>(in, out, elements, leg);
-  return std::make_unique<Ring<T>>(in, out, elements, leg);
+  if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, leg);
+  return std::make_unique<Ring<T, R>>(in, out, elements, leg);
+}
+
+// Calls visit(T{}) with the C++ type of the component type `type` of
+// ring_handler_common.h's kElementTypes (the 16-bit floats excepted: they
+// cross in float32); false for another.
+template <typename Visit>
+bool VisitComponentType(ffi::DataType type, Visit visit) {
+  switch (type) {
+    case ffi::DataType::F32: visit(float{}); return true;
+    case ffi::DataType::F64: visit(double{}); return true;
+    case ffi::DataType::S8: visit(int8_t{}); return true;
+    case ffi::DataType::S16: visit(int16_t{}); return true;
+    case ffi::DataType::S32: visit(int32_t{}); return true;
+    case ffi::DataType::S64: visit(int64_t{}); return true;
+    case ffi::DataType::U8: visit(uint8_t{}); return true;
+    case ffi::DataType::U16: visit(uint16_t{}); return true;
+    case ffi::DataType::U32: visit(uint32_t{}); return true;
+    case ffi::DataType::U64: visit(uint64_t{}); return true;
+    default: return false;
+  }
 }
 
 }  // namespace
 
-ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int64_t timeout_ms,
+ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
+                   int64_t reduction, int64_t tag, int64_t timeout_ms,
                    std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
   {
     std::lock_guard<std::mutex> lock(comms_mu);
-    auto found = comms.find(device_ordinal);
+    auto found = comms.find({comm_id, device_ordinal});
     if (found == comms.end()) {
       return ffi::Error::InvalidArgument(
-          "jaxring: no MPI communicator for device " + std::to_string(device_ordinal) +
-          "; jaxring.init() registers one per local device");
+          "jaxring: no MPI communicator " + std::to_string(comm_id) + " for device " +
+          std::to_string(device_ordinal) + "; jaxring/collectives/mpi.py registers one per "
+          "communicator and local device when an op is traced");
     }
     leg->comm = found->second;
   }
-  if (type != ffi::DataType::F32 && type != ffi::DataType::S32) {
-    return ffi::Error::InvalidArgument("jaxring: the cross-process leg takes float32 or int32");
+  const ElementType* row = FindElementType(type);
+  if (std::string refused = RefuseTypeOrReduction(row, reduction, Mode::kAllReduce); !refused.empty()) {
+    return ffi::Error::InvalidArgument(refused);
   }
+  if (!VisitComponentType(row->component, [](auto) {})) {
+    return ffi::Error::InvalidArgument(std::string("jaxring: the cross-process leg takes ") + row->name +
+                                       " in float32 (jaxring/collectives/mpi.py casts it)");
+  }
+  leg->reduction = static_cast<Reduction>(reduction);
   MPI_Comm_rank(leg->comm, &leg->rank);
   MPI_Comm_size(leg->comm, &leg->size);
   leg->tag = static_cast<int>(tag);
@@ -505,10 +538,29 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t tag, int6
 
 std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
                                       int64_t elements, const Leg& leg) {
-  if (type == ffi::DataType::F32) {
-    return Start(static_cast<const float*>(in), static_cast<float*>(out), elements, leg);
-  }
-  return Start(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), elements, leg);
+  // A complex number is two components, reduced one by one (kElementTypes).
+  const int64_t components = ComponentsPerElement(type);
+  Leg of_components = leg;
+  of_components.piece_elements *= components;
+  std::unique_ptr<LegInFlight> started;
+  VisitComponentType(FindElementType(type)->component, [&](auto zero) {
+    using T = decltype(zero);
+    const T* typed_in = static_cast<const T*>(in);
+    T* typed_out = static_cast<T*>(out);
+    const int64_t count = elements * components;
+    // The reduction is a template argument, chosen once per leg: the per-element loops have no branch on it.
+    switch (leg.reduction) {
+      case Reduction::kMax:
+        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, of_components);
+        break;
+      case Reduction::kMin:
+        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, of_components);
+        break;
+      default:
+        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, of_components);
+    }
+  });
+  return started;
 }
 
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
@@ -518,11 +570,11 @@ std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t e
   return error;
 }
 
-void SetDeviceComm(int64_t device_ordinal, uintptr_t handle) {
+void SetLegComm(int64_t comm_id, int64_t device_ordinal, uintptr_t handle) {
   const auto comm = reinterpret_cast<MPI_Comm>(handle);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // the waits report errors, naming processes
   std::lock_guard<std::mutex> lock(comms_mu);
-  comms[device_ordinal] = comm;
+  comms[{comm_id, device_ordinal}] = comm;
 }
 
 }  // namespace jaxring

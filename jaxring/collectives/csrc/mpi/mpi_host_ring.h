@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/reduction.h"
 #include "core/timeout.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -31,14 +32,17 @@ struct Leg {
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
   int64_t piece_elements;
+  Reduction reduction;
 };
 
-// The leg of local device `device_ordinal` with the lowering's attributes, or
-// an InvalidArgument error when that device has no communicator or `type` is
-// not one the ring sums (float32, int32).
-xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t tag,
-                        int64_t timeout_ms, std::string_view what, int64_t one_shot,
-                        int64_t piece_elements, Leg* leg);
+// The leg of local device `device_ordinal` over communicator `comm_id` with
+// the lowering's attributes, or an InvalidArgument error when that device has
+// no such communicator or the ring would refuse `type` or `reduction`
+// (core/ring_handler_common.h's RefuseTypeOrReduction; the leg takes the
+// 16-bit floats in float32, as mpi.py casts them).
+xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t comm_id,
+                        int64_t reduction, int64_t tag, int64_t timeout_ms,
+                        std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg);
 
 // A leg in flight. StartLeg posts its first messages; `in` and `out` must
 // outlive it.
@@ -53,7 +57,7 @@ class LegInFlight {
   virtual bool Finish(Clock::duration patience, std::string* error) = 0;
 };
 
-// Sums the `elements` values of `type` at `in` over the leg's processes into
+// Reduces the `elements` values of `type` at `in` over the leg's processes into
 // `out` (host memory; `out` may be `in` for the ring, not for one-shot).
 std::unique_ptr<LegInFlight> StartLeg(xla::ffi::DataType type, const void* in, void* out,
                                       int64_t elements, const Leg& leg);
@@ -72,6 +76,8 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Ctx<xla::ffi::DeviceOrdinal>()     \
       .Arg<xla::ffi::AnyBuffer>()         \
       .Ret<xla::ffi::AnyBuffer>()         \
+      .Attr<int64_t>("comm")              \
+      .Attr<int64_t>("reduction")         \
       .Attr<int64_t>("tag")               \
       .Attr<int64_t>("timeout_ms")        \
       .Attr<std::string_view>("what")     \

@@ -18,7 +18,7 @@ NB_MODULE(_jaxring_mpi, m) {
 #endif
     return handlers;
   });
-  m.def("set_device_comm", &jaxring::SetDeviceComm, nb::arg("device_ordinal"), nb::arg("handle"));
+  m.def("set_leg_comm", &jaxring::SetLegComm, nb::arg("comm_id"), nb::arg("device_ordinal"), nb::arg("handle"));
   m.attr("DEFAULT_LEG_PATIENCE_US") = jaxring::kDefaultLegPatienceUs;
   m.def("set_leg_patience_us", &jaxring::SetLegPatienceUs, nb::arg("us"));
   m.def("leg_threads", []() {

@@ -1,0 +1,241 @@
+"""Run by test_mpi_communicators.py under `mpirun -np P python -m mpi4py`, each rank seeing L host devices.
+
+The cross-process leg over every dtype and op lax takes, over the whole job and over
+communicators split from it, and next to mpi4jax in one program. As mpi_workers/collectives.py:
+every check passes on every rank or raises (and `python -m mpi4py` aborts the job), each rank
+prints "PASS rank <rank> <check>". 64-bit types are on (jax_enable_x64) in this process only.
+"""
+
+import math
+import sys
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import jaxring  # noqa: E402
+from jaxring.collectives import mpi, topology  # noqa: E402
+
+SEED = 20261128
+AXIS = "i"
+SHAPE = (3, 37)  # odd: the leg's chunks and the ring's pieces do not divide it
+DTYPES = [jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128, jnp.int8, jnp.int16,
+          jnp.int32, jnp.int64, jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64, jnp.bool_]
+OPS = ("sum", "mean", "max", "min")
+LAX = {"sum": jax.lax.psum, "mean": jax.lax.pmean, "max": jax.lax.pmax, "min": jax.lax.pmin}
+# Where every process holds NaN in the max/min cases: lax's CPU result is -inf (max) or inf (min).
+ALL_NAN = (0, 5)
+
+world = topology.init()
+L = len(world.local_devices)
+
+
+def passed(check):
+    print(f"PASS rank {world.rank} {check}", flush=True)
+
+
+def is_float(dtype):
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def data(rank, case, dtype, ordered, shape=SHAPE):
+    """Rank `rank`'s input (a row per local device), never all zeros. 16-bit floats lie in
+    +-[0.5, 4), so float32 sums of them are exact and the result is the exact sum rounded once.
+    `ordered` (max/min): floats get NaNs, infinities and signed zeros, and NaN at ALL_NAN everywhere."""
+    rng = np.random.default_rng([SEED, rank, case])
+    size = (L, *shape)
+    if dtype == jnp.bool_:
+        return rng.integers(0, 2, size).astype(bool)
+    if jnp.issubdtype(dtype, jnp.integer):  # the whole range: sums wrap around
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return (rng.standard_normal(size) + 1j * rng.standard_normal(size)).astype(dtype)
+    if np.dtype(dtype).itemsize == 2:
+        x = rng.choice([-1, 1], size) * rng.uniform(0.5, 4, size)
+    else:
+        x = rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4, size)
+    if ordered:
+        flat = x.reshape(L, -1)
+        specials = rng.choice([np.nan, np.inf, -np.inf, 0.0, -0.0], flat.shape)
+        flat[:] = np.where(rng.random(flat.shape) < 0.2, specials, flat)
+        flat[:, list(ALL_NAN)] = np.nan
+    return x.astype(dtype)
+
+
+def reference(op, dtype, rows):
+    """lax's result from `rows` (every device's input, stacked), in numpy: integers wrap, NaNs skipped."""
+    if op in ("max", "min"):
+        if is_float(dtype):
+            wide = rows.astype(np.float64)
+            rows = np.where(np.isnan(wide), -np.inf if op == "max" else np.inf, wide)
+        return rows.max(0) if op == "max" else rows.min(0)
+    if dtype == jnp.bool_:
+        rows = rows.astype(np.int32)
+    if not (is_float(dtype) or jnp.issubdtype(dtype, jnp.complexfloating)):
+        total = rows.sum(0, dtype=rows.dtype)  # wraps as lax.psum
+        return total if op == "sum" else total.astype(np.float64) / len(rows)
+    wide = rows.astype(np.complex128 if jnp.issubdtype(dtype, jnp.complexfloating) else np.float64)
+    return wide.sum(0) / (len(rows) if op == "mean" else 1)
+
+
+def assert_close(name, got, want, dtype, rows, op):
+    """Exact where the result is (integers, max/min, 16-bit sums), else within a rounding per term."""
+    got = np.asarray(got)
+    exact_sum = op == "sum" and not (is_float(dtype) or jnp.issubdtype(dtype, jnp.complexfloating))
+    if op in ("max", "min") or exact_sum:
+        assert np.array_equal(got, np.broadcast_to(want.astype(got.dtype), got.shape)), (name, got[0], want)
+        return
+    if op == "sum" and np.dtype(dtype).itemsize == 2 and is_float(dtype):
+        assert got.tobytes() == np.broadcast_to(want.astype(dtype), got.shape).tobytes(), (name, got[0], want)
+        return
+    eps = float(jnp.finfo(got.dtype).eps)
+    magnitude = np.abs(rows.astype(np.complex128)).sum(0) / (len(rows) if op == "mean" else 1)
+    error = np.abs(got.astype(np.complex128) - want)
+    assert (error <= len(rows) * eps * magnitude + 1e-300).all(), (name, error.max(), got[0], want)
+
+
+def matrix():
+    """(name, case, dtype, op) of every dtype and op lax takes (complex max/min: check_refusals)."""
+    cases = []
+    for i, dtype in enumerate(DTYPES):
+        for op in OPS:
+            if not (op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating)):
+                cases.append((f"{op} {np.dtype(dtype).name}", 10 * i + OPS.index(op), dtype, op))
+    return cases
+
+
+def check_matrix_over(comm, processes, label, cases):
+    """`cases` (of `matrix`) in one program, over `processes` (True or a communicator whose
+    processes are `comm`'s), with the leg one-shot and then as a ring of 12-byte pieces (there
+    without the means, whose leg is the sum's: a program less to compile)."""
+    defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
+    try:
+        for algorithm, settings in {"one-shot": defaults, "ring": (0, 12)}.items():
+            mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = settings
+            cases = [case for case in cases if algorithm == "one-shot" or case[3] != "mean"]
+            tree = {name: data(world.rank, case, dtype, op in ("max", "min")) for name, case, dtype, op in cases}
+            ops = {name: op for name, _, _, op in cases}
+            program = jax.pmap(lambda t: {k: jaxring.allreduce(v, AXIS, ops[k], processes=processes)
+                                          for k, v in t.items()}, AXIS)
+            out = program(tree)
+            lax_types = jax.eval_shape(jax.pmap(lambda t: {k: LAX[ops[k]](v, AXIS) for k, v in t.items()}, AXIS), tree)
+            for name, case, dtype, op in cases:
+                rows = np.concatenate(comm.allgather(tree[name]))
+                got = np.asarray(out[name])
+                assert got.dtype == lax_types[name].dtype, (label, algorithm, name, got.dtype)
+                assert got.shape == (L, *SHAPE), (label, algorithm, name, got.shape)
+                # Every device of every process: the same bits.
+                assert len({row.tobytes() for row in np.concatenate(comm.allgather(got))}) == 1, (label, name)
+                assert_close(f"{label} {algorithm} {name}", got, reference(op, dtype, rows), dtype, rows, op)
+    finally:
+        mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+
+
+def check_matrix():
+    """Every dtype x op over the whole job (processes=True)."""
+    check_matrix_over(MPI.COMM_WORLD, True, "job", matrix())
+    passed("matrix")
+
+
+def split_2x2():
+    """4 processes as two data-parallel groups: rows {0, 1} and {2, 3}, columns {0, 2} and {1, 3}."""
+    job = MPI.COMM_WORLD
+    return job.Split(world.rank // 2, world.rank), job.Split(world.rank % 2, world.rank)
+
+
+def check_nans_in_groups():
+    """Float max and min over each row of the 2x2 split at once, one device per process: the NaNs
+    reach the leg itself (a local ring of several devices leaves one only where all were NaN,
+    as -inf or inf)."""
+    rows, _ = split_2x2()
+    cases = [case for case in matrix() if is_float(case[2]) and case[3] in ("max", "min")]
+    check_matrix_over(rows, rows, "row", cases)
+    passed("nans_in_groups")
+
+
+def check_with_mpi4jax_queued():
+    """One jitted program per step: jaxring's mean over the row, mpi4jax's sum over the column (the
+    user's communicator, handed to both), jaxring's max over the column and sum over the job; 24
+    steps queued before any is read, values changing per step, against numpy on the gathered inputs."""
+    import mpi4jax
+
+    rows, cols = split_2x2()
+    mesh = Mesh(np.array(world.local_devices[:1]), (AXIS,))
+
+    def over(op, processes):  # x: [1 device, ...]
+        return jax.shard_map(lambda v: jaxring.allreduce(v, AXIS, op, processes=processes),
+                             mesh=mesh, in_specs=P(AXIS), out_specs=P())
+
+    @jax.jit
+    def step(w, x, k):
+        g = over("mean", rows)(x * k)
+        m = mpi4jax.allreduce(g, op=MPI.SUM, comm=cols)
+        top = over("max", cols)(x - k)
+        total = over("sum", True)(x + k)
+        return w - 0.01 * (m + top) + 0.001 * total, (g, m, top, total)
+
+    x = data(world.rank, 900, jnp.float32, False, (4, 9))
+    w = jnp.zeros_like(x)
+    queued = []
+    for k in range(1, 25):
+        w, parts = step(w, x, jnp.float32(k))
+        queued.append(parts)
+    every = np.stack(MPI.COMM_WORLD.allgather(x)).astype(np.float64)  # by rank
+    group, column = [2 * (world.rank // 2), 2 * (world.rank // 2) + 1], [world.rank % 2, world.rank % 2 + 2]
+    want_w = np.zeros(x.shape)
+    for k, (g, m, top, total) in enumerate(queued, start=1):
+        want_g = every[group].mean(0) * k
+        # mpi4jax sums the columns' row means: rows {0, 1} and {2, 3} together
+        want_m = (every[[0, 1]].mean(0) + every[[2, 3]].mean(0)) * k
+        want_top = every[column].max(0) - k
+        want_total = every.sum(0) + 4 * k
+        want_w = want_w - 0.01 * (want_m + want_top) + 0.001 * want_total
+        for name, got, want in [("g", g, want_g), ("m", m, want_m), ("max", top, want_top),
+                                ("sum", total, want_total)]:
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5 * k,
+                                       err_msg=f"step {k} {name}")
+    np.testing.assert_allclose(np.asarray(w, np.float64), want_w, rtol=1e-4, atol=1e-4)
+    passed("with_mpi4jax_queued")
+
+
+def check_refusals():
+    """Bad communicators and complex max are refused at trace time, naming what to do; a process
+    outside a communicator is refused while its members go on (a 3-process leg)."""
+    x = data(world.rank, 950, jnp.float32, False, (5,))
+
+    def refused(processes, error, words, op="sum", value=x):
+        try:
+            jax.pmap(lambda v: jaxring.allreduce(v, AXIS, op, processes=processes), AXIS)(value)
+        except error as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"processes={processes!r} op={op} was not refused")
+
+    refused(3, TypeError, "processes= takes True, False or an mpi4py communicator")
+    refused(MPI.COMM_NULL, ValueError, "this process is not in the communicator")
+    refused(True, TypeError, "complex numbers have no order", "max", data(world.rank, 951, jnp.complex64, False, (5,)))
+    rows, _ = split_2x2()
+    other_leader = 2 if world.rank < 2 else 0
+    between = rows.Create_intercomm(0, MPI.COMM_WORLD, other_leader, 7)
+    refused(between, ValueError, "intercommunicator")
+    three = MPI.COMM_WORLD.Split(0 if world.rank < 3 else MPI.UNDEFINED, world.rank)
+    if world.rank == 3:
+        refused(three, ValueError, "this process is not in the communicator")
+    else:
+        out = jax.pmap(lambda v: jaxring.allreduce(v, AXIS, "mean", processes=three), AXIS)(x)
+        rows_of_three = np.concatenate(three.allgather(x)).astype(np.float64)
+        np.testing.assert_allclose(np.asarray(out, np.float64), np.broadcast_to(rows_of_three.mean(0), x.shape),
+                                   rtol=1e-6, atol=1e-6)
+    MPI.COMM_WORLD.Barrier()
+    passed("refusals")
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        globals()[f"check_{name}"]()
