@@ -451,6 +451,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
   args.epoch = session->epoch;
   args.call_tag = ring->serial << 32 | session->epoch;
   args.one_shot = one_shot;
+  args.reduction = call.reduction;
   args.failures = failure_device_ + ring->failure_set * kRecordsPerSet + call.rank * kMaxLanes;
   args.blocks_done = session->flag_blocks[call.rank] + kFlagWords;
   session->blocks_done[call.rank] += static_cast<uint64_t>(args.lanes);

@@ -83,6 +83,7 @@ struct KernelArgs {
   // of one device set, whose epochs are counted apart.
   uint64_t call_tag;
   bool one_shot;
+  Reduction reduction;
   uint64_t timeout_ns;
   uint64_t* flag_blocks[kMaxDeviceRanks];
   RankBuffers buffers[kMaxDeviceRanks];
