@@ -25,6 +25,10 @@ an in-place op's input, a copy the default path does not make).
 
     python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
     python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths
+    python scripts/bench_allreduce.py --dtypes float64,int8 --op max   # against lax.pmax
+
+Any dtype jaxring takes (64-bit ones turn on jax_enable_x64). With --op max or min the
+baseline is lax.pmax or lax.pmin, recorded under impl "psum" and the ratio_to_psum fields.
 
 Sizes take K/M/G suffixes (binary: 1K = 1024 bytes); each size is 4x the last.
 """
@@ -44,7 +48,8 @@ def parse_args():
     parser.add_argument("--devices", type=int, default=8, help="host devices on CPU (default 8)")
     parser.add_argument("--min-bytes", type=parse_bytes, default=1 << 10, help="smallest buffer, e.g. 1K (default)")
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer, e.g. 64M (default)")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, e.g. float32,float64,int8")
+    parser.add_argument("--op", choices=("sum", "max", "min"), default="sum", help="allreduce's op (default sum)")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per size and impl")
     parser.add_argument("--paths", action="store_true", help="also time the CPU engine's ring and one-shot paths, forced")
     parser.add_argument("--json", help="write the records here")
@@ -64,16 +69,20 @@ import numpy as np  # noqa: E402
 from jaxring.collectives import _ffi  # noqa: E402
 
 CPU_ENGINE = _ffi.cpu_module()
+if set(args.dtypes.split(",")) & {"float64", "int64", "uint64", "complex128"}:
+    jax.config.update("jax_enable_x64", True)  # the 64-bit types exist only with it
+
+
+def jaxring_op(x):
+    return jaxring.allreduce(x, "i", op=args.op)
+
+
 # name -> (op, the CPU engine's path while it runs)
 IMPLS = {
-    "jaxring": (lambda x: jaxring.allreduce(x, "i"), "auto"),
-    "psum": (lambda x: jax.lax.psum(x, "i"), "auto"),
+    "jaxring": (jaxring_op, "auto"),
+    "psum": (lambda x: {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[args.op](x, "i"), "auto"),
 }
-FORCED_PATHS = {
-    "ring": (lambda x: jaxring.allreduce(x, "i"), "ring"),
-    "one_shot": (lambda x: jaxring.allreduce(x, "i"), "one_shot"),
-    "push": (lambda x: jaxring.allreduce(x, "i"), "push"),
-}
+FORCED_PATHS = {name: (jaxring_op, name) for name in ("ring", "one_shot", "push")}
 
 
 def bus_bandwidth(nbytes, seconds, n):
@@ -116,7 +125,7 @@ def main():
             k = ops_per_program(nbytes)
             repeats = args.repeats
             x = jax.pmap(lambda s: jnp.full((elements,), s, dtype), devices=devices)(
-                jnp.arange(1, n + 1, dtype=dtype)
+                jnp.arange(1, n + 1).astype(dtype)
             )
             impls = dict(IMPLS, **(FORCED_PATHS if args.paths else {}))
             programs = {(name, ops): (jax.pmap(chained(op, ops), axis_name="i", devices=devices), path)
@@ -130,7 +139,8 @@ def main():
             for impl in impls:
                 algbw, busbw = bus_bandwidth(nbytes, per_op_s[impl], n)
                 records.append(
-                    dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name, ops_per_program=k,
+                    dict(impl=impl, n_devices=n, n_procs=1, bytes=nbytes, dtype=dtype_name, op=args.op,
+                         ops_per_program=k,
                          median_s=per_op_s[impl], algbw_GBps=algbw, busbw_GBps=busbw,
                          ratio_to_psum=per_op_s["psum"] / per_op_s[impl],
                          paired_ratio_to_psum=float(np.median(rounds["psum"] / rounds[impl])),

@@ -38,6 +38,16 @@ def modes() -> dict:
     return dict(cpu_module().MODES)
 
 
+def reductions() -> dict:
+    """The reductions the handlers run ("sum", "max", "min"), name -> the value they take."""
+    return dict(cpu_module().REDUCTIONS)
+
+
+def element_types() -> tuple:
+    """numpy's names of the dtypes the ring takes (csrc/core/ring_handler_common.h's kElementTypes)."""
+    return tuple(cpu_module().ELEMENT_TYPES)
+
+
 @functools.cache
 def register():
     """Registers every compiled target once per process; returns the platforms.

@@ -15,7 +15,7 @@ import numpy as np
 from jax.extend import core
 from jax.interpreters import mlir
 
-from jaxring.collectives import _ffi, accumulation
+from jaxring.collectives import _ffi
 
 # Stage size of the pipelined ring (per slice of a chunk), by platform.
 SLICE_BYTES = {"cpu": 4 << 20, "cuda": 4 << 20}
@@ -38,30 +38,31 @@ def ordinals(rings):
     return np.vectorize(device_ordinal, otypes=[np.int64])(rings)
 
 
-def workspace_elements(dtype, elements, kind, platform):
-    """Accumulation-type elements the handler needs besides the output.
+def workspace(dtype, elements, kind, platform):
+    """The buffer the handler needs besides the output, in its accumulation type.
 
     The layout's one owner is the C++ side (WorkspaceFor in
     csrc/core/ring_handler_common.h); the handlers refuse any other size.
     """
-    return _ffi.cpu_module().workspace_elements(
-        kind.mode, np.dtype(dtype).itemsize, elements, SLICE_BYTES[platform], staging_slice=platform == "cuda"
+    size, accumulation = _ffi.cpu_module().workspace(
+        kind.mode, np.dtype(dtype).name, elements, SLICE_BYTES[platform], staging_slice=platform == "cuda"
     )
+    return jax.core.ShapedArray((size,), np.dtype(accumulation))
 
 
-def emit(ctx, x, *, kind, ordinals, op_id, timeout_ms, in_place, platform):
-    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals);
-    its output takes its input's buffer where `in_place` and the CPU handler runs in place."""
+def emit(ctx, x, *, kind, ordinals, op_id, timeout_ms, in_place, platform, reduction="sum"):
+    """The custom call of one ring op over `ordinals` ([rings, ring size]: the devices' ordinals),
+    reducing by `reduction` ("sum", "max", "min") where the kind reduces; its output takes its
+    input's buffer where `in_place` and the CPU handler runs in place."""
     (x_aval,) = ctx.avals_in
     (out_aval,) = ctx.avals_out
     ring = ordinals.shape[1]
     full = kind.ring_elements(x_aval.shape[0], ring)
-    workspace = jax.core.ShapedArray((workspace_elements(x_aval.dtype, full, kind, platform),),
-                                     accumulation.accumulation_dtype(x_aval.dtype))
+    workspace_aval = workspace(x_aval.dtype, full, kind, platform)
     in_place = in_place and platform == "cpu" and _ffi.cpu_module().runs_in_place(kind.mode, ring)
     lower = jax.ffi.ffi_lowering(_ffi.target_name(), operand_output_aliases={0: 0} if in_place else None)
     out, _ = lower(
-        ctx.replace(avals_out=[out_aval, workspace]),
+        ctx.replace(avals_out=[out_aval, workspace_aval]),
         x,
         op_id=np.int64(op_id),
         mode=np.int64(kind.mode),
@@ -70,6 +71,7 @@ def emit(ctx, x, *, kind, ordinals, op_id, timeout_ms, in_place, platform):
         ring_size=np.int64(ring),
         timeout_ms=np.int64(timeout_ms),
         slice_bytes=np.int64(SLICE_BYTES[platform]),
+        reduction=np.int64(_ffi.reductions()[reduction]),
     )
     return [out]
 

@@ -1,7 +1,7 @@
 """How every jaxring reduction adds and averages, in-jit ring and cross-process alike.
 
-16-bit floats are summed in float32 (rounded once, at the end); int32 in
-int32. A mean divides the sum by the number of devices the way lax.pmean
+16-bit floats are summed in float32 (rounded once, at the end); every other
+type in itself (csrc/core/ring_handler_common.h's kElementTypes). A mean divides the sum by the number of devices the way lax.pmean
 does: an integer sum becomes a float (true division), a float is divided in
 its accumulation type and cast back.
 """

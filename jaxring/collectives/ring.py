@@ -8,7 +8,7 @@ each ring, in axis order, are read from the mesh when the op is lowered. What di
 between the three ops is one row each of kinds.py.
 
 The public ops take lax's arguments and return lax's shapes and types:
-`allreduce` is lax.psum / lax.pmean, `reduce_scatter` lax.psum_scatter,
+`allreduce` is lax.psum / pmean / pmax / pmin, `reduce_scatter` lax.psum_scatter,
 `all_gather` lax.all_gather. Under shard_map(check_vma=True) their outputs
 carry lax's varying axes, so shard_map accepts and refuses what it does with
 lax. A ring of one device has nothing to move: no custom call, no
@@ -27,9 +27,14 @@ from jax.interpreters import ad, batching, mlir
 from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, kinds, timeout as timeout_lib
 from jaxring.collectives.kinds import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
 
-OPS = ("sum", "mean")
-SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
-SUPPORTED_DTYPE_NAMES = ", ".join(np.dtype(d).name for d in SUPPORTED_DTYPES)
+# allreduce's ops: lax.psum, pmean, pmax, pmin.
+LAX_OPS = {"sum": jax.lax.psum, "mean": jax.lax.pmean, "max": jax.lax.pmax, "min": jax.lax.pmin}
+OPS = tuple(LAX_OPS)
+# What the ring takes (float64, int64, uint64 and complex128 exist only under jax_enable_x64).
+SUPPORTED_DTYPES = tuple(jnp.dtype(name) for name in _ffi.element_types())
+# allreduce(processes=True) still takes only these, and only sum and mean (jaxring/collectives/mpi.py).
+PROCESS_OPS = ("sum", "mean")
+PROCESS_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32))
 
 ring_p = core.Primitive(_ffi.target_name())
 
@@ -45,12 +50,14 @@ def _ring_size(names):
     return size
 
 
-def _as_supported_array(x, op_name):
+def _as_supported_array(x, op_name, lax_op, dtypes=SUPPORTED_DTYPES):
+    """`x` as an array the ring takes; else lax's refusal where lax has one (float0), else jaxring's."""
     x = jnp.asarray(x)
-    if not any(x.dtype == d for d in SUPPORTED_DTYPES):
-        raise TypeError(
-            f"jaxring.{op_name} takes arrays of {SUPPORTED_DTYPE_NAMES}, got {x.dtype}; cast the array first"
-        )
+    if x.dtype == jax.dtypes.float0:
+        lax_op()  # lax refuses float0 (it raises); jaxring refuses it the same way
+    if x.dtype not in dtypes:
+        names = ", ".join(d.name for d in dtypes)
+        raise TypeError(f"jaxring.{op_name} takes arrays of {names}, got {x.dtype}; cast the array first")
     return x
 
 
@@ -92,12 +99,19 @@ def _ring_of_one(lax_op, local_result):
 
 
 def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
-    """Sum (op="sum", as jax.lax.psum) or mean (as jax.lax.pmean) of every leaf of `x` over `axis_name`.
+    """Sum (op="sum", as jax.lax.psum), mean (as jax.lax.pmean), max (as jax.lax.pmax) or min
+    (as jax.lax.pmin) of every leaf of `x` over `axis_name`.
 
     Every device gets a bitwise identical result: each chunk is reduced once,
-    by one rank, in one order. bfloat16 and float16 are accumulated in float32;
-    the mean of int32 is a float, as lax.pmean's. `timeout` (seconds, inf for
-    none) bounds the wait for the other devices; see jaxring/collectives/timeout.py.
+    by one rank, in one order. bfloat16 and float16 are accumulated in float32,
+    integers wrap, complex numbers add component by component; the mean of an
+    integer is a float, as lax.pmean's; bools are summed as int32. Max and min
+    are lax's on CPU: NaNs are skipped (all NaN gives -inf / +inf) and of -0.0
+    and +0.0 the lowest device's wins (csrc/core/reduction.h; the ring path,
+    which the CPU engine takes only when forced or for rings of more than 16
+    devices, may give the other zero); they have no derivative, as lax's.
+    `timeout` (seconds, inf for none) bounds the wait for the other devices;
+    see jaxring/collectives/timeout.py.
 
     processes=True also reduces over every process of the MPI job (mpirun or
     srun, each process mapping `axis_name` over its own devices): the sum of
@@ -109,19 +123,29 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if processes and op not in PROCESS_OPS:
+        raise ValueError(f"allreduce(processes=True) takes op {PROCESS_OPS}, got {op!r}; reduce across processes "
+                         "with jax.distributed and jax.lax instead")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
     n_procs = _processes() if processes else 1
 
+    lax_reduce = LAX_OPS[op]
+    reduction = "sum" if op == "mean" else op
+
     def reduce_leaf(leaf):
         x = jnp.asarray(leaf)
-        if x.dtype == jnp.bool_:  # as lax.psum: booleans are summed as int32 (counted)
+        if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
-        x = _as_supported_array(x, "allreduce")
+        x = _as_supported_array(x, "allreduce", functools.partial(lax_reduce, x, names),
+                                PROCESS_DTYPES if processes else SUPPORTED_DTYPES)
+        if reduction != "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
+            raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
+                            f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
+                            "imaginary parts, or their absolute values, instead")
         ranks = _ring_size(names)
         if n_procs > 1:
             return _across_processes(x, names, op, ranks, n_procs, timeout_ms)
-        lax_reduce = jax.lax.psum if op == "sum" else jax.lax.pmean
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
@@ -129,10 +153,11 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
             return lax_reduce(leaf, names)
         lax_op = functools.partial(lax_reduce, x, names)
         if ranks == 1:
-            return _ring_of_one(lax_op, lambda: x if op == "sum" else accumulation.mean(x, 1))
+            return _ring_of_one(lax_op, lambda: accumulation.mean(x, 1) if op == "mean" else x)
         if x.size == 0:
             return lax_op()
-        total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms).reshape(x.shape)
+        total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms,
+                      reduction=reduction).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
@@ -186,9 +211,12 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
             f"scatter_dimension={scatter_dimension!r}, as lax.psum_scatter; sum a scalar with jaxring.allreduce"
         )
     dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension", np.exceptions.AxisError)
-    x = _as_supported_array(x, "reduce_scatter")
-    timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
+    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
+    if x.dtype == jnp.bool_:
+        lax_op()  # lax.psum_scatter refuses bools (lax.add does not take them): the same TypeError
+    x = _as_supported_array(x, "reduce_scatter", lax_op)
+    timeout_ms = _timeout_ms(timeout)
     ranks = _ring_size(names)
     size = x.shape[dim]
     if (size % ranks if tiled else size != ranks):
@@ -196,7 +224,6 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
             f"reduce_scatter over {ranks} devices needs dimension {dim} of x "
             f"{'to be a multiple of' if tiled else 'to equal'} {ranks}, got shape {x.shape}"
         )
-    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
     if ranks == 1:
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.squeeze(x, dim))
     if x.size == 0:
@@ -216,11 +243,9 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     x = jnp.asarray(x)
-    if x.dtype == jnp.bool_:  # lax gathers booleans as booleans; the ring carries them as int32
-        return all_gather(x.astype(jnp.int32), axis_name, axis=axis, tiled=tiled, timeout=timeout).astype(jnp.bool_)
-    x = _as_supported_array(x, "all_gather")
-    timeout_ms = _timeout_ms(timeout)
     names = _axis_names(axis_name)
+    x = _as_supported_array(x, "all_gather", functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled))
+    timeout_ms = _timeout_ms(timeout)
     ranks = _ring_size(names)
     if tiled and x.ndim == 0:
         raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
@@ -274,20 +299,30 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        if kind is not ALLREDUCE:
+        if kind is not ALLREDUCE or reduction != "sum":
             raise ValueError(
-                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce only. Map the axis over each process' "
-                f"own devices, or use jax.lax.{kind.lax_twin} over the global mesh."
+                f"jaxring.{kind.name} ({reduction}) over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
+                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each "
+                f"process' own devices, or use jax.lax's collectives over the global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
         return mpi.lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms)
     return _ring_call.emit(ctx, x, kind=kind, ordinals=_ring_call.ordinals(rings), op_id=op_id,
-                           timeout_ms=timeout_ms, in_place=in_place, platform=platform)
+                           timeout_ms=timeout_ms, in_place=in_place, platform=platform, reduction=reduction)
+
+
+def _not_differentiable(reduction, rule):
+    """lax.pmax and lax.pmin have no derivative (jax 0.10.2 defines none): neither have jaxring's."""
+    if reduction != "sum":
+        raise NotImplementedError(
+            f"{rule} rule for jaxring.allreduce(op={reduction!r}) not implemented, as lax's for 'p{reduction}' "
+            f"is not; pass its input through jax.lax.stop_gradient where no derivative should flow"
+        )
 
 
 def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups):
+    _not_differentiable(reduction, "Transpose")
     if type(cotangent) is ad.Zero:
         return [ad.Zero(x.aval)]
     if kind.invariant_output and _jax_compat.checking_varying_axes():
@@ -337,6 +372,15 @@ def _in_place(trace, operands, params):
 _jax_compat.decide_params_at_every_bind(ring_p, _in_place)
 ring_p.def_abstract_eval(_abstract_eval)
 ad.deflinear2(ring_p, _transpose)
+_linear_jvp = ad.primitive_jvps[ring_p]
+
+
+def _jvp(primals, tangents, **params):
+    _not_differentiable(params["reduction"], "Differentiation")
+    return _linear_jvp(primals, tangents, **params)
+
+
+ad.primitive_jvps[ring_p] = _jvp
 batching.fancy_primitive_batchers[ring_p] = _batch
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cpu", **p), platform="cpu")
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cuda", **p), platform="cuda")

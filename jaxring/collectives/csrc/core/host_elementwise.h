@@ -1,10 +1,15 @@
 // Element types, conversions and ring_protocol.h's elementwise operations
 // on the host: the CPU handler's arithmetic (float32 accumulation for
-// bfloat16 and float16, int32 for int32), also run by the protocol tests.
+// bfloat16 and float16, every other type in itself: ring_handler_common.h's
+// kElementTypes), also run by the protocol tests.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "core/reduction.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -27,8 +32,11 @@ inline uint32_t BitsOfFloat(float f) {
   return bits;
 }
 
-inline float ToAcc(float v) { return v; }
-inline int32_t ToAcc(int32_t v) { return v; }
+// Every type accumulates in itself but the 16-bit floats.
+template <typename T>
+inline T ToAcc(T v) {
+  return v;
+}
 // float16 by its bits: a cast compiles to a library call per element on an
 // x86 build not made for F16C (0.4-0.8x lax.psum, docs/PERFORMANCE.md); this
 // vectorises. The
@@ -49,8 +57,10 @@ inline float ToAcc(_Float16 v) {
 inline float ToAcc(Bf16 v) { return FloatOfBits(static_cast<uint32_t>(v.bits) << 16); }
 
 // Stores an accumulated value in the output type.
-inline void Store(float v, float* out) { *out = v; }
-inline void Store(int32_t v, int32_t* out) { *out = v; }
+template <typename T>
+inline void Store(T v, T* out) {
+  *out = v;
+}
 // Round to nearest even, by the bits as ToAcc(_Float16) reads them: from
 // 65520 (halfway past the largest, 65504) infinity; a NaN stays NaN, quiet,
 // with its payload's top bits (as F16C's conversion does);
@@ -76,7 +86,59 @@ inline void Store(float v, Bf16* out) {
   out->bits = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
-// ring_protocol.h's elementwise operations on one host thread.
+// One step of a reduction (core/reduction.h) in the accumulation type:
+// `earlier` holds the ranks before `later` in the order the reduction takes
+// them (a partial result, or the first rank's value).
+template <Reduction R>
+struct Combine;
+
+template <>
+struct Combine<Reduction::kSum> {
+  template <typename A>
+  static A Of(A earlier, A later) {
+    if constexpr (std::is_integral_v<A>) {
+      // Unsigned arithmetic wraps by definition (a signed overflow is undefined).
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(static_cast<U>(earlier) + static_cast<U>(later)));
+    } else {
+      return earlier + later;
+    }
+  }
+};
+
+// lax's start from -inf (+inf for min): a NaN `earlier` (the first rank's) is
+// that start, and a later value replaces the running one only where strictly
+// greater (smaller), so a NaN never does and the lowest rank wins ties.
+template <typename A>
+A RunningFrom(A earlier, A start) {
+  if constexpr (std::numeric_limits<A>::has_quiet_NaN) {
+    return earlier != earlier ? start : earlier;
+  } else {
+    return earlier;
+  }
+}
+
+template <>
+struct Combine<Reduction::kMax> {
+  template <typename A>
+  static A Of(A earlier, A later) {
+    const A running = RunningFrom<A>(earlier, -std::numeric_limits<A>::infinity());
+    return running < later ? later : running;
+  }
+};
+
+template <>
+struct Combine<Reduction::kMin> {
+  template <typename A>
+  static A Of(A earlier, A later) {
+    const A running = RunningFrom<A>(earlier, std::numeric_limits<A>::infinity());
+    return later < running ? later : running;
+  }
+};
+
+// ring_protocol.h's elementwise operations on one host thread; `Add` and
+// `SumInRankOrder` reduce by R.
+template <Reduction R = Reduction::kSum>
 struct HostElementwise {
   // Large copies bypass the cache (the destination is another rank's
   // output, read next by that rank's program, not by this thread), which
@@ -106,10 +168,11 @@ struct HostElementwise {
   }
   static constexpr int64_t kStreamingCopyBytes = 256 << 10;
   // `B` is the type of what the left neighbour holds for this stage: its
-  // input at the first reduce-scatter step, its partial sums after.
+  // input at the first reduce-scatter step, its partial sums after; it comes
+  // before this rank's `a` in the reduction's order.
   template <typename A, typename B, typename D>
   void Add(const A* a, const B* b, D* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) Store(ToAcc(a[i]) + ToAcc(b[i]), dst + i);
+    for (int64_t i = 0; i < n; ++i) Store(Combine<R>::Of(ToAcc(b[i]), ToAcc(a[i])), dst + i);
   }
   // Block by block, so that the compiler vectorises the adds over elements
   // while each element is still summed in rank order.
@@ -124,7 +187,7 @@ struct HostElementwise {
       for (int64_t i = 0; i < count; ++i) sum[i] = ToAcc(first[i]);
       for (int p = 1; p < ranks; ++p) {
         const T* in = inputs[p] + offset + begin;
-        for (int64_t i = 0; i < count; ++i) sum[i] += ToAcc(in[i]);
+        for (int64_t i = 0; i < count; ++i) sum[i] = Combine<R>::Of(sum[i], ToAcc(in[i]));
       }
       for (int64_t i = 0; i < count; ++i) Store(sum[i], dst + begin + i);
     }

@@ -249,10 +249,10 @@ int SpinsFor(int64_t ranks) {
   return cores > ranks ? 4000 : 64;
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, Reduction R>
 LaneOutcome RunLane(CpuPath path, const SchedulePlan& plan, const LaneCall<Word>& lane,
                     CpuSync& sync) {
-  HostElementwise ew;
+  HostElementwise<R> ew;
   switch (path) {
     case CpuPath::kOneShot:
       return RunShotLane<T>(Shot::kOneShot, plan, lane, sync, ew);
@@ -263,24 +263,60 @@ LaneOutcome RunLane(CpuPath path, const SchedulePlan& plan, const LaneCall<Word>
   }
 }
 
-LaneOutcome RunLaneOf(xla::ffi::DataType type, CpuPath path, const SchedulePlan& plan,
+// The reduction is a template argument, chosen here once per call: the
+// per-element loops have no branch on it.
+template <typename T, typename Acc>
+LaneOutcome RunLaneBy(Reduction reduction, CpuPath path, const SchedulePlan& plan,
                       const LaneCall<Word>& lane, CpuSync& sync) {
-  switch (type) {
-    case xla::ffi::DataType::F32:
-      return RunLane<float, float>(path, plan, lane, sync);
-    case xla::ffi::DataType::BF16:
-      return RunLane<Bf16, float>(path, plan, lane, sync);
-    case xla::ffi::DataType::F16:
-      return RunLane<_Float16, float>(path, plan, lane, sync);
-    default:  // S32: DescribeCall refused every other type
-      return RunLane<int32_t, int32_t>(path, plan, lane, sync);
+  switch (reduction) {
+    case Reduction::kMax:
+      return RunLane<T, Acc, Reduction::kMax>(path, plan, lane, sync);
+    case Reduction::kMin:
+      return RunLane<T, Acc, Reduction::kMin>(path, plan, lane, sync);
+    default:
+      return RunLane<T, Acc, Reduction::kSum>(path, plan, lane, sync);
   }
 }
 
-CpuPath PathFor(const RingCall& call, xla::ffi::DataType type) {
+// By the engines' component type (RingCall::element_type, from
+// ring_handler_common.h's kElementTypes); its accumulation type is float for
+// the 16-bit floats and itself for every other.
+LaneOutcome RunLaneOf(const RingCall& call, CpuPath path, const SchedulePlan& plan,
+                      const LaneCall<Word>& lane, CpuSync& sync) {
+  using xla::ffi::DataType;
+  const Reduction r = call.reduction;
+  switch (call.element_type) {
+    case DataType::F32:
+      return RunLaneBy<float, float>(r, path, plan, lane, sync);
+    case DataType::BF16:
+      return RunLaneBy<Bf16, float>(r, path, plan, lane, sync);
+    case DataType::F16:
+      return RunLaneBy<_Float16, float>(r, path, plan, lane, sync);
+    case DataType::F64:
+      return RunLaneBy<double, double>(r, path, plan, lane, sync);
+    case DataType::S8:
+      return RunLaneBy<int8_t, int8_t>(r, path, plan, lane, sync);
+    case DataType::S16:
+      return RunLaneBy<int16_t, int16_t>(r, path, plan, lane, sync);
+    case DataType::S64:
+      return RunLaneBy<int64_t, int64_t>(r, path, plan, lane, sync);
+    case DataType::U8:
+      return RunLaneBy<uint8_t, uint8_t>(r, path, plan, lane, sync);
+    case DataType::U16:
+      return RunLaneBy<uint16_t, uint16_t>(r, path, plan, lane, sync);
+    case DataType::U32:
+      return RunLaneBy<uint32_t, uint32_t>(r, path, plan, lane, sync);
+    case DataType::U64:
+      return RunLaneBy<uint64_t, uint64_t>(r, path, plan, lane, sync);
+    default:  // S32: kElementTypes has no other component type
+      return RunLaneBy<int32_t, int32_t>(r, path, plan, lane, sync);
+  }
+}
+
+CpuPath PathFor(const RingCall& call) {
   CpuPath path = CpuForcedPath();
   if (path == CpuPath::kAuto) {
-    path = call.elements * ElementBytes(type) <= CpuPushMaxBytes() ? CpuPath::kPush
+    path = call.elements * xla::ffi::ByteWidth(call.element_type) <= CpuPushMaxBytes() ? CpuPath::kPush
                                                                        : CpuPath::kRing;
   }
   // The one-shot lanes hold at most kMaxDeviceRanks peers; the ring any number.
@@ -300,9 +336,8 @@ void SetCpuPushMaxBytes(int64_t bytes) { push_max_bytes.store(bytes); }
 CpuPath CpuForcedPath() { return static_cast<CpuPath>(forced_path.load(std::memory_order_relaxed)); }
 void SetCpuForcedPath(CpuPath path) { forced_path.store(static_cast<int64_t>(path)); }
 
-CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
-                 xla::ffi::Span<const int64_t> devices)
-    : call_(call), type_(type), path_(PathFor(call, type)) {
+CpuCall::CpuCall(const RingCall& call, const RankBuffers& me, xla::ffi::Span<const int64_t> devices)
+    : call_(call), path_(PathFor(call)) {
   RingKey key{call.key.op_id};
   key.insert(key.end(), devices.begin(), devices.end());
   slot_ = SlotFor(key, call);
@@ -310,7 +345,7 @@ CpuCall::CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffer
   if (ring_ == nullptr) return;
   RankBuffers mine = me;
   if (me.in == me.out && path_ != CpuPath::kPush) {
-    const size_t bytes = static_cast<size_t>(call.elements) * ElementBytes(type);
+    const size_t bytes = static_cast<size_t>(call.elements) * xla::ffi::ByteWidth(call.element_type);
     input_copy_.reset(new char[bytes]);
     std::memcpy(input_copy_.get(), me.in, bytes);
     mine.in = input_copy_.get();
@@ -340,7 +375,7 @@ std::string CpuCall::Run() {
   CpuSync sync{ring_, deadline_, SpinsFor(call_.ranks)};
   const SchedulePlan plan = SchedulePlan::Make(call_.mode, call_.elements, call_.ranks, call_.rank,
                                                call_.slice_elements, call_.align);
-  const LaneOutcome outcome = RunLaneOf(type_, path_, plan, Lane(), sync);
+  const LaneOutcome outcome = RunLaneOf(call_, path_, plan, Lane(), sync);
   {
     std::lock_guard<std::mutex> lock(slot_->meetings.mu());
     --ring_->running;

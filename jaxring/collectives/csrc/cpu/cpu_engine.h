@@ -69,8 +69,7 @@ struct RingSlot;
 // handler's thread; run there or on another thread.
 class CpuCall {
  public:
-  CpuCall(const RingCall& call, xla::ffi::DataType type, const RankBuffers& me,
-          xla::ffi::Span<const int64_t> devices);
+  CpuCall(const RingCall& call, const RankBuffers& me, xla::ffi::Span<const int64_t> devices);
   ~CpuCall();  // leaves the meeting
   CpuCall(const CpuCall&) = delete;
   CpuCall& operator=(const CpuCall&) = delete;
@@ -86,7 +85,6 @@ class CpuCall {
   LaneCall<std::atomic<uint64_t>> Lane() const;
 
   const RingCall call_;
-  const xla::ffi::DataType type_;
   const CpuPath path_;
   RingSlot* slot_ = nullptr;
   CpuRing* ring_ = nullptr;  // nullptr: its meeting had failed when it came (error_)

@@ -35,13 +35,13 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
                     ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id,
                     int64_t mode, int64_t elements,
                     ffi::Span<const int64_t> ring_devices, int64_t ring_size,
-                    int64_t timeout_ms, int64_t slice_bytes) {
+                    int64_t timeout_ms, int64_t slice_bytes, int64_t reduction) {
   ffi::Promise promise;
   ffi::Future future(promise);
   RingCall call;
   if (auto error = DescribeCall(run_id.run_id, device_ordinal, op_id, mode,
                                 elements, ring_devices, ring_size, timeout_ms,
-                                slice_bytes, x.element_type(), &call);
+                                slice_bytes, x.element_type(), reduction, &call);
       !error.empty()) {
     promise.SetError(ffi::Error::InvalidArgument(error));
     return future;
@@ -56,7 +56,7 @@ ffi::Future RingCpu(ffi::RunId run_id, int32_t device_ordinal, ffi::AnyBuffer x,
                  layout.partial_sums > 0 ? workspace->untyped_data() : out->untyped_data()};
   const ffi::Span<const int64_t> devices(ring_devices.begin() + call.key.group * call.ranks,
                                          static_cast<size_t>(call.ranks));
-  auto rank_call = std::make_shared<CpuCall>(call, x.element_type(), me, devices);
+  auto rank_call = std::make_shared<CpuCall>(call, me, devices);
   if (rank_call->EveryoneArrivedWithin(kInlineWait)) {
     // Nothing left to wait for but the peers' arithmetic: finish here.
     if (const std::string error = rank_call->Run(); error.empty()) {

@@ -20,11 +20,12 @@ ffi::Error RingCuda(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordin
                     ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                     ffi::Result<ffi::AnyBuffer> workspace, int64_t op_id, int64_t mode,
                     int64_t elements, ffi::Span<const int64_t> ring_devices,
-                    int64_t ring_size, int64_t timeout_ms, int64_t slice_bytes) {
+                    int64_t ring_size, int64_t timeout_ms, int64_t slice_bytes,
+                    int64_t reduction) {
   RingCall call;
   if (auto error = DescribeCall(run_id.run_id, device_ordinal, op_id, mode, elements,
                                 ring_devices, ring_size, timeout_ms, slice_bytes,
-                                x.element_type(), &call);
+                                x.element_type(), reduction, &call);
       !error.empty()) {
     return ffi::Error::InvalidArgument(error);
   }

@@ -1,5 +1,6 @@
 // Python module of the CPU handlers: their FFI capsules and the runtime knobs.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -44,13 +45,26 @@ NB_MODULE(_jaxring_cpu, m) {
     }
     return stages;
   }, "Stages of one rank: (kind, left_is_input, src, dst, count, wait_left, wait_right).");
-  m.def("workspace_elements", [](int64_t mode, int64_t element_bytes, int64_t elements,
-                                 int64_t slice_bytes, bool staging_slice) {
-    return jaxring::WorkspaceFor(static_cast<jaxring::Mode>(mode), element_bytes, elements,
-                                 slice_bytes, staging_slice).total();
-  }, nb::arg("mode"), nb::arg("element_bytes"), nb::arg("elements"), nb::arg("slice_bytes"),
+  nb::dict reductions;
+  // Every Reduction by its name; their values run from 0 (core/reduction.h).
+  for (int64_t r = 0; const char* name = jaxring::ReductionName(r); ++r) reductions[name] = r;
+  m.attr("REDUCTIONS") = reductions;
+  nb::list element_types;
+  for (const jaxring::ElementType& row : jaxring::kElementTypes) element_types.append(row.name);
+  m.attr("ELEMENT_TYPES") = element_types;
+  m.def("workspace", [](int64_t mode, const std::string& dtype, int64_t elements,
+                        int64_t slice_bytes, bool staging_slice) {
+    const jaxring::ElementType* row = jaxring::FindElementType(dtype);
+    if (row == nullptr) {
+      throw std::invalid_argument("workspace: the ring takes " + jaxring::ElementTypeNames() + ", not " + dtype);
+    }
+    const jaxring::WorkspaceLayout layout = jaxring::WorkspaceFor(
+        static_cast<jaxring::Mode>(mode), row->type, elements, slice_bytes, staging_slice);
+    return std::make_tuple(layout.total(), std::string(jaxring::FindElementType(row->accumulation)->name));
+  }, nb::arg("mode"), nb::arg("dtype"), nb::arg("elements"), nb::arg("slice_bytes"),
      nb::arg("staging_slice"),
-     "4-byte elements of the workspace a call needs (ring_handler_common.h's WorkspaceFor).");
+     "(elements, dtype name) of the workspace a call on `elements` of `dtype` needs "
+     "(ring_handler_common.h's WorkspaceFor).");
   m.def("runs_in_place", [](int64_t mode, int64_t ranks) {
     return jaxring::RunsInPlace(static_cast<jaxring::Mode>(mode), ranks);
   }, nb::arg("mode"), nb::arg("ranks"),

@@ -50,7 +50,7 @@ struct PlayedSync {
 // cuda/device_ring.cu).
 inline void PlayKernel(KernelArgs args) {
   PlayedSync sync{Clock::now() + std::chrono::nanoseconds(args.timeout_ns)};
-  HostElementwise ew;
+  HostElementwise<> ew;
   bool failed = false;
   for (int64_t lane = 0; lane < args.lanes; ++lane) {
     const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, lane, args.epoch,

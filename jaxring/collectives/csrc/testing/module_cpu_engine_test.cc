@@ -51,10 +51,10 @@ std::vector<std::string> Meet(Values x, Values out, std::vector<std::vector<int6
     for (int64_t k = 0; k < occurrences; ++k) {
       RingCall call;
       DescribeCall(1000 + run, static_cast<int32_t>(rank), op_id, 0, elements, ring, ranks,
-                   timeout_ms, slice_bytes, xla::ffi::DataType::F32, &call);
+                   timeout_ms, slice_bytes, xla::ffi::DataType::F32, /*reduction=*/0, &call);
       const int64_t at = ((run * occurrences + k) * ranks + rank) * elements;
       RankBuffers me{x.data() + at, out.data() + at, out.data() + at};
-      CpuCall rank_call(call, xla::ffi::DataType::F32, me, ring);
+      CpuCall rank_call(call, me, ring);
       rank_call.EveryoneArrivedWithin(std::chrono::microseconds(inline_wait_us));
       const std::string error = rank_call.Run();
       if (!error.empty()) {

@@ -151,7 +151,7 @@ std::vector<std::string> RunThreads(int64_t mode, const std::string& path, bool 
               const auto timeout = std::chrono::duration_cast<Clock::duration>(
                   std::chrono::duration<double>(timeout_s));
               HostSync sync{Clock::now() + timeout, &rng, max_delay_us};
-              HostElementwise ew;
+              HostElementwise<> ew;
               const LaneCall<Word> call{ranks, r, lanes, lane, static_cast<uint64_t>(c + 1),
                                         block_pointers.data(),
                                         &own.buffers[(reuse_buffers ? 0 : c) * ranks]};

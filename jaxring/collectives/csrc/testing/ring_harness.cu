@@ -53,7 +53,7 @@ int64_t OutElements(const HarnessCase& c) {
 }
 // XLA's workspace for this case (ring_handler_common.h), as the handler gets it.
 WorkspaceLayout LayoutOf(const HarnessCase& c) {
-  return WorkspaceFor(static_cast<Mode>(c.mode), ElementBytes(c.type), c.elements, c.slice_bytes,
+  return WorkspaceFor(static_cast<Mode>(c.mode), c.type, c.elements, c.slice_bytes,
                       /*staging_slice=*/true);
 }
 
