@@ -15,19 +15,23 @@
 
 namespace jaxring {
 
-template <typename T>
-__device__ __forceinline__ T ToAcc(T v) {
-  return v;
-}
-__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+// Host and device: the harness runs the element rules on the host too
+// (HarnessCombineOnHost, tests/jaxring/collectives/test_cuda_harness.py).
+#define JAXRING_ELEMENT __host__ __device__ __forceinline__
 
 template <typename T>
-__device__ __forceinline__ void Store(T v, T* out) {
+JAXRING_ELEMENT T ToAcc(T v) {
+  return v;
+}
+JAXRING_ELEMENT float ToAcc(__half v) { return __half2float(v); }
+JAXRING_ELEMENT float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+JAXRING_ELEMENT void Store(T v, T* out) {
   *out = v;
 }
-__device__ __forceinline__ void Store(float v, __half* out) { *out = __float2half_rn(v); }
-__device__ __forceinline__ void Store(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
+JAXRING_ELEMENT void Store(float v, __half* out) { *out = __float2half_rn(v); }
+JAXRING_ELEMENT void Store(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
 
 template <typename T>
 struct AccumulatorOf {
@@ -81,7 +85,7 @@ using EngineTypes = EngineTypeList<
 // EmitFloatMax/Min: llvm.maximum/minimum). Selects, not fmaxf/fminf, which
 // drop a NaN.
 template <Reduction R, typename V>
-__device__ __forceinline__ V Combine(V a, V b) {
+JAXRING_ELEMENT V Combine(V a, V b) {
   if constexpr (R == Reduction::kSum) {
     if constexpr (std::is_integral_v<V>) {
       using U = std::make_unsigned_t<V>;

@@ -363,17 +363,17 @@ int64_t OneShotMaxBytes(int64_t ranks) {
   return ranks == 2 ? 256 << 10 : 1 << 20;
 }
 
-std::string RunDeviceRing(const RingCall& call, ffi::DataType type, const CudaRank& me,
+std::string RunDeviceRing(const RingCall& call, const CudaRank& me,
                           const std::vector<int>& devices, DevicePath path) {
   cudaError_t err = cudaSetDevice(me.device);
   if (err != cudaSuccess) return CudaError("jaxring device ring: cudaSetDevice", err);
   std::string error;
-  switch (Engine().Run(call, type, DeviceRank{me.in, me.out, me.acc, me.device, me.stream, call.key.run_id},
+  switch (Engine().Run(call, DeviceRank{me.in, me.out, me.acc, me.device, me.stream, call.key.run_id},
                        devices, path, &error)) {
     case DeviceEngine::Outcome::kLaunched:
       return "";
     case DeviceEngine::Outcome::kUseHostEngine:
-      return RunCudaRing(call, type, me);
+      return RunCudaRing(call, me);
     default:
       return error;
   }
@@ -383,8 +383,8 @@ std::string TakeDeviceFailure(const RingCall& call, const std::vector<int>& devi
   return Engine().TakeFailure(call, devices);
 }
 
-int64_t DeviceLanes(const RingCall& call, ffi::DataType type, bool one_shot) {
-  return DeviceEngine::Lanes(call, ElementBytes(type), one_shot);
+int64_t DeviceLanes(const RingCall& call, bool one_shot) {
+  return DeviceEngine::Lanes(call, ElementBytes(call.element_type), one_shot);
 }
 
 int DeviceRingBlocksPerSm(ffi::DataType type) {

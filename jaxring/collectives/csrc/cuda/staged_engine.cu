@@ -179,9 +179,9 @@ bool PeerReadable(int device, int peer) {
   return can;
 }
 
-std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank& me) {
+std::string RunCudaRing(const RingCall& call, const CudaRank& me) {
   std::string error;
-  const bool known = EngineTypes::Visit(type, [&](auto tag) {
+  const bool known = EngineTypes::Visit(call.element_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (call.reduction) {
       case Reduction::kSum:
