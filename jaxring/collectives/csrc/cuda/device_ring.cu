@@ -196,7 +196,6 @@ RingKernel KernelFor(Reduction reduction) {
                                       : DeviceRingKernel<T, KernelReductions::kMaxMin>;
 }
 
-
 // --- host side: the CUDA runtime behind device_engine.h's seam ------------
 
 std::string CudaError(const char* what, cudaError_t err) {
@@ -224,7 +223,8 @@ class CudaRuntimeSeam : public CudaSeam {
     return count;
   }
 
-  // Asking for a kernel's attributes loads its module on the current device.
+  // Asking for a kernel's attributes loads its module on the current device:
+  // both kernels of every type (the sum's, and max and min's).
   std::string LoadKernels(int device) override {
     cudaError_t err = cudaSetDevice(device);
     EngineTypes::VisitEvery([&](auto tag) {

@@ -1,9 +1,10 @@
 // The host-staged CUDA engine (the default; the device-synchronised one is
 // device_ring.cu, engine_choice.cc chooses). GPU-resident: a rank reads its left neighbour's
 // buffers over peer access (or copies them peer-to-peer into a staging slice
-// where the devices cannot map each other), reduces with 16-byte vector
-// loads (float32 accumulation for bfloat16 and float16), and orders its stream after the
-// neighbours' streams with events. The host thread only enqueues work.
+// where the devices cannot map each other), reduces by the call's reduction
+// with 16-byte vector loads (float32 accumulation for bfloat16 and float16),
+// and orders its stream after the neighbours' streams with events. The host
+// thread only enqueues work.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
