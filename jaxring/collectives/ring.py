@@ -50,11 +50,15 @@ def _ring_size(names):
     return size
 
 
-def _as_supported_array(x, op_name, lax_op, dtypes=SUPPORTED_DTYPES):
-    """`x` as an array the ring takes; else lax's refusal where lax has one (float0), else jaxring's."""
+def _not_numbers(x):
+    """float0 and object arrays: lax's collectives refuse them (all but all_gather of a float0 constant),
+    each its own way, so jaxring hands them to lax for the same error (or result)."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and (dtype == jax.dtypes.float0 or dtype == np.dtype(object))
+
+
+def _as_supported_array(x, op_name, dtypes=SUPPORTED_DTYPES):
     x = jnp.asarray(x)
-    if x.dtype == jax.dtypes.float0:
-        lax_op()  # lax refuses float0 (it raises); jaxring refuses it the same way
     if x.dtype not in dtypes:
         names = ", ".join(d.name for d in dtypes)
         raise TypeError(f"jaxring.{op_name} takes arrays of {names}, got {x.dtype}; cast the array first")
@@ -124,8 +128,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if processes and op not in PROCESS_OPS:
-        raise ValueError(f"allreduce(processes=True) takes op {PROCESS_OPS}, got {op!r}; reduce across processes "
-                         "with jax.distributed and jax.lax instead")
+        raise ValueError(f"op must be one of {PROCESS_OPS} with processes=True, got {op!r}; reduce across "
+                         "processes with jax.distributed and jax.lax instead")
     names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
     n_procs = _processes() if processes else 1
@@ -134,11 +138,12 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     reduction = "sum" if op == "mean" else op
 
     def reduce_leaf(leaf):
+        if _not_numbers(leaf):
+            return lax_reduce(leaf, names)
         x = jnp.asarray(leaf)
         if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
-        x = _as_supported_array(x, "allreduce", functools.partial(lax_reduce, x, names),
-                                PROCESS_DTYPES if processes else SUPPORTED_DTYPES)
+        x = _as_supported_array(x, "allreduce", PROCESS_DTYPES if processes else SUPPORTED_DTYPES)
         if reduction != "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
@@ -202,6 +207,8 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
     of N equal blocks along it.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    if _not_numbers(x):
+        return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
     x = jnp.asarray(x)
     # Out of range, lax.psum_scatter raises IndexError, before it looks at the dtype; numpy's
     # AxisError is one, and the ValueError jaxring raised before.
@@ -215,7 +222,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
     lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
     if x.dtype == jnp.bool_:
         lax_op()  # lax.psum_scatter refuses bools (lax.add does not take them): the same TypeError
-    x = _as_supported_array(x, "reduce_scatter", lax_op)
+    x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
     ranks = _ring_size(names)
     size = x.shape[dim]
@@ -242,9 +249,10 @@ def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
-    x = jnp.asarray(x)
+    if _not_numbers(x):
+        return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled)
+    x = _as_supported_array(x, "all_gather")
     names = _axis_names(axis_name)
-    x = _as_supported_array(x, "all_gather", functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled))
     timeout_ms = _timeout_ms(timeout)
     ranks = _ring_size(names)
     if tiled and x.ndim == 0:
@@ -301,9 +309,10 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
         if kind is not ALLREDUCE or reduction != "sum":
             raise ValueError(
-                f"jaxring.{kind.name} ({reduction}) over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each "
-                f"process' own devices, or use jax.lax's collectives over the global mesh."
+                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
+                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each process' "
+                f"own devices, or use jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the "
+                "global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 

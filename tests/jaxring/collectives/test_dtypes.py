@@ -55,7 +55,8 @@ def same_bits(a, b):
 
 
 def ops(module_ops, ranks):
-    """Every op on each array of `xs`: allreduce's four, reduce_scatter, all_gather."""
+    """The program of every op on each pair of arrays: allreduce's four, reduce_scatter, all_gather;
+    sums of the finite twin (`sum_xs`), max, min and all_gather of the array with special values."""
     allreduce, reduce_scatter, all_gather = module_ops
 
     def program(xs, sum_xs):
@@ -118,7 +119,9 @@ def check_every_op(ranks, dtype, sizes):
             assert same_bits(mean, lax_mean)  # an integer total divided as lax.pmean divides it
         else:
             check_sum(total[0], s, dtype)
-            np.testing.assert_allclose(mean.astype(np.complex128), total.astype(np.complex128) / ranks, rtol=2e-2)
+            # the sum divided (XLA multiplies by 1/n) in the accumulation type, rounded once
+            exact_mean = total.astype(np.complex128) / ranks
+            np.testing.assert_allclose(mean.astype(np.complex128), exact_mean, rtol=2 * jnp.finfo(total.dtype).eps)
         ordered = 0 if dtype in COMPLEX else len(ORDERED_OPS)
         for a, b in zip(rest[:ordered], lax_rest[:ordered]):
             assert same_bits(a, b), f"{dtype} max/min differ from lax's"
@@ -183,3 +186,24 @@ def test_shard_map_takes_every_dtype_as_lax_does():
                 assert same_bits(mine[0], lax[0])
             assert same_bits(mine[1], lax[1])
             assert [jax.typeof(a) for a in mine] == [jax.typeof(b) for b in lax]
+
+
+def outcome(fn):
+    """What running `fn` gives: ("ok", result dtype) or (exception class, message)."""
+    try:
+        return "ok", jax.tree.map(lambda a: a.dtype, fn())
+    except Exception as e:  # noqa: BLE001 (the exception is what is compared)
+        return type(e), str(e).split("\n")[0]
+
+
+@pytest.mark.parametrize("const", (np.zeros((2,), jax.dtypes.float0), np.array([1, "a"], dtype=object)),
+                         ids=("float0", "object"))
+def test_float0_and_object_arrays_get_lax_s_refusal(const):
+    pairs = [(lambda c: jaxring.allreduce(c, "i", op=op), lambda c: LAX[op](c, "i")) for op in LAX]
+    pairs += [(lambda c: jaxring.reduce_scatter(c, "i"), lambda c: jax.lax.psum_scatter(c, "i")),
+              (lambda c: jaxring.all_gather(c, "i"), lambda c: jax.lax.all_gather(c, "i"))]
+    x = np.ones((2, 3), np.float32)
+    for mine, lax in pairs:
+        outcomes = [outcome(lambda: jax.pmap(lambda v: (v, f(const)), axis_name="i", devices=jax.devices()[:2])(x))
+                    for f in (mine, lax)]
+        assert outcomes[0] == outcomes[1]

@@ -92,7 +92,7 @@ def test_no_derivative_as_lax_has_none(op):
 
 
 def test_processes_true_still_refuses_max():
-    with pytest.raises(ValueError, match=r"processes=True\) takes op \('sum', 'mean'\), got 'max'"):
+    with pytest.raises(ValueError, match=r"op must be one of \('sum', 'mean'\) with processes=True, got 'max'"):
         jaxring.allreduce(np.ones(3, np.float32), "i", op="max", processes=True)
 
 
@@ -141,3 +141,15 @@ def test_queued_steps_of_changing_values(dtype):
             for row in products[1:]:
                 expected_w = expected_w + row  # rank order, wrapping for int16
         assert same_bits(np.asarray(w)[0], expected_w)
+
+
+@pytest.mark.parametrize("dtype, reduction, error", (
+    ("complex64", "max", "jaxring: max of complex64: complex numbers have no order"),
+    ("bool", "sum", "jaxring: a sum of bool; sum them as int32"),
+))
+def test_the_handler_refuses_what_ring_py_refuses_first(dtype, reduction, error):
+    """The handlers' own refusal (csrc/core/ring_handler_common.h), for a primitive bound past ring.py's checks."""
+    x = np.ones((2, 4), dtype)
+    with pytest.raises(Exception, match=error):
+        np.asarray(pmapped(lambda v: ring._ring(v, kind=ring.ALLREDUCE, names=("i",), timeout_ms=0,
+                                                reduction=reduction), 2)(x))

@@ -171,8 +171,9 @@ inline std::string CheckWorkspace(const WorkspaceLayout& layout, int64_t given_e
          "rebuild the package (pip install --no-build-isolation -e .)";
 }
 
-// Why a call of `reduction` on `type` cannot run, or "".
-inline std::string RefuseReduction(const ElementType* row, int64_t reduction, Mode mode) {
+// Why a call of `reduction` on elements of `row` (null: a type the ring does
+// not take) cannot run, or "". ring.py refuses all of these first.
+inline std::string RefuseTypeOrReduction(const ElementType* row, int64_t reduction, Mode mode) {
   if (row == nullptr) {
     return "jaxring: unsupported dtype; the ring takes " + ElementTypeNames() +
            " (jaxring/collectives/ring.py refuses the others before they get here)";
@@ -204,7 +205,7 @@ inline std::string DescribeCall(int64_t run_id, int32_t device_ordinal,
   if (TraitsOf(static_cast<Mode>(mode)).name == nullptr) {
     return "jaxring: unknown collective mode " + std::to_string(mode);
   }
-  if (auto error = RefuseReduction(FindElementType(type), reduction, static_cast<Mode>(mode));
+  if (auto error = RefuseTypeOrReduction(FindElementType(type), reduction, static_cast<Mode>(mode));
       !error.empty()) {
     return error;
   }
