@@ -138,9 +138,14 @@ print('platforms:', jaxring.collectives._ffi.register())"
   persistent_rnn_parity_stage
   # Both engines, every path, k = 2 and 8, tiny sizes: a hang shows in seconds.
   stage smoke gpu 40 "${HARNESS[@]}" --out "$OUT/smoke.jsonl" --ranks 2,8 --largest 1000 \
-    --dtypes float32 --timeout 5 --max-failures 3
-  stage correctness gpu 60 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
-    --largest 1000003 --timeout 10 --max-failures 5
+    --dtypes float32 --reductions sum,max --timeout 5 --max-failures 3
+  # Sums of the first four dtypes to 1M elements (13 s on an H200, 2026-11-28), then every dtype by
+  # sum, max and min at small sizes against lax on the GPU (about 3400 cases: 20-30 s estimated from
+  # the first stage's time per case, never run yet).
+  stage correctness gpu 40 "${HARNESS[@]}" --out "$OUT/correctness.jsonl" --ranks 2,3,5,8 \
+    --largest 1000003 --dtypes float32,bfloat16,float16,int32 --reductions sum --timeout 10 --max-failures 5
+  stage correctness-types gpu 70 "${HARNESS[@]}" --out "$OUT/correctness-types.jsonl" --ranks 2,8 \
+    --largest 4099 --timeout 10 --max-failures 5
   # Steps queued without a block: 500 chained steps of allreduce(processes=True)
   # through the MPI leg's CUDA handler, two processes sharing the GPU, each step checked
   # against float64 numpy; a stall fails within JAXRING_TIMEOUT_S.
@@ -149,8 +154,9 @@ print('platforms:', jaxring.collectives._ffi.register())"
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py queued
   # The same for both CUDA engines: k = 2 and 8 virtual ranks, each rank's thread
   # enqueuing 256 all-reduces, reduce_scatters or all_gathers (each an execution of its own,
-  # values of its own) with no sync between, every step checked against float64 numpy; a
-  # stall fails each case within 5 s.
+  # values of its own) with no sync between, every step checked against float64 numpy, then
+  # all-reduces of five more (dtype, reduction) pairs; a stall fails each case within 5 s
+  # (20 s on an H200 before the pairs, 2026-11-28; about 45 s with them, estimated).
   stage cuda-queued gpu 90 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
     --ranks 2,8 --steps 256 --timeout 5
 elif [ "$PART" = 2 ]; then
@@ -159,10 +165,11 @@ elif [ "$PART" = 2 ]; then
   # The sanitizer serialises kernels that spin on each other: the host engine
   # in full, the device engine on one tiny case with a short deadline.
   stage sanitizer-host gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "${HARNESS[@]}" --out "$OUT/sanitizer-host.jsonl" --engines host --ranks 2,3 --largest 1000 --timeout 30
+    "${HARNESS[@]}" --out "$OUT/sanitizer-host.jsonl" --engines host --ranks 2,3 --largest 1000 --timeout 30 \
+    --dtypes float32,bfloat16,float64,int8,complex64 --reductions sum,max
   stage sanitizer-device gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "${HARNESS[@]}" --out "$OUT/sanitizer-device.jsonl" --engines device --ranks 2 --largest 1 \
-    --dtypes float32 --modes allreduce --timeout 5 --max-failures 1
+    --dtypes float32 --reductions sum,max --modes allreduce --timeout 5 --max-failures 1
   for engine in host device; do
     stage "jax-$engine" gpu 30 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
   done
@@ -194,7 +201,7 @@ elif [ "$PART" = 3 ]; then
     --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
   # 64M elements: the float64 reference on the host is most of it (163 s on an H200, 2026-11-26).
   stage correctness-large gpu 240 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
-    --largest 64M --dtypes float32,bfloat16 --timeout 20 --max-failures 2
+    --largest 64M --dtypes float32,bfloat16 --reductions sum --timeout 20 --max-failures 2
   mkdir -p "$OUT/bench-buckets"
   stage bench-buckets gpu 60 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
     --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"

@@ -13,6 +13,7 @@ read another execution's flags or buffers shows as a wrong sum or a timeout.
 import numpy as np
 import pytest
 
+from jaxring.collectives import _ffi
 from tests.jaxring.collectives.test_cpu_engine_executions import _check, _inputs, _orders
 from tests.testing_modules import built_test_module
 
@@ -33,6 +34,22 @@ def _queue_and_check(rng, ranks, runs, occurrences, elements, in_flight, how, pa
 ])
 def test_executions_started_in_any_order_each_sum_their_own_data(path, ranks, in_flight, how):
     _queue_and_check(np.random.default_rng(ranks * 17 + in_flight), ranks, 24, 2, 1001, in_flight, how, path)
+
+
+@pytest.mark.parametrize("path", ["ring", "one_shot"])
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_the_call_s_reduction_reaches_every_lane_of_every_execution(path, reduction):
+    """The reduction travels from the call (RingCall) into the kernel's arguments; the played kernel
+    reduces by it (max and min of floats without NaN: one answer under every platform's rule)."""
+    rng = np.random.default_rng(45)
+    ranks, runs = 4, 8
+    fake = engine_test.Fake(ranks, play=True, one_shot_max_bytes=8192)
+    x = _inputs(rng, runs, 1, ranks, 1001)
+    out = np.full_like(x, np.nan)
+    orders = _orders(rng, ranks, runs, 3, "shuffled")
+    assert fake.queue(x, out, orders, 3, path, reduction=_ffi.reductions()[reduction]) == []
+    expected = getattr(x, reduction)(axis=2, keepdims=True)
+    np.testing.assert_array_equal(out, np.broadcast_to(expected, out.shape))
 
 
 def test_more_executions_in_flight_than_sessions_wait_for_the_device_and_stay_apart():

@@ -8,6 +8,7 @@ waits on completed. A call that met another execution's call would sum the wrong
 import numpy as np
 import pytest
 
+from jaxring.collectives import _ffi
 from tests.jaxring.collectives.test_cpu_engine_executions import _check, _inputs, _orders
 from tests.testing_modules import built_test_module
 
@@ -23,6 +24,19 @@ def test_executions_started_in_any_order_each_sum_their_own_data(ranks, in_fligh
     out = np.full_like(x, np.nan)
     assert engine_test.meet_host_staged(x, out, _orders(rng, ranks, 16, in_flight, how), in_flight) == []
     _check(x, out)
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_every_stage_reduces_by_the_call_s_reduction(reduction):
+    """Max and min of floats without NaN: one answer under every platform's rule."""
+    rng = np.random.default_rng(46)
+    ranks, runs = 3, 6
+    x = _inputs(rng, runs, 1, ranks, 1001)
+    out = np.full_like(x, np.nan)
+    orders = _orders(rng, ranks, runs, 2, "shuffled")
+    assert engine_test.meet_host_staged(x, out, orders, 2, reduction=_ffi.reductions()[reduction]) == []
+    expected = getattr(x, reduction)(axis=2, keepdims=True)
+    np.testing.assert_array_equal(out, np.broadcast_to(expected, out.shape))
 
 
 def test_a_rank_that_never_comes_is_named_with_its_latest_call_and_other_executions_go_on():

@@ -36,10 +36,10 @@ ffi::Error RingCuda(cudaStream_t stream, ffi::RunId run_id, int32_t device_ordin
   char* ws = static_cast<char*>(workspace->untyped_data());
   CudaRank me{x.untyped_data(), out->untyped_data(),
               layout.partial_sums > 0 ? static_cast<void*>(ws) : out->untyped_data(),
-              ws + layout.partial_sums * 4, device_ordinal, stream};
+              ws + layout.staging_offset_bytes(), device_ordinal, stream};
   const std::vector<int> devices(ring_devices.begin() + call.key.group * call.ranks,
                                  ring_devices.begin() + (call.key.group + 1) * call.ranks);
-  if (auto error = RunCudaCollective(call, x.element_type(), me, devices); !error.empty()) {
+  if (auto error = RunCudaCollective(call, me, devices); !error.empty()) {
     return ffi::Error::Internal(error);
   }
   return ffi::Error::Success();

@@ -8,7 +8,7 @@ namespace jaxring {
 struct CudaRank {
   const void* in;
   void* out;
-  void* acc;      // partial sums (float32 / int32); `out` when it has that type
+  void* acc;      // partial results in the accumulation type; `out` when it has that type
   void* staging;  // one slice of the accumulation type, for peers that cannot map each other
   int device;
   cudaStream_t stream;

@@ -415,9 +415,9 @@ bool DeviceEngine::EveryoneArrived(Ring* ring, Session* session, const RingCall&
   return false;
 }
 
-DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType type,
-                                        const DeviceRank& me, const std::vector<int>& devices,
-                                        DevicePath path, std::string* error) {
+DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, const DeviceRank& me,
+                                        const std::vector<int>& devices, DevicePath path,
+                                        std::string* error) {
   Ring* ring = RingFor(call, devices, me.device, error);
   if (ring == nullptr) return Outcome::kFailed;
   if (!ring->use_device) return Outcome::kUseHostEngine;
@@ -440,7 +440,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
     args.flag_blocks[p] = session->flag_blocks[p];
     args.buffers[p] = peer.buffers;
   }
-  const int64_t element_bytes = ElementBytes(type);
+  const int64_t element_bytes = ElementBytes(call.element_type);
   const bool one_shot =
       path == DevicePath::kOneShot ||
       (path == DevicePath::kAuto && options_.one_shot_max_bytes &&
@@ -451,6 +451,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
   args.epoch = session->epoch;
   args.call_tag = ring->serial << 32 | session->epoch;
   args.one_shot = one_shot;
+  args.reduction = call.reduction;
   args.failures = failure_device_ + ring->failure_set * kRecordsPerSet + call.rank * kMaxLanes;
   args.blocks_done = session->flag_blocks[call.rank] + kFlagWords;
   session->blocks_done[call.rank] += static_cast<uint64_t>(args.lanes);
@@ -459,7 +460,7 @@ DeviceEngine::Outcome DeviceEngine::Run(const RingCall& call, xla::ffi::DataType
   const auto deadline = DeadlineFor(call.timeout_ms);
   args.timeout_ns = static_cast<uint64_t>(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count()));
-  *error = seam_->Launch(type, args, me.stream);
+  *error = seam_->Launch(call.element_type, args, me.stream);
   Leave(ring, session, call.rank, /*launched=*/error->empty());
   return error->empty() ? Outcome::kLaunched : Outcome::kFailed;
 }

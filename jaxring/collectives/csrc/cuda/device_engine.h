@@ -83,6 +83,7 @@ struct KernelArgs {
   // of one device set, whose epochs are counted apart.
   uint64_t call_tag;
   bool one_shot;
+  Reduction reduction;
   uint64_t timeout_ns;
   uint64_t* flag_blocks[kMaxDeviceRanks];
   RankBuffers buffers[kMaxDeviceRanks];
@@ -110,6 +111,7 @@ class CudaSeam {
   virtual std::string EnablePeerAccess(int device, int peer) = 0;
   // "" when kernels on `peer` can read `ptr` (memory of another device), else why not.
   virtual std::string PeerCanRead(const void* ptr, int peer) = 0;
+  // The kernel for elements of `type` (a RingCall's element_type).
   virtual std::string Launch(xla::ffi::DataType type, const KernelArgs& args, void* stream) = 0;
 };
 
@@ -148,8 +150,8 @@ class DeviceEngine {
   // kUseHostEngine (the same on every rank of the ring): run the host-staged
   // engine instead. kFailed: *error says why (the same on every rank when the
   // ranks met).
-  Outcome Run(const RingCall& call, xla::ffi::DataType type, const DeviceRank& me,
-              const std::vector<int>& devices, DevicePath path, std::string* error);
+  Outcome Run(const RingCall& call, const DeviceRank& me, const std::vector<int>& devices,
+              DevicePath path, std::string* error);
 
   // The device-side failure this rank's kernels recorded since its last call
   // (and forgets it), or "": for callers that synchronised the stream.

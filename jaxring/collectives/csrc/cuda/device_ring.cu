@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/ring_protocol.h"
@@ -112,12 +113,19 @@ struct DeviceSync {
 };
 
 // What a timed-out call leaves in its output, so that XLA never hands on a
-// half-written result as if it were right: NaN for the float types, INT32_MIN
-// for int32 (docs/CUDA_RING.md).
+// half-written result as if it were right: NaN for the float types, the
+// most negative value for signed integers, the largest for unsigned ones
+// (docs/CUDA_RING.md).
+template <typename T>
+__device__ __forceinline__ void PoisonValue(T* v) {
+  static_assert(std::is_integral_v<T>);
+  using U = std::make_unsigned_t<T>;
+  *v = static_cast<T>(std::is_signed_v<T> ? U{1} << (8 * sizeof(T) - 1) : ~U{0});
+}
 __device__ __forceinline__ void PoisonValue(float* v) { *v = __int_as_float(0x7fc00000); }
+__device__ __forceinline__ void PoisonValue(double* v) { *v = __longlong_as_double(0x7ff8000000000000); }
 __device__ __forceinline__ void PoisonValue(__half* v) { *v = __ushort_as_half(0x7e00); }
 __device__ __forceinline__ void PoisonValue(__nv_bfloat16* v) { *v = __ushort_as_bfloat16(0x7fc0); }
-__device__ __forceinline__ void PoisonValue(int32_t* v) { *v = INT32_MIN; }
 
 // Run by every block of a rank's kernel at its end: the last block to finish
 // (a counter in the rank's flag block that only grows) poisons the rank's
@@ -155,14 +163,14 @@ __device__ void FinishCall(const KernelArgs& args) {
 }
 
 // One block per lane. Bounded registers (256 threads, two blocks per SM:
-// at most 128 registers, no spills on sm_80/sm_90 with -Xptxas=-v) and bounded
-// blocks (kMaxLanes) per rank let the ranks sharing a GPU be co-resident
-// (docs/CUDA_RING.md).
-template <typename T>
+// at most 128 registers; -Xptxas=-v shows the spills, docs/CUDA_RING.md) and
+// bounded blocks (kMaxLanes) per rank let the ranks sharing a GPU be
+// co-resident (docs/CUDA_RING.md).
+template <typename T, KernelReductions K>
 __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs args) {
   using Acc = typename AccumulatorOf<T>::type;
   DeviceSync sync{GlobalTimerNs() + args.timeout_ns};
-  BlockElementwise ew;
+  BlockElementwise<K> ew{args.reduction};
   const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, blockIdx.x,
                                 args.epoch, args.flag_blocks, args.buffers};
   const LaneOutcome outcome =
@@ -179,10 +187,13 @@ __global__ void __launch_bounds__(kThreads, 2) DeviceRingKernel(const KernelArgs
   FinishCall<T>(args);
 }
 
+using RingKernel = void (*)(KernelArgs);
+
+// The kernel of the device ring for `reduction` over elements of T.
 template <typename T>
-cudaError_t Launch(const KernelArgs& args, cudaStream_t stream) {
-  DeviceRingKernel<T><<<static_cast<unsigned>(args.lanes), kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+RingKernel KernelFor(Reduction reduction) {
+  return reduction == Reduction::kSum ? DeviceRingKernel<T, KernelReductions::kSum>
+                                      : DeviceRingKernel<T, KernelReductions::kMaxMin>;
 }
 
 // --- host side: the CUDA runtime behind device_engine.h's seam ------------
@@ -212,14 +223,18 @@ class CudaRuntimeSeam : public CudaSeam {
     return count;
   }
 
-  // Asking for a kernel's attributes loads its module on the current device.
+  // Asking for a kernel's attributes loads its module on the current device:
+  // both kernels of every type (the sum's, and max and min's).
   std::string LoadKernels(int device) override {
     cudaError_t err = cudaSetDevice(device);
-    cudaFuncAttributes attributes;
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<float>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<__nv_bfloat16>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<__half>);
-    if (err == cudaSuccess) err = cudaFuncGetAttributes(&attributes, DeviceRingKernel<int32_t>);
+    EngineTypes::VisitEvery([&](auto tag) {
+      for (const Reduction reduction : {Reduction::kSum, Reduction::kMax}) {
+        cudaFuncAttributes attributes;
+        if (err == cudaSuccess) {
+          err = cudaFuncGetAttributes(&attributes, KernelFor<typename decltype(tag)::type>(reduction));
+        }
+      }
+    });
     return err == cudaSuccess ? "" : CudaError("loading the ring kernels", err);
   }
 
@@ -297,24 +312,13 @@ class CudaRuntimeSeam : public CudaSeam {
   }
 
   std::string Launch(ffi::DataType type, const KernelArgs& args, void* stream) override {
-    const auto s = static_cast<cudaStream_t>(stream);
-    cudaError_t err;
-    switch (type) {
-      case ffi::DataType::F32:
-        err = jaxring::Launch<float>(args, s);
-        break;
-      case ffi::DataType::BF16:
-        err = jaxring::Launch<__nv_bfloat16>(args, s);
-        break;
-      case ffi::DataType::F16:
-        err = jaxring::Launch<__half>(args, s);
-        break;
-      case ffi::DataType::S32:
-        err = jaxring::Launch<int32_t>(args, s);
-        break;
-      default:
-        return "jaxring: unsupported dtype";
-    }
+    cudaError_t err = cudaSuccess;
+    const bool known = EngineTypes::Visit(type, [&](auto tag) {
+      KernelFor<typename decltype(tag)::type>(args.reduction)
+          <<<static_cast<unsigned>(args.lanes), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+      err = cudaGetLastError();
+    });
+    if (!known) return "jaxring: unsupported dtype";
     return err == cudaSuccess ? "" : CudaError("jaxring device ring: launching the ring kernel", err);
   }
 };
@@ -359,17 +363,17 @@ int64_t OneShotMaxBytes(int64_t ranks) {
   return ranks == 2 ? 256 << 10 : 1 << 20;
 }
 
-std::string RunDeviceRing(const RingCall& call, ffi::DataType type, const CudaRank& me,
+std::string RunDeviceRing(const RingCall& call, const CudaRank& me,
                           const std::vector<int>& devices, DevicePath path) {
   cudaError_t err = cudaSetDevice(me.device);
   if (err != cudaSuccess) return CudaError("jaxring device ring: cudaSetDevice", err);
   std::string error;
-  switch (Engine().Run(call, type, DeviceRank{me.in, me.out, me.acc, me.device, me.stream, call.key.run_id},
+  switch (Engine().Run(call, DeviceRank{me.in, me.out, me.acc, me.device, me.stream, call.key.run_id},
                        devices, path, &error)) {
     case DeviceEngine::Outcome::kLaunched:
       return "";
     case DeviceEngine::Outcome::kUseHostEngine:
-      return RunCudaRing(call, type, me);
+      return RunCudaRing(call, me);
     default:
       return error;
   }
@@ -379,27 +383,21 @@ std::string TakeDeviceFailure(const RingCall& call, const std::vector<int>& devi
   return Engine().TakeFailure(call, devices);
 }
 
-int64_t DeviceLanes(const RingCall& call, ffi::DataType type, bool one_shot) {
-  return DeviceEngine::Lanes(call, ElementBytes(type), one_shot);
+int64_t DeviceLanes(const RingCall& call, bool one_shot) {
+  return DeviceEngine::Lanes(call, ElementBytes(call.element_type), one_shot);
 }
 
 int DeviceRingBlocksPerSm(ffi::DataType type) {
-  int blocks = 0;
-  switch (type) {
-    case ffi::DataType::BF16:
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DeviceRingKernel<__nv_bfloat16>,
-                                                    kThreads, 0);
-      break;
-    case ffi::DataType::F16:
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DeviceRingKernel<__half>, kThreads, 0);
-      break;
-    case ffi::DataType::S32:
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DeviceRingKernel<int32_t>, kThreads, 0);
-      break;
-    default:
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DeviceRingKernel<float>, kThreads, 0);
-  }
-  return blocks;
+  int fewest = 0;
+  EngineTypes::Visit(type, [&](auto tag) {
+    for (const Reduction reduction : {Reduction::kSum, Reduction::kMax}) {
+      int blocks = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &blocks, KernelFor<typename decltype(tag)::type>(reduction), kThreads, 0);
+      fewest = reduction == Reduction::kSum ? blocks : std::min(fewest, blocks);
+    }
+  });
+  return fewest;
 }
 
 }  // namespace jaxring

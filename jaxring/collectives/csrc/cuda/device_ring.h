@@ -21,7 +21,7 @@ namespace jaxring {
 // (links, size) runs on the host-staged engine. Returns "" or the error,
 // including a device-side timeout of an earlier call of this rank on this
 // ring of devices, which fails the call on every rank.
-std::string RunDeviceRing(const RingCall& call, xla::ffi::DataType type, const CudaRank& me,
+std::string RunDeviceRing(const RingCall& call, const CudaRank& me,
                           const std::vector<int>& devices, DevicePath path);
 
 // The error a device-side wait of this rank recorded on this ring of devices
@@ -33,9 +33,11 @@ std::string TakeDeviceFailure(const RingCall& call, const std::vector<int>& devi
 int64_t OneShotMaxBytes(int64_t ranks);
 
 // Lanes (blocks of one rank's kernel) a call of this shape uses.
-int64_t DeviceLanes(const RingCall& call, xla::ffi::DataType type, bool one_shot);
+int64_t DeviceLanes(const RingCall& call, bool one_shot);
 
-// How many blocks of the device ring's kernel fit on one SM of `device`.
+// How many blocks of the device ring's kernels for elements of `type` (an
+// engine type: a RingCall's element_type) fit on one SM, the fewer of the sum's and
+// max/min's.
 int DeviceRingBlocksPerSm(xla::ffi::DataType type);
 
 }  // namespace jaxring

@@ -26,11 +26,11 @@ std::string EngineChoiceError() {
          "'device-any-link' (the device engine over PCIe too)";
 }
 
-std::string RunCudaCollective(const RingCall& call, ffi::DataType type, const CudaRank& me,
+std::string RunCudaCollective(const RingCall& call, const CudaRank& me,
                               const std::vector<int>& devices) {
   if (auto error = EngineChoiceError(); !error.empty()) return error;
-  if (EngineName() == "host") return RunCudaRing(call, type, me);
-  return RunDeviceRing(call, type, me, devices, DevicePath::kAuto);
+  if (EngineName() == "host") return RunCudaRing(call, me);
+  return RunDeviceRing(call, me, devices, DevicePath::kAuto);
 }
 
 }  // namespace jaxring

@@ -22,7 +22,7 @@ const std::string& EngineName();
 std::string EngineChoiceError();
 
 // What the XLA handler runs: the engine EngineName names.
-std::string RunCudaCollective(const RingCall& call, xla::ffi::DataType type,
-                              const CudaRank& me, const std::vector<int>& devices);
+std::string RunCudaCollective(const RingCall& call, const CudaRank& me,
+                              const std::vector<int>& devices);
 
 }  // namespace jaxring

@@ -1,9 +1,10 @@
 // The host-staged CUDA engine (the default; the device-synchronised one is
 // device_ring.cu, engine_choice.cc chooses). GPU-resident: a rank reads its left neighbour's
 // buffers over peer access (or copies them peer-to-peer into a staging slice
-// where the devices cannot map each other), reduces with 16-byte vector
-// loads and float32 accumulation, and orders its stream after the
-// neighbours' streams with events. The host thread only enqueues work.
+// where the devices cannot map each other), reduces by the call's reduction
+// with 16-byte vector loads (float32 accumulation for bfloat16 and float16),
+// and orders its stream after the neighbours' streams with events. The host
+// thread only enqueues work.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -36,7 +37,7 @@ int BlocksFor(int device, int64_t work) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{count} * 8)));
 }
 
-template <typename T, typename Left, typename Dst>
+template <Reduction R, typename T, typename Left, typename Dst>
 cudaError_t LaunchReduce(const T* mine, const Left* left, Dst* dst, int64_t n,
                          int device, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
@@ -45,7 +46,7 @@ cudaError_t LaunchReduce(const T* mine, const Left* left, Dst* dst, int64_t n,
   constexpr int V = 16 / sizeof(T);
   const bool vectorised = Aligned(mine, sizeof(T) * V) && Aligned(left, sizeof(Left) * V) &&
                           Aligned(dst, sizeof(Dst) * V);
-  ReduceKernel<T, Left, Dst><<<BlocksFor(device, vectorised ? n / V + 1 : n), 256, 0, stream>>>(
+  ReduceKernel<R, T, Left, Dst><<<BlocksFor(device, vectorised ? n / V + 1 : n), 256, 0, stream>>>(
       mine, left, dst, n);
   return cudaGetLastError();
 }
@@ -62,7 +63,7 @@ std::string CudaError(const char* what, cudaError_t err) {
   return std::string("jaxring CUDA ring: ") + what + ": " + cudaGetErrorString(err);
 }
 
-template <typename T, typename Acc>
+template <Reduction R, typename T, typename Acc>
 cudaError_t RunStage(const Stage& st, const RankState& me, const RankState& left,
                      bool peer_readable) {
   const CudaRank& b = me.buffers;
@@ -85,13 +86,13 @@ cudaError_t RunStage(const Stage& st, const RankState& me, const RankState& left
     case StageKind::kSeed:
       return cudaMemcpyAsync(out, in, n * sizeof(T), cudaMemcpyDeviceToDevice, b.stream);
     case StageKind::kReduceFirst:
-      return LaunchReduce(in, left_operand(left_in), acc, n, b.device, b.stream);
+      return LaunchReduce<R>(in, left_operand(left_in), acc, n, b.device, b.stream);
     case StageKind::kReduce:
-      return LaunchReduce(in, left_operand(left_acc), acc, n, b.device, b.stream);
+      return LaunchReduce<R>(in, left_operand(left_acc), acc, n, b.device, b.stream);
     case StageKind::kReduceLast:
       return st.left_is_input
-                 ? LaunchReduce(in, left_operand(left_in), out, n, b.device, b.stream)
-                 : LaunchReduce(in, left_operand(left_acc), out, n, b.device, b.stream);
+                 ? LaunchReduce<R>(in, left_operand(left_in), out, n, b.device, b.stream)
+                 : LaunchReduce<R>(in, left_operand(left_acc), out, n, b.device, b.stream);
     case StageKind::kCopy:
       return cudaMemcpyPeerAsync(out, b.device, static_cast<const T*>(l.out) + st.src, l.device,
                                  n * sizeof(T), b.stream);
@@ -101,7 +102,7 @@ cudaError_t RunStage(const Stage& st, const RankState& me, const RankState& left
 
 // The CUDA work of WalkSchedule: each stage is ordered after the neighbours'
 // events it needs, and records an event of its own when enqueued.
-template <typename T, typename Acc>
+template <Reduction R, typename T, typename Acc>
 struct CudaSteps {
   const std::vector<Stage>& stages;
   const RankState& me;
@@ -112,14 +113,15 @@ struct CudaSteps {
   void AfterLeft(int64_t count) { cudaStreamWaitEvent(me.buffers.stream, left.events[count], 0); }
   void AfterRight(int64_t count) { cudaStreamWaitEvent(me.buffers.stream, right.events[count], 0); }
   std::string Run(size_t i) {
-    cudaError_t err = RunStage<T, Acc>(stages[i], me, left, peer_readable);
+    cudaError_t err = RunStage<R, T, Acc>(stages[i], me, left, peer_readable);
     if (err == cudaSuccess) err = cudaEventRecord(me.events[i + 1], me.buffers.stream);
     return err == cudaSuccess ? "" : CudaError("enqueueing a ring stage", err);
   }
 };
 
-template <typename T, typename Acc>
+template <Reduction R, typename T>
 std::string RunTyped(const RingCall& call, const CudaRank& buffers) {
+  using Acc = typename AccumulatorOf<T>::type;
   cudaError_t err = cudaSetDevice(buffers.device);
   if (err != cudaSuccess) return CudaError("cudaSetDevice", err);
   const auto stages = BuildSchedule(call.mode, call.elements, call.ranks, call.rank,
@@ -146,7 +148,7 @@ std::string RunTyped(const RingCall& call, const CudaRank& buffers) {
     error = err != cudaSuccess ? CudaError("cudaEventRecord", err) : meeting.Arrive(&me, deadline);
     if (error.empty()) {
       const int64_t left = Mod(call.rank - 1, call.ranks), right = Mod(call.rank + 1, call.ranks);
-      CudaSteps<T, Acc> steps{stages, me, *static_cast<const RankState*>(meeting.state(left)),
+      CudaSteps<R, T, Acc> steps{stages, me, *static_cast<const RankState*>(meeting.state(left)),
                               *static_cast<const RankState*>(meeting.state(right))};
       error = WalkSchedule(meeting, stages, left, right, deadline, steps);
     }
@@ -178,19 +180,25 @@ bool PeerReadable(int device, int peer) {
   return can;
 }
 
-std::string RunCudaRing(const RingCall& call, ffi::DataType type, const CudaRank& me) {
-  switch (type) {
-    case ffi::DataType::F32:
-      return RunTyped<float, float>(call, me);
-    case ffi::DataType::BF16:
-      return RunTyped<__nv_bfloat16, float>(call, me);
-    case ffi::DataType::F16:
-      return RunTyped<__half, float>(call, me);
-    case ffi::DataType::S32:
-      return RunTyped<int32_t, int32_t>(call, me);
-    default:
-      return "jaxring: unsupported dtype";
-  }
+std::string RunCudaRing(const RingCall& call, const CudaRank& me) {
+  std::string error;
+  const bool known = EngineTypes::Visit(call.element_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (call.reduction) {
+      case Reduction::kSum:
+        error = RunTyped<Reduction::kSum, T>(call, me);
+        break;
+      case Reduction::kMax:
+        error = RunTyped<Reduction::kMax, T>(call, me);
+        break;
+      case Reduction::kMin:
+        error = RunTyped<Reduction::kMin, T>(call, me);
+        break;
+      default:
+        error = "jaxring: unknown reduction " + std::to_string(static_cast<int>(call.reduction));
+    }
+  });
+  return known ? error : "jaxring: unsupported dtype";
 }
 
 }  // namespace jaxring

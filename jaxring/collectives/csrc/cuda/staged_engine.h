@@ -15,10 +15,10 @@ namespace jaxring {
 // first ask for each ordered pair (`device` must be current).
 bool PeerReadable(int device, int peer);
 
-// Runs one rank of the ring on `me.stream`; returns "" or the error. Blocks
-// the calling host thread until every rank has enqueued its work (never until
-// the GPU work finishes).
-std::string RunCudaRing(const RingCall& call, xla::ffi::DataType type,
-                        const CudaRank& me);
+// Runs one rank of the ring on `me.stream` (elements of call.element_type,
+// reduced by call.reduction); returns "" or the error. Blocks the calling
+// host thread until every rank has enqueued its work (never until the GPU
+// work finishes).
+std::string RunCudaRing(const RingCall& call, const CudaRank& me);
 
 }  // namespace jaxring

@@ -44,13 +44,14 @@ struct PlayedSync {
   }
 };
 
-// The kernel's lanes one after another (lane b of a rank waits only on lane
-// b of its peers, so every rank going through the lanes in order is one
-// schedule the GPU may run), then its last block's work (FinishCall in
-// cuda/device_ring.cu).
-inline void PlayKernel(KernelArgs args) {
+// The lanes of the kernel of the call's reduction (float32 data) one after
+// another (lane b of a rank waits only on lane b of its peers, so every rank
+// going through the lanes in order is one schedule the GPU may run), then its
+// last block's work (FinishCall in cuda/device_ring.cu).
+template <Reduction R>
+void PlayKernelOf(KernelArgs args) {
   PlayedSync sync{Clock::now() + std::chrono::nanoseconds(args.timeout_ns)};
-  HostElementwise<> ew;
+  HostElementwise<R> ew;
   bool failed = false;
   for (int64_t lane = 0; lane < args.lanes; ++lane) {
     const LaneCall<uint64_t> call{args.plan.ranks(), args.plan.rank, args.lanes, lane, args.epoch,
@@ -71,6 +72,17 @@ inline void PlayKernel(KernelArgs args) {
   }
   __atomic_fetch_add(args.blocks_done, static_cast<uint64_t>(args.lanes), __ATOMIC_ACQ_REL);
   __atomic_store_n(args.finished, args.epoch, __ATOMIC_RELEASE);
+}
+
+inline void PlayKernel(const KernelArgs& args) {
+  switch (args.reduction) {
+    case Reduction::kSum:
+      return PlayKernelOf<Reduction::kSum>(args);
+    case Reduction::kMax:
+      return PlayKernelOf<Reduction::kMax>(args);
+    case Reduction::kMin:
+      return PlayKernelOf<Reduction::kMin>(args);
+  }
 }
 
 struct Launched {

@@ -40,7 +40,7 @@ int64_t RunCase(std::mt19937& rng, int ranks, int in_flight, int max_sessions, i
     float* at = out.data() + (run * ranks + rank) * elements;
     const DeviceRank me{x.data() + (run * ranks + rank) * elements, at, at, devices[rank], nullptr, 1000 + run};
     std::string error;
-    engine.Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+    engine.Run(call, me, devices, DevicePath::kAuto, &error);
     if (!error.empty()) {
       std::printf("run %lld rank %lld: %s\n", static_cast<long long>(run), static_cast<long long>(rank),
                   error.c_str());

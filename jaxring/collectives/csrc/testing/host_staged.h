@@ -1,12 +1,13 @@
 // The host-staged CUDA engine without CUDA, for its host-thread tests
 // (module_engine_test.cc, staged_tsan.cc): its meeting and walk through the
 // schedule (cuda/staged_meeting.h) as cuda/staged_engine.cu runs them, the
-// stages done on float32 host memory.
+// stages done on float32 host memory by the call's reduction.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "core/host_elementwise.h"
 #include "core/ring_handler_common.h"
 #include "core/ring_schedule.h"
 #include "core/timeout.h"
@@ -24,6 +25,7 @@ struct HostRank {
 // The host-staged engine's stages (RunStage in cuda/staged_engine.cu) on host
 // memory, each done when it is enqueued: what its stream does once the
 // neighbours' events it waits on have completed.
+template <Reduction R>
 struct HostStagedSteps {
   const std::vector<Stage>& stages;
   const HostRank& me;
@@ -45,7 +47,7 @@ struct HostStagedSteps {
           out[j] = left.out[st.src + j];
           break;
         default:  // kReduceFirst, kReduce, kReduceLast: partial sums live in `out`
-          out[j] = in[j] + left_operand[st.src + j];
+          out[j] = Combine<R>::Of(left_operand[st.src + j], in[j]);
       }
     }
     return "";
@@ -62,8 +64,21 @@ inline std::string RunHostStaged(const RingCall& call, const float* in, float* o
   std::string error = meeting.Arrive(const_cast<HostRank*>(&me), deadline);
   if (!error.empty()) return error;
   const int64_t left = Mod(call.rank - 1, call.ranks), right = Mod(call.rank + 1, call.ranks);
-  HostStagedSteps steps{stages, me, *static_cast<const HostRank*>(meeting.state(left))};
-  return WalkSchedule(meeting, stages, left, right, deadline, steps);
+  const HostRank& left_rank = *static_cast<const HostRank*>(meeting.state(left));
+  switch (call.reduction) {
+    case Reduction::kMax: {
+      HostStagedSteps<Reduction::kMax> steps{stages, me, left_rank};
+      return WalkSchedule(meeting, stages, left, right, deadline, steps);
+    }
+    case Reduction::kMin: {
+      HostStagedSteps<Reduction::kMin> steps{stages, me, left_rank};
+      return WalkSchedule(meeting, stages, left, right, deadline, steps);
+    }
+    default: {
+      HostStagedSteps<Reduction::kSum> steps{stages, me, left_rank};
+      return WalkSchedule(meeting, stages, left, right, deadline, steps);
+    }
+  }
 }
 
 }  // namespace jaxring

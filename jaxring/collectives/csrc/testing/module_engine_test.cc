@@ -61,7 +61,7 @@ PeerLink LinkNamed(const std::string& name) {
 // one after the other. Returns the errors of the calls that failed.
 std::vector<std::string> MeetHostStaged(Values x, Values out, std::vector<std::vector<int64_t>> orders,
                                         int64_t in_flight, int64_t timeout_ms, int64_t slice_bytes,
-                                        int64_t late_rank) {
+                                        int64_t late_rank, int64_t reduction) {
   static std::atomic<int64_t> op_ids{1LL << 41};  // apart from the other tests' ops
   const int64_t op_id = op_ids.fetch_add(1);
   const int64_t occurrences = x.shape(1), ranks = x.shape(2), elements = x.shape(3);
@@ -71,7 +71,8 @@ std::vector<std::string> MeetHostStaged(Values x, Values out, std::vector<std::v
   RunInOrders(orders, in_flight, late_rank, [&](int64_t rank, int64_t run) {
     for (int64_t k = 0; k < occurrences; ++k) {
       const RingCall call = MakeRingCall(CallKey{1000 + run, op_id, 0}, Mode::kAllReduce, elements, ranks, rank,
-                                         timeout_ms, slice_bytes, xla::ffi::DataType::F32);
+                                         timeout_ms, slice_bytes, xla::ffi::DataType::F32,
+                                         static_cast<Reduction>(reduction));
       const int64_t at = ((run * occurrences + k) * ranks + rank) * elements;
       if (const std::string error = RunHostStaged(call, x.data() + at, out.data() + at); !error.empty()) {
         std::lock_guard<std::mutex> lock(mu);
@@ -135,7 +136,7 @@ class Fake {
                             reinterpret_cast<void*>(r + 1), run_ids[r]};
         for (int64_t c = 0; c < calls; ++c) {
           std::string error;
-          const auto outcome = engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+          const auto outcome = engine_->Run(call, me, devices, DevicePath::kAuto, &error);
           results[c][r] = {outcome == DeviceEngine::Outcome::kLaunched      ? "launched"
                            : outcome == DeviceEngine::Outcome::kUseHostEngine ? "host engine"
                                                                               : "failed",
@@ -155,7 +156,7 @@ class Fake {
   // that failed, then each rank's recorded device failure.
   std::vector<std::string> Queue(Values x, Values out, std::vector<std::vector<int64_t>> orders,
                                  int64_t in_flight, const std::string& path, int64_t timeout_ms,
-                                 int64_t late_rank) {
+                                 int64_t late_rank, int64_t reduction) {
     static std::atomic<int64_t> op_ids{1LL << 40};  // apart from the other tests' ops
     const int64_t op_id = op_ids.fetch_add(1);
     const int64_t occurrences = x.shape(1), ranks = x.shape(2), elements = x.shape(3);
@@ -170,12 +171,13 @@ class Fake {
     RunInOrders(orders, in_flight, late_rank, [&](int64_t rank, int64_t run) {
       for (int64_t k = 0; k < occurrences; ++k) {
         const RingCall call = MakeRingCall(CallKey{1000 + run, op_id, 0}, Mode::kAllReduce, elements,
-                                           ranks, rank, timeout_ms, 1 << 20, xla::ffi::DataType::F32);
+                                           ranks, rank, timeout_ms, 1 << 20, xla::ffi::DataType::F32,
+                                           static_cast<Reduction>(reduction));
         float* at = out.data() + ((run * occurrences + k) * ranks + rank) * elements;
         const DeviceRank me{x.data() + ((run * occurrences + k) * ranks + rank) * elements, at, at,
                             devices[rank], reinterpret_cast<void*>(rank + 1), 1000 + run};
         std::string error;
-        engine_->Run(call, xla::ffi::DataType::F32, me, devices, device_path, &error);
+        engine_->Run(call, me, devices, device_path, &error);
         if (!error.empty()) {
           std::lock_guard<std::mutex> lock(mu);
           errors.push_back("rank " + std::to_string(rank) + " run " + std::to_string(run) + ": " + error);
@@ -219,12 +221,12 @@ class Fake {
                               reinterpret_cast<void*>(r + 1), 1};
           std::string error;
           for (int64_t c = 0; c < calls / 10 + 1; ++c) {
-            engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+            engine_->Run(call, me, devices, DevicePath::kAuto, &error);
           }
           const auto start = std::chrono::steady_clock::now();
           const double start_cpu = thread_cpu_ns();
           for (int64_t c = 0; c < calls; ++c) {
-            engine_->Run(call, xla::ffi::DataType::F32, me, devices, DevicePath::kAuto, &error);
+            engine_->Run(call, me, devices, DevicePath::kAuto, &error);
           }
           cpu[r] = (thread_cpu_ns() - start_cpu) / calls;
           wall[r] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / calls;
@@ -282,7 +284,8 @@ NB_MODULE(_jaxring_engine_test, m) {
            nb::arg("run_ids") = std::vector<int64_t>{}, nb::arg("absent_rank") = -1, nb::arg("late_rank") = -1)
       .def("queue", &Fake::Queue, nb::arg("x"), nb::arg("out"), nb::arg("orders"), nb::arg("in_flight"),
            nb::arg("path") = "auto", nb::arg("timeout_ms") = 20000, nb::arg("late_rank") = -1,
-           "All-reduces x[run, occurrence, rank] into out over the ranks, each rank starting its runs in "
+           nb::arg("reduction") = 0,
+           "All-reduces x[run, occurrence, rank] by `reduction` (core/reduction.h's value) into out over the ranks, each rank starting its runs in "
            "orders[rank], at most `in_flight` unfinished at a time; returns the errors (played kernels only).")
       .def("time_calls", &Fake::TimeCalls, nb::arg("ranks"), nb::arg("calls"), nb::arg("op_id"))
       .def("launches", &Fake::Launches, "Each launch since the last ask (and forgets them).")
@@ -310,8 +313,9 @@ NB_MODULE(_jaxring_engine_test, m) {
       });
   m.def("meet_host_staged", &jaxring::MeetHostStaged, nb::arg("x"), nb::arg("out"), nb::arg("orders"),
         nb::arg("in_flight"), nb::arg("timeout_ms") = 20000, nb::arg("slice_bytes") = 256, nb::arg("late_rank") = -1,
-        "The host-staged engine's meeting and schedule (cuda/staged_meeting.h), stages on host memory: all-reduces "
-        "x[run, occurrence, rank] into out over the ranks, each rank starting its runs in orders[rank], at most "
+        nb::arg("reduction") = 0,
+        "The host-staged engine's meeting and schedule (cuda/staged_meeting.h), stages on host memory: reduces "
+        "x[run, occurrence, rank] by `reduction` (core/reduction.h's value) into out over the ranks, each rank starting its runs in orders[rank], at most "
         "`in_flight` unfinished at a time; returns the failed calls' errors.");
   m.def("input_address", &Fake::Input);
   m.def("output_address", &Fake::Output);

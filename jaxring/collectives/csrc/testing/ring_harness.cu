@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/ring_handler_common.h"
@@ -59,8 +60,12 @@ WorkspaceLayout LayoutOf(const HarnessCase& c) {
 
 RingCall CallOf(const HarnessCase& c, int64_t op_id, int64_t rank, int64_t run_id = 1) {
   return MakeRingCall(CallKey{run_id, op_id, 0}, static_cast<Mode>(c.mode), c.elements, c.ranks,
-                      rank, static_cast<int64_t>(c.timeout_s * 1000), c.slice_bytes, c.type);
+                      rank, static_cast<int64_t>(c.timeout_s * 1000), c.slice_bytes, c.type,
+                      c.reduction);
 }
+
+// Bytes of one element of the case's buffers (a complex number's two components).
+int64_t BufferBytes(const HarnessCase& c) { return xla::ffi::ByteWidth(c.type); }
 
 DevicePath PathOf(const std::string& path) {
   if (path == "auto") return DevicePath::kAuto;
@@ -73,7 +78,7 @@ bool TakesOneShot(const HarnessCase& c) {
   const DevicePath path = PathOf(c.path);
   return path == DevicePath::kOneShot ||
          (path == DevicePath::kAuto &&
-          c.elements * ElementBytes(c.type) <= OneShotMaxBytes(c.ranks));
+          c.elements * BufferBytes(c) <= OneShotMaxBytes(c.ranks));
 }
 
 // k kernels spinning on each other from k streams run only if the GPU runs
@@ -92,8 +97,9 @@ void CheckCoResidency(const HarnessCase& c) {
         " in the environment before CUDA starts (scripts/gpu_check.sh sets 32)");
   }
   const HarnessDevice device = HarnessDeviceInfo();
-  const int64_t lanes = DeviceLanes(CallOf(c, 0, 0), c.type, TakesOneShot(c));
-  const int ring_blocks = DeviceRingBlocksPerSm(c.type);
+  const RingCall call = CallOf(c, 0, 0);
+  const int64_t lanes = DeviceLanes(call, TakesOneShot(c));
+  const int ring_blocks = DeviceRingBlocksPerSm(call.element_type);
   if (c.ranks * lanes > int64_t{device.sms} * ring_blocks) {
     throw std::invalid_argument(
         std::to_string(c.ranks) + " ranks x " + std::to_string(lanes) + " blocks do not fit at " +
@@ -102,37 +108,25 @@ void CheckCoResidency(const HarnessCase& c) {
   }
 }
 
+// Small values: eighths from -1 to 1 for the float types (so that sums stay
+// exact), -8 to 8 for the integers (wrapped for the unsigned ones).
 template <typename T>
 __global__ void FillKernel(T* data, int64_t n, uint32_t seed) {
+  using Acc = typename AccumulatorOf<T>::type;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int32_t small = static_cast<int32_t>((static_cast<uint32_t>(i) * 2654435761u + seed) % 17) - 8;
-    Store(static_cast<typename AccumulatorOf<T>::type>(small) * 0.125f, data + i);
+    Store(std::is_integral_v<Acc> ? static_cast<Acc>(small) : static_cast<Acc>(small * 0.125f), data + i);
   }
 }
 
-__global__ void FillIntKernel(int32_t* data, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    data[i] = static_cast<int32_t>((static_cast<uint32_t>(i) * 2654435761u + seed) % 17) - 8;
-  }
-}
-
+// `n` components of `type` (an engine type: a RingCall's element_type).
 void Fill(ffi::DataType type, void* data, int64_t n, uint32_t seed) {
   if (n == 0) return;
-  switch (type) {
-    case ffi::DataType::F32:
-      FillKernel<<<256, 256>>>(static_cast<float*>(data), n, seed);
-      break;
-    case ffi::DataType::BF16:
-      FillKernel<<<256, 256>>>(static_cast<__nv_bfloat16*>(data), n, seed);
-      break;
-    case ffi::DataType::F16:
-      FillKernel<<<256, 256>>>(static_cast<__half*>(data), n, seed);
-      break;
-    default:
-      FillIntKernel<<<256, 256>>>(static_cast<int32_t*>(data), n, seed);
-  }
+  EngineTypes::Visit(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    FillKernel<<<256, 256>>>(static_cast<T*>(data), n, seed);
+  });
   Check(cudaGetLastError(), "filling a buffer");
 }
 
@@ -143,21 +137,23 @@ struct RankMemory {
   void* out = nullptr;
   void* workspace = nullptr;
   CudaRank Rank(const HarnessCase& c, const RingCall& call, cudaStream_t stream) const {
-    const int64_t acc = LayoutOf(c).partial_sums;
+    const WorkspaceLayout layout = LayoutOf(c);
     char* ws = static_cast<char*>(workspace);
-    return CudaRank{in, out, acc > 0 ? ws : out, ws + acc * 4, kDevice, stream};
+    return CudaRank{in, out, layout.partial_sums > 0 ? ws : out, ws + layout.staging_offset_bytes(),
+                    kDevice, stream};
   }
 };
 
 class Buffers {
  public:
   Buffers(const HarnessCase& c, int sets) : c_(c) {
-    const int64_t bytes = ElementBytes(c.type);
+    const int64_t bytes = BufferBytes(c);
+    const WorkspaceLayout layout = LayoutOf(c);
     for (int64_t i = 0; i < c.ranks * sets; ++i) {
       RankMemory m;
       Check(cudaMalloc(&m.in, std::max<int64_t>(InElements(c) * bytes, 16)), "cudaMalloc input");
       Check(cudaMalloc(&m.out, std::max<int64_t>(OutElements(c) * bytes, 16)), "cudaMalloc output");
-      Check(cudaMalloc(&m.workspace, LayoutOf(c).total() * 4), "cudaMalloc workspace");
+      Check(cudaMalloc(&m.workspace, layout.total() * layout.element_bytes), "cudaMalloc workspace");
       memory_.push_back(m);
     }
   }
@@ -179,8 +175,8 @@ class Buffers {
 std::vector<int> RingDevices(const HarnessCase& c) { return std::vector<int>(c.ranks, kDevice); }
 
 std::string RunEngine(const HarnessCase& c, const RingCall& call, const CudaRank& me) {
-  if (c.engine == "host") return RunCudaRing(call, c.type, me);
-  return RunDeviceRing(call, c.type, me, RingDevices(c), PathOf(c.path));
+  if (c.engine == "host") return RunCudaRing(call, me);
+  return RunDeviceRing(call, me, RingDevices(c), PathOf(c.path));
 }
 
 std::vector<cudaStream_t> Streams(int64_t n) {
@@ -194,14 +190,15 @@ std::vector<cudaStream_t> Streams(int64_t n) {
 std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, void* outputs) {
   Check(cudaSetDevice(kDevice), "cudaSetDevice");
   CheckCoResidency(c);
-  const int64_t bytes = ElementBytes(c.type);
+  const int64_t bytes = BufferBytes(c);
   Buffers buffers(c, 1);
   for (int64_t r = 0; r < c.ranks; ++r) {
     const RankMemory& m = buffers.At(0, r);
     Check(cudaMemcpy(m.in, static_cast<const char*>(inputs) + r * InElements(c) * bytes,
                      InElements(c) * bytes, cudaMemcpyHostToDevice), "copying an input");
     Check(cudaMemset(m.out, 0xff, OutElements(c) * bytes), "poisoning an output");
-    Check(cudaMemset(m.workspace, 0xff, LayoutOf(c).partial_sums * 4), "poisoning partial sums");
+    const WorkspaceLayout layout = LayoutOf(c);
+    Check(cudaMemset(m.workspace, 0xff, layout.partial_sums * layout.element_bytes), "poisoning partial sums");
   }
   Check(cudaDeviceSynchronize(), "preparing the buffers");
   std::vector<cudaStream_t> streams = Streams(c.ranks);
@@ -231,7 +228,7 @@ std::vector<std::string> HarnessQueue(const HarnessCase& c, int64_t steps, const
                                       void* outputs) {
   Check(cudaSetDevice(kDevice), "cudaSetDevice");
   CheckCoResidency(c);
-  const int64_t bytes = ElementBytes(c.type);
+  const int64_t bytes = BufferBytes(c);
   const int64_t in_bytes = InElements(c) * bytes, out_bytes = OutElements(c) * bytes;
   Buffers buffers(c, static_cast<int>(steps));
   for (int64_t step = 0; step < steps; ++step) {
@@ -367,7 +364,10 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
   rotate = std::max(rotate, 1);
   Buffers buffers(c, rotate);
   for (int s = 0; s < rotate; ++s) {
-    for (int64_t r = 0; r < c.ranks; ++r) Fill(c.type, buffers.At(s, r).in, InElements(c), s * 131 + r);
+    for (int64_t r = 0; r < c.ranks; ++r) {
+      Fill(FindElementType(c.type)->component, buffers.At(s, r).in,
+           InElements(c) * ComponentsPerElement(c.type), s * 131 + r);
+    }
   }
   Check(cudaDeviceSynchronize(), "preparing the buffers");
   std::vector<cudaStream_t> streams = Streams(c.ranks);
@@ -383,7 +383,7 @@ HarnessTimes HarnessTime(const HarnessCase& c, int calls, int warmup, int rotate
         return c.engine == "device" ? TakeDeviceFailure(rank_calls[r], RingDevices(c)) : std::string();
       });
   times.one_shot = c.engine == "device" && TakesOneShot(c);
-  times.lanes = c.engine == "device" ? DeviceLanes(CallOf(c, 0, 0), c.type, times.one_shot) : 0;
+  times.lanes = c.engine == "device" ? DeviceLanes(CallOf(c, 0, 0), times.one_shot) : 0;
   for (auto& s : streams) cudaStreamDestroy(s);
   return times;
 }
@@ -438,7 +438,9 @@ std::vector<double> ReduceTimes(int64_t elements, int calls) {
   Fill(ffi::DataType::F32, a, elements * sizeof(T) / 4, 1);  // any finite bits
   Fill(ffi::DataType::F32, b, elements * sizeof(T) / 4, 2);
   const int blocks = HarnessDeviceInfo().sms * 8;
-  auto times = TimeOnDevice(calls, [&] { ReduceKernel<T, T, T><<<blocks, 256>>>(a, b, dst, elements); });
+  auto times = TimeOnDevice(calls, [&] {
+    ReduceKernel<Reduction::kSum, T, T, T><<<blocks, 256>>>(a, b, dst, elements);
+  });
   for (T* p : {a, b, dst}) cudaFree(p);
   return times;
 }
@@ -458,16 +460,37 @@ std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls) {
 
 std::vector<double> HarnessReduceTimesUs(ffi::DataType type, int64_t elements, int calls) {
   Check(cudaSetDevice(kDevice), "cudaSetDevice");
-  switch (type) {
-    case ffi::DataType::F32:
-      return ReduceTimes<float>(elements, calls);
-    case ffi::DataType::BF16:
-      return ReduceTimes<__nv_bfloat16>(elements, calls);
-    case ffi::DataType::F16:
-      return ReduceTimes<__half>(elements, calls);
-    default:
-      return ReduceTimes<int32_t>(elements, calls);
-  }
+  std::vector<double> times;
+  EngineTypes::Visit(type, [&](auto tag) { times = ReduceTimes<typename decltype(tag)::type>(elements, calls); });
+  return times;
+}
+
+namespace {
+
+template <Reduction R, typename T>
+void CombineOnHost(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Store(Combine<R>(ToAcc(a[i]), ToAcc(b[i])), out + i);
+}
+
+}  // namespace
+
+void HarnessCombineOnHost(ffi::DataType type, Reduction reduction, const void* a, const void* b,
+                          void* out, int64_t n) {
+  const bool known = EngineTypes::Visit(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* x = static_cast<const T*>(a);
+    const auto* y = static_cast<const T*>(b);
+    auto* z = static_cast<T*>(out);
+    switch (reduction) {
+      case Reduction::kSum:
+        return CombineOnHost<Reduction::kSum>(x, y, z, n);
+      case Reduction::kMax:
+        return CombineOnHost<Reduction::kMax>(x, y, z, n);
+      case Reduction::kMin:
+        return CombineOnHost<Reduction::kMin>(x, y, z, n);
+    }
+  });
+  if (!known) throw std::invalid_argument("not a type of the CUDA engines");
 }
 
 HarnessDevice HarnessDeviceInfo() {

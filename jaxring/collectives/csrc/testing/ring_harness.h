@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/reduction.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxring {
@@ -15,7 +16,8 @@ struct HarnessCase {
   std::string engine;  // "host" or "device"
   std::string path;    // device engine: "auto", "ring" or "one_shot"
   int64_t mode;
-  xla::ffi::DataType type;
+  xla::ffi::DataType type;  // the buffers' (a type of core's kElementTypes)
+  Reduction reduction;
   int64_t ranks;
   int64_t elements;  // of the full (all-reduced) buffer
   int64_t slice_bytes;
@@ -23,7 +25,7 @@ struct HarnessCase {
 };
 
 // One call: inputs [ranks][in_elements] from the host, outputs poisoned
-// (all bits set: NaN, or -1 for int32) before it and copied to `outputs`
+// (all bits set: NaN, or -1 for the integers) before it and copied to `outputs`
 // [ranks][out_elements]. Returns each rank's error ("" if none).
 std::vector<std::string> HarnessRun(const HarnessCase& c, const void* inputs, void* outputs);
 
@@ -55,16 +57,23 @@ HarnessTimes HarnessLaunchFloor(int64_t ranks, int calls, int warmup);
 // Device-side microseconds of cudaMemcpyAsync of `bytes` within the GPU.
 std::vector<double> HarnessCopyTimesUs(int64_t bytes, int calls);
 
-// Device-side microseconds of dst = a + b over `elements` by the reduce
-// kernel of the host-staged engine (the same 16-byte adds the device ring's
+// Device-side microseconds of dst = a + b over `elements` of `type` (an
+// engine type: a RingCall's element_type) by the reduce kernel of the host-staged engine (the same 16-byte adds the device ring's
 // lanes run, spread over the whole GPU).
 std::vector<double> HarnessReduceTimesUs(xla::ffi::DataType type, int64_t elements, int calls);
+
+// out[i] = a[i] (op) b[i] over `n` components of `type` (an engine type: a
+// RingCall's element_type) by the CUDA engines' element rule
+// (cuda_elementwise.cuh's Combine, with the accumulation type's conversions),
+// run on the host: no GPU needed.
+void HarnessCombineOnHost(xla::ffi::DataType type, Reduction reduction, const void* a, const void* b,
+                          void* out, int64_t n);
 
 struct HarnessDevice {
   std::string name;
   int sms;
   int compute_capability;
-  int ring_blocks_per_sm;  // of the device ring's kernel (float32)
+  int ring_blocks_per_sm;  // of the device ring's kernels for float32
   int max_lanes;
 };
 HarnessDevice HarnessDeviceInfo();
