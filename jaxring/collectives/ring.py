@@ -67,7 +67,7 @@ def _checked_axes(axis_name, kind, groups=None):
                 f"Found an unbound axis name: {name}. To fix this, please call jaxring.{op_name} under "
                 f"`jax.shard_map` or `jax.pmap` mapping an axis named {name!r} (or `jax.vmap(..., axis_name={name!r})`)"
             )
-    vmapped = [name for name in names if name not in _jax_compat.device_axes()]
+    vmapped = [name for name in names if name not in _device_names(names)]
     if vmapped and len(names) > 1 and kind is not ALLREDUCE:
         raise NotImplementedError(
             f"jaxring.{op_name} over {names}, of which {vmapped} is a vmap axis: as lax.{kind.lax_twin}, it runs over "
@@ -185,16 +185,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     names, ranks, groups = _checked_axes(axis_name, ALLREDUCE, axis_index_groups)
-    if groups is not None and _jax_compat.checking_varying_axes():
-        raise NotImplementedError(
-            "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
-            "there too; pass check_vma=False to jax.shard_map, or drop axis_index_groups"
-        )
-    if groups is not None and processes:
-        raise ValueError(
-            "jaxring.allreduce(..., processes=True) with axis_index_groups: the MPI leg reduces over whole axes "
-            "of every process; drop axis_index_groups, or reduce within groups without processes=True"
-        )
+    _check_allreduce_axes(names, groups, processes)
     timeout_ms = _timeout_ms(timeout)
     n_procs = _processes() if processes else 1
 
@@ -220,6 +211,26 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _check_allreduce_axes(names, groups, processes):
+    """What allreduce refuses besides lax's refusals (_checked_axes): groups where lax.psum refuses them
+    (typed), and, across processes, vmap axes and groups."""
+    if groups is not None and _jax_compat.checking_varying_axes():
+        raise NotImplementedError(
+            "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
+            "there too; pass check_vma=False to jax.shard_map, or drop axis_index_groups"
+        )
+    if processes and _device_names(names) != names:
+        raise NotImplementedError(
+            f"jaxring.allreduce(..., processes=True) over {names}, which names a vmap axis: the MPI leg reduces "
+            "over device axes; reduce over the vmap axis first with jaxring.allreduce(x, vmap_axis)"
+        )
+    if groups is not None and processes:
+        raise ValueError(
+            "jaxring.allreduce(..., processes=True) with axis_index_groups: the MPI leg reduces over whole axes "
+            "of every process; drop axis_index_groups, or reduce within groups without processes=True"
+        )
 
 
 def _processes() -> int:

@@ -133,7 +133,7 @@ def test_vmap_inside_and_outside_shard_map_matches_lax(vmap_outside, check_vma):
             assert_all_same(ring_result, lax_result, DEVICES * BATCH)
 
 
-def test_custom_vjp_and_a_traced_jaxpr_under_vmap_match_lax():
+def test_custom_vjp_custom_jvp_and_a_traced_jaxpr_under_vmap_match_lax():
     x = random_array(np.random.default_rng(5), (DEVICES, BATCH, VALUES), jnp.float32)
 
     def with_custom_vjp(ops):
@@ -144,11 +144,20 @@ def test_custom_vjp_and_a_traced_jaxpr_under_vmap_match_lax():
         f.defvjp(lambda v: (f(v), None), lambda _, g: (ops.allreduce(g, "j"),))
         return f
 
+    def with_custom_jvp(ops):
+        @jax.custom_jvp
+        def f(v):
+            return ops.allreduce(v, ("j", "i"), "mean")
+
+        f.defjvp(lambda primals, tangents: (f(*primals), ops.allreduce(tangents[0], "j")))
+        return f
+
     def body(ops, v):
         # A jaxpr traced with "j" bound, then vmapped by evaluating it under vmap.
         traced = jax.make_jaxpr(lambda u: ops.allreduce(u, ("j", "i")))(v)
         from_jaxpr = jax.core.eval_jaxpr(traced.jaxpr, traced.consts, v)[0]
-        return with_custom_vjp(ops)(v), jax.grad(lambda u: with_custom_vjp(ops)(u).sum())(v), from_jaxpr
+        return (with_custom_vjp(ops)(v), jax.grad(lambda u: with_custom_vjp(ops)(u).sum())(v), from_jaxpr,
+                with_custom_jvp(ops)(v), jax.jvp(with_custom_jvp(ops), (v,), (v * v,))[1])
 
     def run(ops):
         return jax.pmap(jax.vmap(functools.partial(body, ops), axis_name="j"), "i", devices=jax.devices()[:DEVICES])(x)
@@ -256,3 +265,9 @@ def test_an_unbound_axis_raises_lax_s_error_naming_jaxring_s_op(op, where):
     with pytest.raises(NameError, match=rf"Found an unbound axis name: z\. To fix this, please call jaxring\.{op} "
                                         r"under `jax\.shard_map` or `jax\.pmap`"):
         UNBOUND[where](lambda v: ring_op(v, "z"))
+
+
+def test_processes_true_over_a_vmap_axis_is_refused_in_the_call():
+    with pytest.raises(NotImplementedError, match="processes=True.*vmap axis"):
+        jax.pmap(jax.vmap(lambda v: jaxring.allreduce(v, ("i", "j"), processes=True), axis_name="j"), "i",
+                 devices=jax.devices()[:2])(jnp.ones((2, 3, 4)))
