@@ -13,7 +13,10 @@ The public ops take lax's arguments and return lax's shapes and types:
 carry lax's varying axes, so shard_map accepts and refuses what it does with
 lax. A ring of one device has nothing to move: no custom call, no
 collective at all, except under check_vma=True, where lax's op types the
-result (see _ring_of_one). An empty array is lax's op.
+result (see _ring_of_one). An empty array is lax's op. An axis name may be a
+vmap axis, as lax's: vmap's part is computed over the batch dimension inside
+the program, the devices' part by the ring (_batch_over_the_vmap_axis).
+axis_index_groups split each ring into one ring per group (_rings).
 """
 
 import functools
