@@ -109,6 +109,11 @@ def _checked_groups(groups, names, ring, op_name):
     return groups
 
 
+def _is_pytree(x) -> bool:
+    """Whether `x` holds leaves in a container (lax's collectives map over them) rather than being one."""
+    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+
+
 def _as_supported_array(x, op_name):
     x = jnp.asarray(x)
     if not any(x.dtype == d for d in SUPPORTED_DTYPES):
@@ -273,9 +278,14 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None,
     and the device at axis position r gets sum[..., r, ...] (that dimension
     dropped); tiled, it must be a multiple of N and the device gets the r-th
     of N equal blocks along it. With `axis_index_groups`, N is a group's size and the
-    position is within the group. `axis_name` may be one vmap axis, as lax's.
+    position is within the group. `axis_name` may be one vmap axis, as lax's. A pytree
+    is scattered leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    if _is_pytree(x):
+        return jax.tree_util.tree_map(
+            lambda leaf: reduce_scatter(leaf, axis_name, scatter_dimension=scatter_dimension,
+                                        axis_index_groups=axis_index_groups, tiled=tiled, timeout=timeout), x)
     x = jnp.asarray(x)
     # Out of range, lax.psum_scatter raises IndexError, before it looks at the dtype; numpy's
     # AxisError is one, and the ValueError jaxring raised before.
@@ -317,10 +327,15 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     With `axis_index_groups`, the devices of each group gather each other's `x`.
     `to="invarying"` is `to="varying"` except under shard_map(check_vma=True), which
-    refuses it, as it refuses `to="reduced"` everywhere (docs/USAGE.md).
+    refuses it, as it refuses `to="reduced"` everywhere (docs/USAGE.md). A pytree is
+    gathered leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     _check_all_gather_to(to, axis_index_groups)
+    if _is_pytree(x):
+        return jax.tree_util.tree_map(
+            lambda leaf: all_gather(leaf, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled,
+                                    to=to, timeout=timeout), x)
     x = jnp.asarray(x)
     if x.dtype == jnp.bool_:  # lax gathers booleans as booleans; the ring carries them as int32
         return all_gather(x.astype(jnp.int32), axis_name, axis_index_groups=axis_index_groups, axis=axis,

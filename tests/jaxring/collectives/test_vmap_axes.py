@@ -271,3 +271,16 @@ def test_processes_true_over_a_vmap_axis_is_refused_in_the_call():
     with pytest.raises(NotImplementedError, match="processes=True.*vmap axis"):
         jax.pmap(jax.vmap(lambda v: jaxring.allreduce(v, ("i", "j"), processes=True), axis_name="j"), "i",
                  devices=jax.devices()[:2])(jnp.ones((2, 3, 4)))
+
+
+def test_pytrees_are_scattered_and_gathered_leaf_by_leaf_as_lax_does():
+    x = random_array(np.random.default_rng(15), (DEVICES, 2 * DEVICES, VALUES), jnp.float32)
+
+    def body(ops, v):
+        tree = {"block": v, "pair": (v[:DEVICES], jnp.int32(3) * jnp.ones(DEVICES, jnp.int32))}
+        return ops.reduce_scatter(tree, "i", tiled=True), ops.all_gather([tree, v > 0], "i", axis=1)
+
+    def run(ops):
+        return jax.pmap(functools.partial(body, ops), "i", devices=jax.devices()[:DEVICES])(x)
+
+    assert_all_same(run(Ring), run(Lax), DEVICES)
