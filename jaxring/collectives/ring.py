@@ -146,20 +146,26 @@ def _ring(flat, *, kind, names, timeout_ms, reduction="sum", groups=None):
     the axis into rings. `ranks` counts every name's devices or batch elements, vmap's too
     (_batch takes a vmap axis' share out), or a group's."""
     if _jax_compat.checking_varying_axes():
-        try:
-            flat = kinds.typed_input(flat, names, kind)
-        except AssertionError as refused:  # JAX's pvary over a vmap axis asserts without a word, under lax's ops too
-            vmapped = set(names) - set(_device_names(names))
-            if not vmapped:
-                raise
-            raise AssertionError(
-                f"jaxring.{kind.name} over {names} under jax.shard_map(check_vma=True): {sorted(vmapped)} is a vmap "
-                "axis, which no value's type varies over; lax refuses it there too. Pass check_vma=False to "
-                "jax.shard_map"
-            ) from refused
+        _refuse_vmap_axes_when_typed(flat, names, kind)
+        flat = kinds.typed_input(flat, names, kind)
     ranks = len(groups[0]) if groups else _ring_size(names)
     return ring_p.bind(flat, kind=kind, axis_name=names, ranks=ranks, op_id=_ring_call.next_op_id(),
                        timeout_ms=timeout_ms, reduction=reduction, groups=groups)
+
+
+def _refuse_vmap_axes_when_typed(flat, names, kind):
+    """Under shard_map(check_vma=True) lax refuses every collective over a vmap axis, which no value's
+    type varies over: a sum of a value varying over the tuple's device axes with lax.psum's ValueError,
+    anything else on a bare assertion in JAX's pvary (jax 0.10.2). jaxring raises the same classes, with words."""
+    vmapped = [name for name in names if name not in _device_names(names)]
+    if not vmapped:
+        return
+    varies = _jax_compat.varying_axes(jax.typeof(flat)).intersection(names)
+    error = ValueError if kind.sums and varies else AssertionError
+    raise error(
+        f"jaxring.{kind.name} over {names} under jax.shard_map(check_vma=True): {vmapped} is a vmap axis, which no "
+        f"value's type varies over, and lax.{kind.lax_twin} refuses it there too. Pass check_vma=False to jax.shard_map"
+    )
 
 
 def _ring_of_one(lax_op, local_result):

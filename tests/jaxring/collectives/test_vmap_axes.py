@@ -129,6 +129,7 @@ def test_vmap_inside_and_outside_shard_map_matches_lax(vmap_outside, check_vma):
         ring_result, lax_result = run(Ring, call), run(Lax, call)
         if check_vma:
             assert type(ring_result) is type(lax_result) and isinstance(lax_result, Exception), (ring_result, lax_result)
+            assert "check_vma" in str(ring_result)  # where lax's assertion says nothing, jaxring's says why
         else:
             assert_all_same(ring_result, lax_result, DEVICES * BATCH)
 
