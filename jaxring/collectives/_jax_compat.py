@@ -5,11 +5,14 @@ shard_map is type-checking varying axes (check_vma), reading and setting the
 varying axes of an abstract value, the mesh behind the lowering context,
 whether a traced value was computed by the program being traced,
 re-deciding a primitive's params at every bind, and whether JAX has started
-its backends (XLA's clients) yet.
+its backends (XLA's clients) yet, which bound axis names map devices (the
+rest are vmap's), lax's own roofline rules.
 When JAX changes them, this module is the one to update.
 """
 
-from jax._src import config as _config, core as _core, xla_bridge as _xla_bridge
+import importlib
+
+from jax._src import config as _config, core as _core, mesh as _mesh, xla_bridge as _xla_bridge
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import SPMDAxisContext
 
@@ -81,3 +84,27 @@ def backends_started() -> bool:
     """True once JAX has made its XLA clients (the first use of a device): settings XLA reads
     from the environment when it makes a client no longer apply."""
     return bool(_xla_bridge._backends)
+
+
+def bound_axis_sizes() -> dict:
+    """Every axis name bound where the caller traces (pmap's, shard_map's and vmap's), to its size."""
+    return dict(_core.get_axis_env().axis_sizes)
+
+
+def device_axes() -> frozenset:
+    """The bound axis names that map devices (pmap's and shard_map's manual axes); the others are vmap's."""
+    return frozenset(_mesh.get_abstract_mesh().manual_axes)
+
+
+def lax_roofline_rules() -> dict:
+    """jax.experimental.roofline's rules for lax's ring collectives, by the lax op each stands for."""
+    from jax._src.lax import parallel as _parallel
+
+    # The module, not the function of the same name that its package exports; the package registers lax's rules.
+    rules = importlib.import_module("jax.experimental.roofline.roofline")._rooflines
+    return {
+        "psum": lambda ctx, *args, axes: rules[_parallel.psum_invariant_p](ctx, *args, axes=axes),
+        "psum_scatter": lambda ctx, *args, axes: rules[_parallel.reduce_scatter_p](ctx, *args, axis_name=axes),
+        "all_gather": lambda ctx, *args, axes: rules[_parallel.all_gather_p](ctx, *args, axis_name=axes),
+    }
+

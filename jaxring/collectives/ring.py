@@ -13,7 +13,10 @@ The public ops take lax's arguments and return lax's shapes and types:
 carry lax's varying axes, so shard_map accepts and refuses what it does with
 lax. A ring of one device has nothing to move: no custom call, no
 collective at all, except under check_vma=True, where lax's op types the
-result (see _ring_of_one). An empty array is lax's op.
+result (see _ring_of_one). An empty array is lax's op. An axis name may be a
+vmap axis, as lax's: vmap's part is computed over the batch dimension inside
+the program, the devices' part by the ring (_batch_over_the_vmap_axis).
+axis_index_groups split each ring into one ring per group (_rings).
 """
 
 import functools
@@ -24,7 +27,7 @@ import numpy as np
 from jax.extend import core
 from jax.interpreters import ad, batching, mlir
 
-from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, kinds, timeout as timeout_lib
+from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, jax_tools, kinds, timeout as timeout_lib
 from jaxring.collectives.kinds import ALL_GATHER, ALLREDUCE, REDUCE_SCATTER
 
 # allreduce's ops: lax.psum, pmean, pmax, pmin.
@@ -54,7 +57,73 @@ def _not_numbers(x):
     return dtype is not None and (dtype == jax.dtypes.float0 or dtype == np.dtype(object))
 
 
-def _as_supported_array(x, op_name, dtypes=SUPPORTED_DTYPES):
+def _device_names(names):
+    """The names among `names` that map devices; the others are vmap's, reduced inside the program (_batch)."""
+    devices = _jax_compat.device_axes()
+    return tuple(name for name in names if name in devices)
+
+
+def _checked_axes(axis_name, kind, groups=None):
+    """`axis_name` as a tuple, the ring's size (a group's where `groups` splits the axis) and the groups,
+    checked as lax checks them, at trace time: no refusal may wait for vmap's batching rule (_batch),
+    which may run after the op returned (vmap of a jaxpr traced earlier).
+
+    Only an all-reduce takes a vmap axis among device axes: lax's all_gather and psum_scatter
+    refuse one in a tuple, and every op refuses axis_index_groups over a vmap axis."""
+    op_name = kind.name
+    names = _axis_names(axis_name)
+    sizes = _jax_compat.bound_axis_sizes()
+    for name in names:
+        if name not in sizes:
+            raise NameError(
+                f"Found an unbound axis name: {name}. To fix this, please call jaxring.{op_name} under "
+                f"`jax.shard_map` or `jax.pmap` mapping an axis named {name!r} (or `jax.vmap(..., axis_name={name!r})`)"
+            )
+    vmapped = [name for name in names if name not in _device_names(names)]
+    if vmapped and len(names) > 1 and kind is not ALLREDUCE:
+        raise NotImplementedError(
+            f"jaxring.{op_name} over {names}, of which {vmapped} is a vmap axis: as lax.{kind.lax_twin}, it runs over "
+            "one vmap axis alone or over device axes only; call it once per axis"
+        )
+    ring = int(np.prod([sizes[name] for name in names]))
+    if groups is None:
+        return names, ring, None
+    groups = _checked_groups(groups, names, ring, op_name)
+    if vmapped:
+        raise NotImplementedError(
+            f"axis_index_groups not supported in vmap collectives (as in jax.lax): jaxring.{op_name} over {names}, "
+            f"of which {vmapped} is a vmap axis; map it with jax.pmap or jax.shard_map to split it into groups"
+        )
+    return names, len(groups[0]), groups
+
+
+def _checked_groups(groups, names, ring, op_name):
+    """lax's axis_index_groups as a tuple of tuples: every index of the axis once, in groups of one size."""
+    groups = tuple(tuple(int(i) for i in group) for group in groups)
+    if sorted(i for group in groups for i in group) != list(range(ring)):
+        raise ValueError(
+            f"axis_index_groups must cover all indices exactly once: jaxring.{op_name} over {names} "
+            f"({ring} devices) got {groups}; list each of 0..{ring - 1} in exactly one group"
+        )
+    if len({len(group) for group in groups}) > 1:
+        raise ValueError(
+            f"axis_index_groups must all be the same size: jaxring.{op_name} runs one ring per group, "
+            f"all of one size, got groups of sizes {[len(group) for group in groups]}"
+        )
+    if jax.process_count() > 1 and ring > jax.local_device_count():
+        raise ValueError(
+            f"jaxring.{op_name} over {names} with axis_index_groups: the axis spans jax.distributed processes, "
+            "where jaxring runs whole axes only. Map the axis over each process' own devices, or use jax.lax's op"
+        )
+    return groups
+
+
+def _is_pytree(x) -> bool:
+    """Whether `x` holds leaves in a container (lax's collectives map over them) rather than being one."""
+    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+
+
+def _as_supported_array(x, op_name):
     x = jnp.asarray(x)
     if x.dtype not in dtypes:
         names = ", ".join(d.name for d in dtypes)
@@ -82,11 +151,29 @@ def _ring(flat, *, kind, names, timeout_ms, reduction="sum", groups=None):
 
     `reduction` ("sum", "max", "min") combines the devices' values where the kind reduces;
     `groups` (lax's axis_index_groups, as a tuple of tuples, or None for the whole axis) splits
-    the axis into rings."""
+    the axis into rings. `ranks` counts every name's devices or batch elements, vmap's too
+    (_batch takes a vmap axis' share out), or a group's."""
     if _jax_compat.checking_varying_axes():
+        _refuse_vmap_axes_when_typed(flat, names, kind)
         flat = kinds.typed_input(flat, names, kind)
-    return ring_p.bind(flat, kind=kind, axis_name=names, ranks=_ring_size(names), op_id=_ring_call.next_op_id(),
+    ranks = len(groups[0]) if groups else _ring_size(names)
+    return ring_p.bind(flat, kind=kind, axis_name=names, ranks=ranks, op_id=_ring_call.next_op_id(),
                        timeout_ms=timeout_ms, reduction=reduction, groups=groups)
+
+
+def _refuse_vmap_axes_when_typed(flat, names, kind):
+    """Under shard_map(check_vma=True) lax refuses every collective over a vmap axis, which no value's
+    type varies over: a sum of a value varying over the tuple's device axes with lax.psum's ValueError,
+    anything else on a bare assertion in JAX's pvary (jax 0.10.2). jaxring raises the same classes, with words."""
+    vmapped = [name for name in names if name not in _device_names(names)]
+    if not vmapped:
+        return
+    varies = _jax_compat.varying_axes(jax.typeof(flat)).intersection(names)
+    error = ValueError if kind.sums and varies else AssertionError
+    raise error(
+        f"jaxring.{kind.name} over {names} under jax.shard_map(check_vma=True): {vmapped} is a vmap axis, which no "
+        f"value's type varies over, and lax.{kind.lax_twin} refuses it there too. Pass check_vma=False to jax.shard_map"
+    )
 
 
 def _ring_of_one(lax_op, local_result):
@@ -99,7 +186,7 @@ def _ring_of_one(lax_op, local_result):
     return lax_op() if _jax_compat.checking_varying_axes() else local_result()
 
 
-def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
+def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False, timeout=None):
     """Sum (op="sum", as jax.lax.psum), mean (as jax.lax.pmean), max (as jax.lax.pmax) or min
     (as jax.lax.pmin) of every leaf of `x` over `axis_name`.
 
@@ -113,6 +200,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     devices, may give the other zero); they have no derivative, as lax's.
     `timeout` (seconds, inf for none) bounds the wait for the other devices;
     see jaxring/collectives/timeout.py.
+    `axis_name` may name vmap axes too, alone or with device axes (reduced inside the program);
+    `axis_index_groups` splits the axis into groups of one size, each its own ring, as lax's.
 
     processes=True also reduces over every process of the MPI job (mpirun or
     srun, each process mapping `axis_name` over its own devices): the sum (or
@@ -128,7 +217,8 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    names = _axis_names(axis_name)
+    names, ranks, groups = _checked_axes(axis_name, ALLREDUCE, axis_index_groups)
+    _check_allreduce_axes(names, groups, processes)
     timeout_ms = _timeout_ms(timeout)
     communicator = _processes(processes)
 
@@ -137,7 +227,7 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
 
     def reduce_leaf(leaf):
         if _not_numbers(leaf):
-            return lax_reduce(leaf, names)
+            return lax_reduce(leaf, names, axis_index_groups=groups)
         x = jnp.asarray(leaf)
         if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
@@ -146,24 +236,43 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
-        ranks = _ring_size(names)
         if communicator is not None:
             return _across_processes(x, names, op, ranks, communicator, timeout_ms)
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
             # to lax's type (a Python scalar stays one).
-            return lax_reduce(leaf, names)
-        lax_op = functools.partial(lax_reduce, x, names)
+            return lax_reduce(leaf, names, axis_index_groups=groups)
+        lax_op = functools.partial(lax_reduce, x, names, axis_index_groups=groups)
         if ranks == 1:
             return _ring_of_one(lax_op, lambda: accumulation.mean(x, 1) if op == "mean" else x)
         if x.size == 0:
             return lax_op()
-        total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms,
-                      reduction=reduction).reshape(x.shape)
+        total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction,
+                      groups=groups).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _check_allreduce_axes(names, groups, processes):
+    """What allreduce refuses besides lax's refusals (_checked_axes): groups where lax.psum refuses them
+    (typed), and, across processes, vmap axes and groups."""
+    if groups is not None and _jax_compat.checking_varying_axes():
+        raise NotImplementedError(
+            "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
+            "there too; pass check_vma=False to jax.shard_map, or drop axis_index_groups"
+        )
+    if processes and _device_names(names) != names:
+        raise NotImplementedError(
+            f"jaxring.allreduce(..., processes=True) over {names}, which names a vmap axis: the MPI leg reduces "
+            "over device axes; reduce over the vmap axis first with jaxring.allreduce(x, vmap_axis)"
+        )
+    if groups is not None and processes:
+        raise ValueError(
+            "jaxring.allreduce(..., processes=True) with axis_index_groups: the MPI leg reduces over whole axes "
+            "of every process; drop axis_index_groups, or reduce within groups without processes=True"
+        )
 
 
 def _processes(processes):
@@ -203,17 +312,24 @@ def _across_processes(x, names, op, ranks, communicator, timeout_ms):
     return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
 
 
-def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=None):
+def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, timeout=None):
     """The device's block of the sum of `x` over `axis_name`, as jax.lax.psum_scatter.
 
     Untiled, `x.shape[scatter_dimension]` must equal the number of devices N
     and the device at axis position r gets sum[..., r, ...] (that dimension
     dropped); tiled, it must be a multiple of N and the device gets the r-th
-    of N equal blocks along it.
+    of N equal blocks along it. With `axis_index_groups`, N is a group's size and the
+    position is within the group. `axis_name` may be one vmap axis, as lax's. A pytree
+    is scattered leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    if _is_pytree(x):
+        return jax.tree_util.tree_map(
+            lambda leaf: reduce_scatter(leaf, axis_name, scatter_dimension=scatter_dimension,
+                                        axis_index_groups=axis_index_groups, tiled=tiled, timeout=timeout), x)
     if _not_numbers(x):
-        return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
+        return jax.lax.psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
+                                    axis_index_groups=axis_index_groups)
     x = jnp.asarray(x)
     # Out of range, lax.psum_scatter raises IndexError, before it looks at the dtype; numpy's
     # AxisError is one, and the ValueError jaxring raised before.
@@ -223,13 +339,13 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
             f"scatter_dimension={scatter_dimension!r}, as lax.psum_scatter; sum a scalar with jaxring.allreduce"
         )
     dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension", np.exceptions.AxisError)
-    names = _axis_names(axis_name)
-    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled)
+    names, ranks, groups = _checked_axes(axis_name, REDUCE_SCATTER, axis_index_groups)
+    lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled,
+                               axis_index_groups=groups)
     if x.dtype == jnp.bool_:
         lax_op()  # lax.psum_scatter refuses bools (lax.add does not take them): the same TypeError
     x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
-    ranks = _ring_size(names)
     size = x.shape[dim]
     if (size % ranks if tiled else size != ranks):
         raise ValueError(
@@ -242,37 +358,65 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, tiled=False, timeout=No
         return lax_op()
     # Device r's block must be the r-th contiguous chunk of the flat buffer.
     blocks = jnp.moveaxis(x, dim, 0)
-    mine = _ring(blocks.reshape(-1), kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms)
+    mine = _ring(blocks.reshape(-1), kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, groups=groups)
     mine = mine.reshape((size // ranks,) + blocks.shape[1:])
     return jnp.moveaxis(mine, 0, dim) if tiled else mine[0]
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False, timeout=None):
+ALL_GATHER_TO = ("varying", "invarying", "reduced")  # lax.all_gather's `to`
+
+
+def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying", timeout=None):
     """Every device's `x`, in axis order, stacked along a new `axis` (as jax.lax.all_gather).
 
     Tiled, the blocks are concatenated along the existing `axis` instead.
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
+    With `axis_index_groups`, the devices of each group gather each other's `x`.
+    `to="invarying"` is `to="varying"` except under shard_map(check_vma=True), which
+    refuses it, as it refuses `to="reduced"` everywhere (docs/USAGE.md). A pytree is
+    gathered leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
+    _check_all_gather_to(to, axis_index_groups)
+    if _is_pytree(x):
+        return jax.tree_util.tree_map(
+            lambda leaf: all_gather(leaf, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled,
+                                    to=to, timeout=timeout), x)
     if _not_numbers(x):
-        return jax.lax.all_gather(x, axis_name, axis=axis, tiled=tiled)
+        return jax.lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to)
     x = _as_supported_array(x, "all_gather")
-    names = _axis_names(axis_name)
     timeout_ms = _timeout_ms(timeout)
-    ranks = _ring_size(names)
+    names, ranks, groups = _checked_axes(axis_name, ALL_GATHER, axis_index_groups)
     if tiled and x.ndim == 0:
         raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
     axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
-    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled)
+    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled, axis_index_groups=groups)
     if ranks == 1:
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
     if x.size == 0:
         return lax_op()
-    flat = _ring(x.reshape(-1), kind=ALL_GATHER, names=names, timeout_ms=timeout_ms)
+    flat = _ring(x.reshape(-1), kind=ALL_GATHER, names=names, timeout_ms=timeout_ms, groups=groups)
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
         return stacked
     return stacked.reshape(x.shape[:axis] + (ranks * x.shape[axis],) + x.shape[axis + 1 :])
+
+
+def _check_all_gather_to(to, groups):
+    """lax.all_gather's `to`: its values, and the ones jaxring refuses, named, at trace time."""
+    if to not in ALL_GATHER_TO:
+        raise ValueError(
+            f"Got unexpected `to` value for `jaxring.all_gather`: {to!r}. Allowed `to` values are: {ALL_GATHER_TO}"
+        )
+    if to == "varying":
+        return
+    if groups is not None:
+        raise NotImplementedError(f"jaxring.all_gather(..., to={to!r}) with axis_index_groups: lax refuses it too")
+    if to == "reduced" or _jax_compat.checking_varying_axes():
+        raise NotImplementedError(
+            f"jaxring.all_gather(..., to={to!r}): jaxring types the gathered value varying over the axes, as "
+            f"to='varying' (the same where shard_map does not check types); use jax.lax.all_gather(..., to={to!r})"
+        )
 
 
 # --- the primitive's rules -------------------------------------------------
@@ -289,8 +433,9 @@ def _abstract_eval(x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     return out
 
 
-def _rings(ctx, axis_name):
-    """The devices of every ring, [rings, ring size], each ring in axis order."""
+def _rings(ctx, axis_name, groups):
+    """The devices of every ring, [rings, ring size], each ring in axis order; with `groups` (lax's
+    axis_index_groups), each axis' devices split into one ring per group, in the group's order."""
     mesh = _jax_compat.spmd_mesh(ctx)
     if mesh is None:
         raise ValueError(
@@ -304,18 +449,21 @@ def _rings(ctx, axis_name):
     others = [n for n in names if n not in axis_name]
     order = [names.index(n) for n in others] + [names.index(n) for n in axis_name]
     ring = int(np.prod([mesh.shape[n] for n in axis_name]))
-    return np.transpose(mesh.devices, order).reshape(-1, ring), mesh
+    rings = np.transpose(mesh.devices, order).reshape(-1, ring)
+    if groups is not None:
+        rings = rings[:, np.array(groups)].reshape(-1, len(groups[0]))
+    return rings, mesh
 
 
 def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups, platform):
-    rings, mesh = _rings(ctx, axis_name)
+    rings, mesh = _rings(ctx, axis_name, groups)
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        if kind is not ALLREDUCE or reduction != "sum":
+        if kind is not ALLREDUCE or reduction != "sum" or groups is not None:
             raise ValueError(
                 f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each process' "
+                "jax.distributed processes, where jaxring runs allreduce sums over whole axes only. Map the axis over each process' "
                 f"own devices, or use jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the "
                 "global mesh."
             )
@@ -353,19 +501,16 @@ def _transpose(cotangent, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_pl
 
 
 def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, reduction, groups):
-    if axis_data.name in axis_name:
-        raise ValueError(
-            f"jaxring collectives reduce across devices; axis {axis_data.name!r} is a vmap "
-            "axis, not a device axis. Map it with jax.pmap or jax.shard_map, or use jax.lax.psum"
-        )
-    # Lay the batch out so that each device's block holds its block of every
-    # batch element: [B, N*c] -> [N, B, c] where the output is a block (reduce_scatter),
-    # and back where the input is one (all_gather). Elementwise (all-reduce), any layout works.
     (x,), (dim,) = args, dims
     params = dict(kind=kind, axis_name=axis_name, ranks=ranks, op_id=op_id, timeout_ms=timeout_ms, in_place=in_place,
                   reduction=reduction, groups=groups)
+    if axis_data.name in axis_name:
+        return _batch_over_the_vmap_axis(axis_data, x, dim, params)
     if dim is None:  # a value vmap does not batch (a constant): the op as it is, once
         return ring_p.bind(x, **params), None
+    # Lay the batch out so that each device's block holds its block of every
+    # batch element: [B, N*c] -> [N, B, c] where the output is a block (reduce_scatter),
+    # and back where the input is one (all_gather). Elementwise (all-reduce), any layout works.
     x = jnp.moveaxis(x, dim, 0)
     batch, length = x.shape
     if kind.output_is_block:
@@ -374,6 +519,39 @@ def _batch(axis_data, args, dims, *, kind, axis_name, ranks, op_id, timeout_ms, 
     if kind.input_is_block:
         return out.reshape(ranks, batch, -1).transpose(1, 0, 2).reshape(batch, -1), 0
     return out.reshape(batch, -1), 0
+
+
+def _batch_over_the_vmap_axis(axis_data, x, dim, params):
+    """The op over a vmap axis (lax's batching of psum, psum_scatter, all_gather): the vmap axis'
+    part is computed over the batch dimension inside the program, the device axes' part by the ring.
+
+    `dim` None is a value the same for every batch element. The refusals (groups, a vmap axis
+    with device axes in a gather or scatter) came at trace time (_checked_axes)."""
+    kind, names, size = params["kind"], params["axis_name"], axis_data.size
+    devices = tuple(name for name in names if name != axis_data.name)
+    if kind is ALLREDUCE:
+        partial = _reduce_over_the_batch(x, dim, size, params["reduction"])
+        if not devices:
+            return partial, None
+        return ring_p.bind(partial, **{**params, "axis_name": devices, "ranks": params["ranks"] // size}), None
+    assert not devices and params["groups"] is None, (names, params["groups"])
+    if kind is ALL_GATHER:  # every batch element's buffer, in batch order: the gathered buffer
+        return (jnp.tile(x, size) if dim is None else jnp.moveaxis(x, dim, 0).reshape(-1)), None
+    # reduce_scatter: batch element b gets block b of the sum
+    return _reduce_over_the_batch(x, dim, size, "sum").reshape(size, -1), 0
+
+
+def _reduce_over_the_batch(x, dim, size, reduction):
+    """`x` reduced over vmap's batch dimension `dim` as lax.psum / pmax / pmin reduce over a vmap axis:
+    a value the same for every batch element (`dim` None) sums to `size` times itself."""
+    if reduction != "sum":
+        return x if dim is None else _BATCH_REDUCTIONS[reduction](x, axis=dim)
+    accumulated = accumulation.accumulation_dtype(x.dtype)  # 16-bit floats summed in float32, as the ring does
+    total = x.astype(accumulated) * size if dim is None else jnp.sum(x, axis=dim, dtype=accumulated)
+    return total.astype(x.dtype)
+
+
+_BATCH_REDUCTIONS = {"max": jnp.max, "min": jnp.min}
 
 
 def _in_place(trace, operands, params):
@@ -398,3 +576,4 @@ ad.primitive_jvps[ring_p] = _jvp
 batching.fancy_primitive_batchers[ring_p] = _batch
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cpu", **p), platform="cpu")
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cuda", **p), platform="cuda")
+jax_tools.register(ring_p)

@@ -1,0 +1,134 @@
+"""axis_index_groups on jaxring's collectives, against jax.lax's: values, dtypes and refusals.
+
+One ring per group, in the group's order; under pmap and shard_map(check_vma=False), over one
+axis and a tuple of axes; permuted groups on odd-sized groups, random inputs, gradients.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import jaxring
+from tests.jaxring.collectives.random_inputs import random_array
+from tests.jaxring.collectives.test_lax_parity import assert_same
+from tests.jaxring.collectives.test_vmap_axes import Lax, Ring, assert_all_same
+
+# 6 devices in 2 groups of 3, neither contiguous nor in axis order.
+GROUPS = [[4, 0, 3], [1, 5, 2]]
+
+
+def every_op(ops, v, groups):
+    size = len(groups[0])
+    return (
+        ops.allreduce(v, "i", axis_index_groups=groups),
+        ops.allreduce(v, "i", "mean", axis_index_groups=groups),  # divides by the group's size
+        ops.reduce_scatter(v[: 2 * size], "i", axis_index_groups=groups, tiled=True),
+        ops.reduce_scatter(v[:size], "i", axis_index_groups=groups),
+        ops.all_gather(v, "i", axis_index_groups=groups),
+        ops.all_gather(v, "i", axis_index_groups=groups, axis=1, tiled=True),
+    )
+
+
+@pytest.mark.parametrize("groups", (GROUPS, [[0, 1, 2, 3, 4, 5]], [[5], [3], [1], [0], [2], [4]]),
+                         ids=("two-groups", "one-group", "groups-of-one"))
+@pytest.mark.parametrize("dtype", (jnp.float32, jnp.int32), ids=("float32", "int32"))
+def test_pmap_with_groups_matches_lax(groups, dtype):
+    x = random_array(np.random.default_rng(len(groups)), (6, 12, 5), dtype)
+
+    def run(ops):
+        return jax.pmap(lambda v: every_op(ops, v, groups), "i", devices=jax.devices()[:6])(x)
+
+    assert_all_same(run(Ring), run(Lax), 6)
+
+
+def test_shard_map_with_groups_over_one_axis_and_a_tuple_matches_lax():
+    mesh = Mesh(np.array(jax.devices()[:6]).reshape(2, 3), ("a", "b"))
+    x = random_array(np.random.default_rng(11), (6, 9, 5), jnp.float32)
+
+    def body(ops, v):
+        return (
+            ops.allreduce(v, "b", axis_index_groups=[[2, 0, 1]]),
+            ops.allreduce(v, ("a", "b"), axis_index_groups=GROUPS),
+            ops.all_gather(v, ("a", "b"), axis_index_groups=GROUPS, tiled=True),
+            ops.reduce_scatter(v, "b", scatter_dimension=1, axis_index_groups=[[1, 2, 0]], tiled=True),
+        )
+
+    def run(ops):
+        spec = P(("a", "b"))
+        return jax.jit(jax.shard_map(functools.partial(body, ops), mesh=mesh, in_specs=spec,
+                                     out_specs=(spec, spec, spec, spec), check_vma=False))(x)
+
+    assert_all_same(run(Ring), run(Lax), 6)
+
+
+def test_grad_through_groups_matches_lax():
+    x = random_array(np.random.default_rng(12), (6, 6), jnp.float32)
+
+    def loss(ops, v):
+        gathered = ops.all_gather(v * v, "i", axis_index_groups=GROUPS, tiled=True)
+        return (ops.allreduce(gathered, "i", "mean", axis_index_groups=GROUPS) * gathered).sum()
+
+    def run(ops):
+        return jax.pmap(jax.grad(functools.partial(loss, ops)), "i", devices=jax.devices()[:6])(x)
+
+    assert_all_same(run(Ring), run(Lax), 6)
+
+
+def refusal(ops, call, devices=4):
+    try:
+        jax.pmap(functools.partial(call, ops), "i", devices=jax.devices()[:devices])(jnp.arange(devices * 4.0).reshape(devices, 4))
+    except Exception as refused:  # noqa: BLE001 - compared by type and message
+        return refused
+    return None
+
+
+@pytest.mark.parametrize("op", ("allreduce", "reduce_scatter", "all_gather"))
+def test_groups_that_do_not_cover_the_axis_once_are_refused_as_lax_refuses(op):
+    call = lambda ops, v: getattr(ops, op)(v, "i", axis_index_groups=[[0, 1], [1, 2]])  # noqa: E731
+    lax_refusal, ring_refusal = refusal(Lax, call), refusal(Ring, call)
+    assert type(lax_refusal) is type(ring_refusal) is ValueError
+    assert str(lax_refusal) in str(ring_refusal)  # lax's words, then what jaxring got
+
+
+def test_groups_lax_passes_to_xla_unchecked_are_refused_at_trace_time():
+    # Indices 0..1 only of an axis of 4: lax fails inside XLA; uneven groups: lax's CPU sum takes them
+    # (TPU refuses them), jaxring's rings are all of one size.
+    for groups, message in (([[0, 1]], "cover all indices exactly once"), ([[0], [1, 2, 3]], "all be the same size")):
+        with pytest.raises(ValueError, match=message):
+            jax.pmap(lambda v: jaxring.allreduce(v, "i", axis_index_groups=groups), "i",  # noqa: B023
+                     devices=jax.devices()[:4])(jnp.ones((4, 3)))
+
+
+def test_groups_where_lax_or_jaxring_take_none_are_refused_at_trace_time():
+    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    typed = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "i", axis_index_groups=[[0, 1], [2, 3]]),
+                                  mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    with pytest.raises(NotImplementedError, match="check_vma"):  # lax.psum's refusal there
+        typed(jnp.ones(8))
+    with pytest.raises(NotImplementedError):
+        jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]]),
+                              mesh=mesh, in_specs=P("i"), out_specs=P("i")))(jnp.ones(8))
+    with pytest.raises(ValueError, match=r"processes=True\) with axis_index_groups"):
+        jax.pmap(lambda v: jaxring.allreduce(v, "i", axis_index_groups=[[0, 1], [2, 3]], processes=True), "i",
+                 devices=jax.devices()[:4])(jnp.ones((4, 3)))
+
+
+def test_all_gather_to_is_lax_s_or_refused_by_name():
+    x = random_array(np.random.default_rng(13), (4, 3), jnp.float32)
+    invarying = [jax.pmap(lambda v: ops.all_gather(v, "i", to="invarying"), "i", devices=jax.devices()[:4])(x)  # noqa: B023
+                 for ops in (Ring, Lax)]
+    assert_same(np.asarray(invarying[0]), np.asarray(invarying[1]), 4)
+    call = lambda ops, v: ops.all_gather(v, "i", to="replicated")  # noqa: E731
+    lax_refusal, ring_refusal = refusal(Lax, call), refusal(Ring, call)
+    assert type(lax_refusal) is type(ring_refusal) is ValueError and "Allowed `to` values" in str(ring_refusal)
+    for refused in (lambda ops, v: ops.all_gather(v, "i", to="reduced"),
+                    lambda ops, v: ops.all_gather(v, "i", to="invarying", axis_index_groups=[[0, 1], [2, 3]])):
+        assert isinstance(refusal(Ring, refused), NotImplementedError)
+    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    with pytest.raises(NotImplementedError, match="to='invarying'"):
+        jax.jit(jax.shard_map(lambda v: jaxring.all_gather(v, "i", to="invarying"), mesh=mesh, in_specs=P("i"),
+                              out_specs=P()))(jnp.ones(8))
