@@ -99,7 +99,7 @@ def test_the_cuda_engines_combine_every_dtype_as_xla_s_element_rule(reduction):
     checked = []
     for dtype in _ffi.element_types():
         if (reduction == "sum" and dtype == "bool") or (reduction != "sum" and dtype.startswith("complex")):
-            continue  # refused by the ring (core/ring_handler_common.h's RefuseReduction)
+            continue  # refused by the ring (core/ring_handler_common.h's RefuseTypeOrReduction)
         a, b = _operands(rng, dtype, 1001)
         out = np.zeros_like(a)
         harness.combine_on_host(dtype, reduction, a.view(np.uint8), b.view(np.uint8), out.view(np.uint8))

@@ -47,7 +47,8 @@ jaxring::HarnessCase CaseOf(const std::string& engine, const std::string& path, 
   const jaxring::ElementType& row = TypeOf(dtype);
   const jaxring::Reduction r = ReductionOf(reduction);
   // What the handler would refuse (DescribeCall), refused before any GPU work.
-  if (auto why = jaxring::RefuseReduction(&row, static_cast<int64_t>(r), static_cast<jaxring::Mode>(mode));
+  if (auto why = jaxring::RefuseTypeOrReduction(&row, static_cast<int64_t>(r),
+                                                static_cast<jaxring::Mode>(mode));
       !why.empty()) {
     throw std::invalid_argument(why);
   }
