@@ -125,8 +125,8 @@ def _is_pytree(x) -> bool:
 
 def _as_supported_array(x, op_name):
     x = jnp.asarray(x)
-    if x.dtype not in dtypes:
-        names = ", ".join(d.name for d in dtypes)
+    if x.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise TypeError(f"jaxring.{op_name} takes arrays of {names}, got {x.dtype}; cast the array first")
     return x
 
