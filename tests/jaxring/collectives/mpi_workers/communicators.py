@@ -6,7 +6,6 @@ every check passes on every rank or raises (and `python -m mpi4py` aborts the jo
 prints "PASS rank <rank> <check>". 64-bit types are on (jax_enable_x64) in this process only.
 """
 
-import math
 import sys
 
 import jax
