@@ -118,11 +118,11 @@ def allreduce(x, axis_name, op="sum", *, processes=False, timeout=None):
     srun, each process mapping `axis_name` over its own devices): the sum (or
     max, min) of the leaf over all devices of all processes, the mean dividing
     by their count, inside the same compiled program (jaxring/collectives/mpi.py).
-    processes=comm, an mpi4py intracommunicator
-    of the job (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm`
-    only: the mean divides by the local devices x comm.Get_size(). Every process
-    of the communicator must run the same program; the others do not call it
-    (a process holding MPI.COMM_NULL is refused). With one process it is
+    processes=comm, an mpi4py intracommunicator of the job
+    (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm` only:
+    the mean divides by the local devices x comm.Get_size(). Every process of
+    the communicator must run the same program; the others do not call it (a
+    process holding MPI.COMM_NULL is refused). With one process it is
     processes=False.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
@@ -314,9 +314,10 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
         if kind is not ALLREDUCE or reduction != "sum":
             raise ValueError(
-                f"jaxring.{kind.name} ({reduction}) over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each "
-                f"process' own devices, or use jax.lax's collectives over the global mesh."
+                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
+                "jax.distributed processes, where jaxring runs allreduce sums only. Map the axis over each process' "
+                f"own devices, or use jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the "
+                "global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
