@@ -207,11 +207,11 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     srun, each process mapping `axis_name` over its own devices): the sum (or
     max, min) of the leaf over all devices of all processes, the mean dividing
     by their count, inside the same compiled program (jaxring/collectives/mpi.py).
-    processes=comm, an mpi4py intracommunicator
-    of the job (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm`
-    only: the mean divides by the local devices x comm.Get_size(). Every process
-    of the communicator must run the same program; the others do not call it
-    (a process holding MPI.COMM_NULL is refused). With one process it is
+    processes=comm, an mpi4py intracommunicator of the job
+    (MPI.COMM_WORLD.Split(...)), reduces over the processes of `comm` only:
+    the mean divides by the local devices x comm.Get_size(). Every process of
+    the communicator must run the same program; the others do not call it (a
+    process holding MPI.COMM_NULL is refused). With one process it is
     processes=False.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once

@@ -6,7 +6,6 @@ every check passes on every rank or raises (and `python -m mpi4py` aborts the jo
 prints "PASS rank <rank> <check>". 64-bit types are on (jax_enable_x64) in this process only.
 """
 
-import math
 import sys
 
 import jax
@@ -43,12 +42,12 @@ def is_float(dtype):
     return jnp.issubdtype(dtype, jnp.floating)
 
 
-def data(rank, case, dtype, ordered, shape=SHAPE):
-    """Rank `rank`'s input (a row per local device), never all zeros. 16-bit floats lie in
+def data(rank, case, dtype, ordered, shape=SHAPE, devices=L):
+    """Rank `rank`'s input (a row per device of its `devices`), never all zeros. 16-bit floats lie in
     +-[0.5, 4), so float32 sums of them are exact and the result is the exact sum rounded once.
     `ordered` (max/min): floats get NaNs, infinities and signed zeros, and NaN at ALL_NAN everywhere."""
     rng = np.random.default_rng([SEED, rank, case])
-    size = (L, *shape)
+    size = (devices, *shape)
     if dtype == jnp.bool_:
         return rng.integers(0, 2, size).astype(bool)
     if jnp.issubdtype(dtype, jnp.integer):  # the whole range: sums wrap around
@@ -61,7 +60,7 @@ def data(rank, case, dtype, ordered, shape=SHAPE):
     else:
         x = rng.standard_normal(size) * 10.0 ** rng.integers(-3, 4, size)
     if ordered:
-        flat = x.reshape(L, -1)
+        flat = x.reshape(devices, -1)
         specials = rng.choice([np.nan, np.inf, -np.inf, 0.0, -0.0], flat.shape)
         flat[:] = np.where(rng.random(flat.shape) < 0.2, specials, flat)
         flat[:, list(ALL_NAN)] = np.nan
@@ -110,26 +109,28 @@ def matrix():
     return cases
 
 
-def check_matrix_over(comm, processes, label, cases):
-    """`cases` (of `matrix`) in one program, over `processes` (True or a communicator whose
-    processes are `comm`'s), with the leg one-shot and then as a ring of 12-byte pieces (there
-    without the means, whose leg is the sum's: a program less to compile)."""
+def check_matrix_over(comm, processes, label, cases, devices=world.local_devices):
+    """`cases` (of `matrix`) in one program over this process' `devices` and `processes` (True or a
+    communicator whose processes are `comm`'s), with the leg one-shot and then as a ring of 12-byte
+    pieces (there without the means, whose leg is the sum's: a program less to compile)."""
     defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
     try:
         for algorithm, settings in {"one-shot": defaults, "ring": (0, 12)}.items():
             mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = settings
             cases = [case for case in cases if algorithm == "one-shot" or case[3] != "mean"]
-            tree = {name: data(world.rank, case, dtype, op in ("max", "min")) for name, case, dtype, op in cases}
+            tree = {name: data(world.rank, case, dtype, op in ("max", "min"), devices=len(devices))
+                    for name, case, dtype, op in cases}
             ops = {name: op for name, _, _, op in cases}
             program = jax.pmap(lambda t: {k: jaxring.allreduce(v, AXIS, ops[k], processes=processes)
-                                          for k, v in t.items()}, AXIS)
+                                          for k, v in t.items()}, AXIS, devices=devices)
             out = program(tree)
-            lax_types = jax.eval_shape(jax.pmap(lambda t: {k: LAX[ops[k]](v, AXIS) for k, v in t.items()}, AXIS), tree)
+            lax_types = jax.eval_shape(jax.pmap(lambda t: {k: LAX[ops[k]](v, AXIS) for k, v in t.items()}, AXIS,
+                                                devices=devices), tree)
             for name, case, dtype, op in cases:
                 rows = np.concatenate(comm.allgather(tree[name]))
                 got = np.asarray(out[name])
                 assert got.dtype == lax_types[name].dtype, (label, algorithm, name, got.dtype)
-                assert got.shape == (L, *SHAPE), (label, algorithm, name, got.shape)
+                assert got.shape == (len(devices), *SHAPE), (label, algorithm, name, got.shape)
                 # Every device of every process: the same bits.
                 assert len({row.tobytes() for row in np.concatenate(comm.allgather(got))}) == 1, (label, name)
                 assert_close(f"{label} {algorithm} {name}", got, reference(op, dtype, rows), dtype, rows, op)
@@ -149,14 +150,12 @@ def split_2x2():
     return job.Split(world.rank // 2, world.rank), job.Split(world.rank % 2, world.rank)
 
 
-def check_nans_in_groups():
-    """Float max and min over each row of the 2x2 split at once, one device per process: the NaNs
-    reach the leg itself (a local ring of several devices leaves one only where all were NaN,
-    as -inf or inf)."""
-    rows, _ = split_2x2()
+def check_nans_on_one_device():
+    """Float max and min over the job from one device per process: the NaNs reach the leg itself (a
+    local ring of several devices leaves one only where all were NaN, as -inf or inf)."""
     cases = [case for case in matrix() if is_float(case[2]) and case[3] in ("max", "min")]
-    check_matrix_over(rows, rows, "row", cases)
-    passed("nans_in_groups")
+    check_matrix_over(MPI.COMM_WORLD, True, "one device", cases, world.local_devices[:1])
+    passed("nans_on_one_device")
 
 
 def check_with_mpi4jax_queued():
