@@ -34,7 +34,7 @@ from jaxring.engine import rundir
 from jaxring.engine.checkpoint import BEST, LATEST, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
-from jaxring.engine.optim import learning_rate_schedule, make_optimizer
+from jaxring.engine.optim import make_optimizer, planned_schedule
 from jaxring.engine.progress import Progress
 from jaxring.engine.registry import check_task_class, checked_loss
 from jaxring.engine.sync import make_sync
@@ -56,6 +56,8 @@ SYNC_TIMING_REPEATS = 10
 
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
+# ... and the run's length at its start and at each resume that changed it (optim.planned_schedule).
+SCHEDULE_PLAN_KEY = "schedule_plan"
 
 
 @flax.struct.dataclass
@@ -130,13 +132,11 @@ class Trainer:
         epoch_steps = self.batches.steps_per_epoch
         # max_steps, when set, is the run's length (the data repeats as often as that takes).
         self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
-        self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
-        self.optimizer = make_optimizer(config.optim, self.schedule)
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
         self.bucket_bytes = train.bucket_bytes or default_bucket_bytes(self.devices[0].platform)
         self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes)
-        self._step = self.sync.pmap_step(self._local, self._finish)
+        self._plan([[0, self.total_steps]])
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
@@ -166,6 +166,13 @@ class Trainer:
         return state
 
     # -- the step
+
+    def _plan(self, plan: list) -> None:
+        """The schedule, optimizer and step of a run whose length is `plan` (optim.planned_schedule)."""
+        self.schedule_plan = plan
+        self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
+        self.optimizer = make_optimizer(self.config.optim, self.schedule)
+        self._step = self.sync.pmap_step(self._local, self._finish)
 
     def _local(self, state: TrainState, batch: dict):
         """What the sync averages over every replica: (gradients, new model state, loss) of one device's
@@ -263,7 +270,8 @@ class Trainer:
         host_state = unreplicate(state)
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
-        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals()}
+        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),
+                 SCHEDULE_PLAN_KEY: self.schedule_plan}
         path = self.checkpoints.save(step, host_state, extra, metrics)
         rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
         best = self.checkpoints.best() if metrics else None
@@ -368,7 +376,18 @@ class Trainer:
         state, extra = self.restore(template)
         # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
         self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
-        rundir.refuse_finished(self.workdir, int(state.step), self.total_steps)
+        step = int(state.step)
+        rundir.refuse_finished(self.workdir, step, self.total_steps)
+        # A checkpoint written before the plan was recorded: its length is taken to be today's.
+        plan = extra.get(SCHEDULE_PLAN_KEY) or [[0, self.total_steps]]
+        if plan[-1][1] != self.total_steps:
+            self._plan([*plan, [step, self.total_steps]])
+            self.progress.status(
+                f"the run's length changed from {plan[-1][1]} to {self.total_steps} steps: the learning rate goes on "
+                f"from step {step}'s ({float(self.schedule(step)):.3g}), the rest of optim.schedule "
+                f"{self.config.optim.schedule} stretched to step {self.total_steps}")
+        else:
+            self._plan(plan)
         return state, extra.get("row")
 
     def _open_run_directory(self, data_report: dict | None, resume_step: int | None, resumed_row: dict | None,

@@ -391,3 +391,15 @@ def test_a_float16_step_whose_gradients_overflow_is_skipped_and_the_scale_halved
     after, _ = trainer.train_step(state, next(iter(trainer.batches)))
     np.testing.assert_array_equal(np.asarray(after.params["w1"]), before)
     assert float(np.asarray(after.loss_scale.scale)[0]) == precision.INITIAL_SCALE / 2
+
+
+def test_training_a_finished_run_longer_keeps_its_last_rate_and_says_so(tmp_path, capsys):
+    optim = {"schedule": "warmup_cosine", "warmup_steps": 3, "final_learning_rate": 0.001}
+    trainer_lib.Trainer(ToyTask(), toy_config(train={"max_steps": 12}, optim=optim), tmp_path, world_of(2)).fit()
+    longer = toy_config(train={"max_steps": 20}, optim=optim)
+    trainer_lib.Trainer(ToyTask(), longer, tmp_path, world_of(2)).fit(resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = {row["step"]: row["learning_rate"] for row in rows if "learning_rate" in row}
+    after = [rate for step, rate in rates.items() if step > 12]  # step 12's row shows the rate step 12 ran at
+    assert after and all(rate == pytest.approx(0.001, rel=1e-5) for rate in after) and rates[12] > 0.001
+    assert "the run's length changed from 12 to 20 steps: the learning rate goes on from step 12's" in capsys.readouterr().out
