@@ -67,9 +67,9 @@ def train_with_pmap(data, steps: int, batch_per_device: int, params):
     losses, gaps = [], []
     for x, y in batches(data["train"], steps, n * batch_per_device, seed=0):
         params, opt_state, loss, gap = step(params, opt_state, x.reshape(n, -1, FEATURES), y.reshape(n, -1))
-        losses.append(float(loss[0]))
-        gaps.append(float(gap.max()))
-    return jax.tree.map(lambda a: a[0], params), losses, gaps
+        losses.append(loss[0])  # still on the device: the loop queues steps without waiting (on_host)
+        gaps.append(gap.max())
+    return jax.tree.map(lambda a: a[0], params), *on_host(losses, gaps)
 
 
 def train_with_shard_map(data, steps: int, batch_per_device: int, params):
@@ -93,9 +93,16 @@ def train_with_shard_map(data, steps: int, batch_per_device: int, params):
         mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
         x, y = (jax.make_array_from_process_local_data(rows, a[mine]) for a in (x, y))
         params, opt_state, loss, gap = step(params, opt_state, x, y)
-        losses.append(float(loss))
-        gaps.append(float(gap))
-    return params, losses, gaps
+        losses.append(loss)
+        gaps.append(gap)
+    return params, *on_host(losses, gaps)
+
+
+def on_host(*per_step):
+    """Each list of per-step device values as Python floats, fetched once the loop is done: float(loss)
+    inside the loop would wait for that step to finish, and no later step could be queued meanwhile
+    (log every few hundred steps, not every step)."""
+    return [[float(value) for value in jax.device_get(values)] for values in per_step]
 
 
 def batches(split, steps: int, global_batch: int, seed: int):

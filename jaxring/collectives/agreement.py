@@ -11,46 +11,68 @@ not answer.
 """
 
 import hashlib
+import json
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
 from jaxring.collectives import timeout as timeout_lib
 
 _SPIN_S = 0.05
+# A mismatch names at most this many differing entries: a whole model's listing buries the one that differs.
+MAX_DIFFERENCES = 4
 # The roll call after a timeout waits this long (at most the timeout itself) for
 # the others, which meet their own deadlines at about the same moment.
 ROLL_CALL_S = 5.0
 _ROLL_CALL_TAG = 0x6A72  # point-to-point, so it never matches the collectives on the same communicator
 
 
-def agree(comm, what: str, descriptor: str, timeout: float | None = None) -> None:
+def agree(comm, what: str, descriptor: str | Mapping[str, str], timeout: float | None = None) -> None:
     """Returns once every process of `comm` has called agree with an equal descriptor.
 
     Collective over `comm`. Raises TimeoutError if some process has not arrived
     within the timeout (the job should then abort: the late process would
     meet a different call), ValueError on every process if descriptors differ.
-    `timeout`: seconds, inf for none, None for jaxring.collectives.timeout.default_timeout().
+    A mapping (e.g. a tree's leaf paths to their dtypes and shapes) lets that
+    error name only the entries that differ. `timeout`: seconds, inf for none,
+    None for jaxring.collectives.timeout.default_timeout().
     """
     timeout = timeout_lib.resolve(timeout)
-    digest = np.frombuffer(hashlib.blake2b(descriptor.encode(), digest_size=16).digest(), np.uint8)
+    text = descriptor if isinstance(descriptor, str) else json.dumps(dict(descriptor), sort_keys=True)
+    digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
     digests = np.empty((comm.Get_size(), digest.size), np.uint8)
     request = comm.Iallgather(digest, digests)
     _wait(request, time.monotonic() + timeout, comm, what, timeout)
     if (digests == digest).all():
         return
     # Every process holds the same digests, so every process gets here.
-    by_descriptor = {}
-    for rank, theirs in enumerate(comm.allgather(descriptor)):
-        by_descriptor.setdefault(theirs, []).append(rank)
-    listing = "; ".join(
-        f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {theirs}"
-        for theirs, ranks in by_descriptor.items()
-    )
     raise ValueError(
-        f"{what} was called with different arguments on different processes ({listing}). "
+        f"{what} was called with different arguments on different processes: "
+        f"{differences(comm.allgather(descriptor))}. "
         "Every process must make the same collective calls with the same shapes and dtypes."
     )
+
+
+def differences(descriptors: list) -> str:
+    """What differs between the ranks' descriptors (one per rank, in rank order): for mappings, the
+    entries that differ, each with every rank's value, at most MAX_DIFFERENCES of them."""
+    if not all(isinstance(d, Mapping) for d in descriptors):
+        return _by_rank(descriptors)
+    keys = dict.fromkeys(key for d in descriptors for key in d)
+    lines = [f"{key}: {_by_rank([d.get(key, '(absent)') for d in descriptors])}" for key in keys
+             if len({d.get(key, "(absent)") for d in descriptors}) > 1]
+    more = len(lines) - MAX_DIFFERENCES
+    return "; ".join(lines[:MAX_DIFFERENCES]) + (f"; and {more} more entries differ" if more > 0 else "")
+
+
+def _by_rank(values: list) -> str:
+    """'rank 0 a, ranks 1, 2 b': each distinct value once, after the ranks that hold it."""
+    ranks_of = {}
+    for rank, value in enumerate(values):
+        ranks_of.setdefault(value, []).append(rank)
+    return ", ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {value}"
+                     for value, ranks in ranks_of.items())
 
 
 def _wait(request, deadline: float, comm, what: str, timeout: float) -> None:

@@ -33,7 +33,7 @@ def broadcast(tree, root: int = 0, *, timeout: float | None = None):
     if not 0 <= root < world.size:
         raise ValueError(f"root must be a rank in [0, {world.size}), got {root}")
     leaves, treedef = jax.tree.flatten(tree)
-    agreement.agree(world.comm, "broadcast", f"{_describe(tree)} root={root}", timeout)
+    agreement.agree(world.comm, "broadcast", {**_describe(tree), "root": str(root)}, timeout)
     received = []
     for leaf in leaves:
         if world.rank == root:
@@ -76,8 +76,9 @@ def _divergences(tree, timeout):
     """One line per leaf whose copies differ, naming the minority copies."""
     world = topology.init()
     leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
-    kinds = " ".join("jax" if isinstance(leaf, jax.Array) else "numpy" for _, leaf in leaves_with_paths)
-    agreement.agree(world.comm, "check_replicas", f"{_describe(tree)} kinds={kinds}", timeout)
+    kinds = {path: f"{described} {'jax' if isinstance(leaf, jax.Array) else 'numpy'}"
+             for (path, described), (_, leaf) in zip(_describe(tree).items(), leaves_with_paths)}
+    agreement.agree(world.comm, "check_replicas", kinds, timeout)
     copies = {}  # leaf index -> digest -> labels of the copies holding it
     for rank, local in enumerate(world.comm.allgather(_local_digests([l for _, l in leaves_with_paths]))):
         for index, where, digest in local:
@@ -145,12 +146,11 @@ def _words(array):
     return jax.lax.bitcast_convert_type(flat, unsigned).reshape(-1).astype(jnp.uint32)
 
 
-def _describe(tree):
+def _describe(tree) -> dict[str, str]:
+    """Each leaf's path -> its dtype and shape, e.g. "['dense']['kernel']" -> "float32[3, 4]"."""
     leaves_with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return ", ".join(
-        f"{jax.tree_util.keystr(path)}: {_dtype(leaf).name}{list(np.shape(leaf))}"
-        for path, leaf in leaves_with_paths
-    )
+    return {jax.tree_util.keystr(path) or "the tree": f"{_dtype(leaf).name}{list(np.shape(leaf))}"
+            for path, leaf in leaves_with_paths}
 
 
 def _dtype(leaf):

@@ -15,6 +15,7 @@ waited. jaxring sets $NPROC so unless the user set it (which it respects).
 
 import os
 import re
+import warnings
 
 from jaxring.collectives import _jax_compat
 
@@ -31,8 +32,11 @@ def host_devices_in(xla_flags: str) -> int:
 def reserve_client_threads(host_devices: int | None = None) -> bool:
     """Sets $NPROC to THREADS_PER_DEVICE threads per host device (`host_devices`, else what $XLA_FLAGS
     asks for) or the cores, whichever is more; False, changing nothing, where the user set $NPROC, there
-    is one host device, or JAX has already made its clients."""
-    if "NPROC" in os.environ or _jax_compat.backends_started():
+    is one host device, or JAX has already made its clients (then warning where they are short of threads)."""
+    if "NPROC" in os.environ:
+        return False
+    if _jax_compat.backends_started():
+        _warn_if_short_of_threads()
         return False
     if host_devices is None:
         host_devices = host_devices_in(os.environ.get("XLA_FLAGS", ""))
@@ -40,3 +44,25 @@ def reserve_client_threads(host_devices: int | None = None) -> bool:
         return False
     os.environ["NPROC"] = str(max(os.cpu_count() or 1, THREADS_PER_DEVICE * host_devices))
     return True
+
+
+def _warn_if_short_of_threads() -> None:
+    """One warning where JAX's CPU client, made before jaxring was imported, has fewer threads than
+    steps queued over its devices need: the hang it risks comes only after the collective's timeout."""
+    import jax
+
+    try:
+        devices = len(jax.devices("cpu"))
+    except RuntimeError:  # no CPU client: nothing to warn about
+        return
+    cores = os.cpu_count() or 1
+    if devices <= 1 or max(cores, devices) >= THREADS_PER_DEVICE * devices:
+        return
+    warnings.warn(
+        f"jaxring was imported after JAX made its CPU client, whose pool has {max(cores, devices)} threads for "
+        f"{devices} host devices: steps queued over them (a loop that does not wait for each step) can hold every "
+        "thread in a collective's wait and stall until the collective times out, with jax.lax.psum as with "
+        "jaxring (docs/USAGE.md, 'Steps in flight'). Import jaxring before JAX's first use of a device, or start "
+        f"Python with NPROC={THREADS_PER_DEVICE * devices}.",
+        stacklevel=3,
+    )

@@ -47,18 +47,24 @@ ConfigPath = Annotated[str, _PATH_MARK]  # a file or folder; relative ones are r
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 0
+    seed: int = 0  # initial weights, data order and dropout; every process derives its own streams from it
     batch_size: int = 32  # global: split across processes, then local devices
-    epochs: int = 20
+    epochs: int = 20  # passes over the training data (unless max_steps is set)
     max_steps: int | None = None  # the run's length in steps, in place of epochs (the data repeats as needed)
     allreduce: str = "ring"  # "ring" (jaxring) | "psum" (jax.lax.pmean)
     bucket_bytes: int | None = None  # tensor-fusion bucket size; null: the devices' platform default (collectives/fusion.py)
     log_every: int = 10  # steps between metrics.jsonl rows
+    off_size_batches: str = "warn"  # a batch of other than batch_size / processes rows: "warn" (once) | "refuse"
+    compute_dtype: str = "float32"  # the loss's dtype: "float32" | "bfloat16" | "float16" (loss-scaled); weights and updates stay float32 (engine/precision.py)
+    accumulate_steps: int = 1  # micro-batches per update: each device's batch is split into this many, whose gradients are summed before the one all-reduce
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
+        _check_choice("train.off_size_batches", self.off_size_batches, ("warn", "refuse"))
+        _check_choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.log_every", self.log_every)
+        _check_positive("train.accumulate_steps", self.accumulate_steps, "1 for none")
         if self.bucket_bytes is not None:
             _check_positive("train.bucket_bytes", self.bucket_bytes, "or null for the platform's default")
         _check_positive("train.epochs", self.epochs, "leave at least one step")
@@ -71,7 +77,7 @@ class OptimConfig:
     # Model-neutral defaults: plain SGD at a constant rate, no clipping. A task's
     # recipe is written out in its configs (configs/*.yaml, examples/*/*.yaml).
     name: str = "sgd"  # "sgd" | "adamw"
-    learning_rate: float = 3e-4
+    learning_rate: float = 3e-4  # the peak rate: schedules start from it (warmup_cosine reaches it after warmup_steps)
     momentum: float = 0.0  # sgd; 0: plain SGD
     nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # adamw
@@ -97,7 +103,7 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     every_steps: int = 0  # dev metrics every this many steps (0: only at the end)
-    batch_size: int = 32
+    batch_size: int = 32  # examples per evaluation batch of each process, split over its local devices
     max_examples: int | None = None  # score the first N dev examples only (test is always whole)
     test_at_end: bool = True  # also score the test split when training ends
 
@@ -288,8 +294,11 @@ def apply_overrides(raw: dict, overrides: list[str], sections: Mapping[str, type
     raw = dict(raw)
     for item in overrides:
         path, sep, text = item.partition("=")
+        if path == TASK_KEY and sep:
+            continue  # the task picks the sections: build() reads it first (task_override)
         if not sep or "." not in path:
-            raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3); got {item!r}")
+            raise OverrideError(f"--set takes section.key=value (e.g. optim.learning_rate=1e-3) or "
+                                f"{TASK_KEY}=NAME; got {item!r}")
         section, _, key = path.partition(".")
         if section not in sections:
             raise OverrideError(f"--set {item}: {_unknown_key_error('the config', section, sections)}")
@@ -344,7 +353,7 @@ def build(raw: Mapping[str, Any], task_sections: Mapping[str, type], overrides=(
     sections = {**task_sections, **ENGINE_SECTIONS}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config is a mapping of sections ({', '.join(sections)}); got {raw!r}")
-    task = raw.get(TASK_KEY)
+    task = task_override(overrides) or raw.get(TASK_KEY)
     if task is not None and not isinstance(task, str):
         raise ConfigError(f"{TASK_KEY} must be the name of a registered task; got {task!r}")
     for name in raw:
@@ -390,8 +399,16 @@ def _not_a_config(path, got: str) -> ConfigError:
     )
 
 
-def task_name(path: str | Path) -> str:
-    """The `task:` an experiment file names, which picks the sections it may have."""
+def task_override(overrides) -> str | None:
+    """The task a `--set task=NAME` names (the last one wins), or None."""
+    named = [item.partition("=")[2] for item in overrides if item.partition("=")[:2] == (TASK_KEY, "=")]
+    return named[-1] if named else None
+
+
+def task_name(path: str | Path, overrides=()) -> str:
+    """The `task:` an experiment file names, or `--set task=NAME` overrides: it picks the sections it may have."""
+    if task_override(overrides):
+        return task_override(overrides)
     raw = _read(path)
     name = raw.get(TASK_KEY) if isinstance(raw, Mapping) else None
     if not isinstance(name, str):

@@ -18,7 +18,7 @@ def split_for_devices(batch: dict, n_devices: int) -> dict:
         if x.shape[0] % n_devices:
             raise ValueError(
                 f"a batch of {x.shape[0]} examples cannot be split evenly over {n_devices} local devices; "
-                f"make train.batch_size a multiple of processes x local devices"
+                f"give it a multiple of {n_devices} rows"
             )
         return x.reshape((n_devices, x.shape[0] // n_devices) + x.shape[1:])
 

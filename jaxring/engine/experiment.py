@@ -21,7 +21,7 @@ from jaxring.engine.checkpoint import load_variables
 
 def load_config(path, overrides=(), paths_relative_to=None) -> config_lib.Config:
     """The experiment at `path`, validated against the sections of the task it names."""
-    sections = registry.config_sections(registry.task_class(config_lib.task_name(path)))
+    sections = registry.config_sections(registry.task_class(config_lib.task_name(path, overrides)))
     base = os.getcwd() if paths_relative_to is None else paths_relative_to
     return config_lib.load(path, sections, overrides, paths_relative_to=base)
 

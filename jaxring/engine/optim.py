@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax.numpy as jnp
 import optax
 
 # The `optim:` section, jaxring.engine.config.OptimConfig; not imported: config.py imports this module's names.
@@ -40,6 +41,28 @@ def _lookup(table: dict, kind: str, name: str):
 
 def learning_rate_schedule(cfg: OptimSection, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
     return _lookup(SCHEDULES, "optim.schedule", cfg.schedule)(cfg, steps_per_epoch, total_steps)
+
+
+def planned_schedule(cfg: OptimSection, steps_per_epoch: int, plan) -> optax.Schedule:
+    """The learning rate of a run whose length `plan` lists as [[0, T0], [s1, T1], ...]: the step each
+    (re)start began at and the total steps it was then to run.
+
+    The first entry plans `cfg`'s schedule over T0. Each resume with another length keeps the rate the run
+    had reached at its step and stretches what was left of the schedule to the new end, so the rate never
+    jumps back up (to warm-up's, say) unless the optim settings themselves change. A finished run trained
+    longer goes on at its last rate.
+    """
+    (_, first_total), *changes = plan
+    schedule = learning_rate_schedule(cfg, steps_per_epoch, first_total)
+    for (start, total), (_, previous_total) in zip(changes, plan):
+        schedule = _stretched(schedule, start, previous_total, total)
+    return schedule
+
+
+def _stretched(schedule: optax.Schedule, start: int, old_end: int, new_end: int) -> optax.Schedule:
+    # new_end > start: a resume at or past the run's end is refused (jaxring/engine/rundir.py).
+    factor = max(old_end - start, 0) / (new_end - start)
+    return lambda count: schedule(jnp.where(count <= start, count, start + (count - start) * factor))
 
 
 def make_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.GradientTransformation:

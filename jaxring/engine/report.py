@@ -17,11 +17,13 @@ FINISHED_MARKER = "; run directory "
 
 
 def metrics_result(metrics: MetricNames, summary: dict) -> str:
-    """The engine's default result text: the task's metrics on test (if scored) and dev, as percentages."""
-    names = dict.fromkeys((*metrics.plotted, metrics.best))
+    """The engine's default result text: the task's plotted, best and shown metrics on test (if scored)
+    and dev, each as the task declares it (a rate as a percentage)."""
+    names = dict.fromkeys((*metrics.plotted, metrics.best, *metrics.shown))
     parts = []
     for split in ("test", "dev"):
-        shown = [f"{name} {100 * summary[f'{split}_{name}']:.2f}%" for name in names if f"{split}_{name}" in summary]
+        shown = [f"{name} {metrics.format(name, summary[f'{split}_{name}'])}" for name in names
+                 if f"{split}_{name}" in summary]
         if shown:
             parts.append(f"{split} {', '.join(shown)}")
     return "; ".join(parts) + f" (checkpoint of step {summary['best_step']})"

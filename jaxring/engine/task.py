@@ -57,6 +57,10 @@ class MetricNames:
         """Every metric named here: what checkpoint.best_metric may pick."""
         return tuple(dict.fromkeys((self.best, *self.plotted, *self.shown, *self.percent)))
 
+    def format(self, name: str, value: float, decimals: int = 2) -> str:
+        """`value` of metric `name` as the task declares it: a rate as a percentage, else 4 significant digits."""
+        return f"{100 * value:.{decimals}f}%" if name in self.percent else f"{value:.4g}"
+
 
 class Task(Protocol):
     """What a model brings to the engine. Batches are dicts of numpy arrays, leading axis = examples.

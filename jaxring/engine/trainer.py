@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,12 @@ from jaxring.collectives.fusion import default_bucket_bytes
 from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
+from jaxring.engine import precision
 from jaxring.engine import rundir
 from jaxring.engine.checkpoint import BEST, LATEST, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
-from jaxring.engine.optim import learning_rate_schedule, make_optimizer
+from jaxring.engine.optim import make_optimizer, planned_schedule
 from jaxring.engine.progress import Progress
 from jaxring.engine.registry import check_task_class, checked_loss
 from jaxring.engine.sync import make_sync
@@ -55,6 +56,8 @@ SYNC_TIMING_REPEATS = 10
 
 # The key of a checkpoint's extra dict that carries the run's examples and loop seconds across resumes.
 THROUGHPUT_KEY = "throughput"
+# ... and the run's length at its start and at each resume that changed it (optim.planned_schedule).
+SCHEDULE_PLAN_KEY = "schedule_plan"
 
 
 @flax.struct.dataclass
@@ -64,6 +67,7 @@ class TrainState:
     opt_state: Any
     model_state: Any  # non-param collections, averaged across replicas every step
     rng: jax.Array
+    loss_scale: Any = None  # precision.LossScale under train.compute_dtype float16, else None (no leaves)
 
 
 def count_params(params) -> int:
@@ -115,6 +119,12 @@ class Trainer:
                 f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
                 f"({self.world_size} processes x {self.n_local} local devices)"
             )
+        if train.batch_size // replicas % train.accumulate_steps:
+            raise ValueError(
+                f"train.batch_size {train.batch_size} gives each of the {replicas} replicas "
+                f"{train.batch_size // replicas} examples, which train.accumulate_steps {train.accumulate_steps} "
+                f"does not split evenly: make train.batch_size a multiple of {replicas * train.accumulate_steps}"
+            )
         self.shard = Shard(self.rank, self.world_size)
         if batches is None:
             batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
@@ -122,18 +132,17 @@ class Trainer:
         epoch_steps = self.batches.steps_per_epoch
         # max_steps, when set, is the run's length (the data repeats as often as that takes).
         self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
-        self.schedule = learning_rate_schedule(config.optim, epoch_steps, self.total_steps)
-        self.optimizer = make_optimizer(config.optim, self.schedule)
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
         self.bucket_bytes = train.bucket_bytes or default_bucket_bytes(self.devices[0].platform)
         self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes)
-        self._step = self.sync.pmap_step(self._local, self._finish)
+        self._plan([[0, self.total_steps]])
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
         self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
         self._in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
+        self._warned_off_size = False
 
     # -- state
 
@@ -149,6 +158,7 @@ class Trainer:
             opt_state=self.optimizer.init(params),
             model_state=model_state,
             rng=step_rng,
+            loss_scale=precision.LossScale.initial() if self.config.train.compute_dtype == "float16" else None,
         )
         state = jax.tree_util.tree_map(np.asarray, state)
         if self.comm is not None:
@@ -157,27 +167,71 @@ class Trainer:
 
     # -- the step
 
+    def _plan(self, plan: list) -> None:
+        """The schedule, optimizer and step of a run whose length is `plan` (optim.planned_schedule)."""
+        self.schedule_plan = plan
+        self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
+        self.optimizer = make_optimizer(self.config.optim, self.schedule)
+        self._step = self.sync.pmap_step(self._local, self._finish)
+
     def _local(self, state: TrainState, batch: dict):
-        """What the sync averages over every replica: (gradients, new model state, loss) of one device's batch."""
+        """What the sync averages over every replica: (gradients, new model state, loss) of one device's
+        batch; with train.accumulate_steps k, the mean over its k micro-batches, taken in turn (a scan: the
+        memory of one), each seeing the model state the one before left."""
         replica = jax.lax.axis_index(AXIS) + self.rank * self.n_local
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
+        micro_batches = self.config.train.accumulate_steps
+        scale = None if state.loss_scale is None else state.loss_scale.scale
+        if micro_batches == 1:
+            return self._gradients(state.params, state.model_state, batch, rng, scale)
+
+        def accumulate(carry, index_and_batch):
+            grad_sum, model_state, loss_sum = carry
+            index, micro_batch = index_and_batch
+            grads, model_state, loss = self._gradients(state.params, model_state, micro_batch,
+                                                       jax.random.fold_in(rng, index), scale)
+            return (jax.tree_util.tree_map(jnp.add, grad_sum, grads), model_state, loss_sum + loss), None
+
+        split = jax.tree_util.tree_map(lambda x: x.reshape((micro_batches, -1) + x.shape[1:]), batch)
+        start = (jax.tree_util.tree_map(jnp.zeros_like, state.params), state.model_state, jnp.zeros((), jnp.float32))
+        (grad_sum, model_state, loss_sum), _ = jax.lax.scan(accumulate, start, (jnp.arange(micro_batches), split))
+        return jax.tree_util.tree_map(lambda g: g / micro_batches, grad_sum), model_state, loss_sum / micro_batches
+
+    def _gradients(self, params, model_state, batch: dict, rng, scale):
+        """(float32 gradients, new model state, loss) of the task's loss on `batch`, computed in
+        train.compute_dtype; `scale` (float16's loss scale, else None) multiplies the loss before the
+        backward pass and divides the gradients after."""
+        dtype = precision.COMPUTE_DTYPES[self.config.train.compute_dtype]
+        computed_batch = precision.cast_floats(batch, dtype) if dtype != jnp.float32 else batch
 
         def loss_fn(params):
-            return checked_loss(self.task, self.task.loss({"params": params, **state.model_state}, batch, rng))
+            computed = precision.cast_floats(params, dtype) if dtype != jnp.float32 else params
+            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **model_state},
+                                                                     computed_batch, rng))
+            loss = loss.astype(jnp.float32)
+            return (loss if scale is None else loss * scale), (loss, new_state)
 
-        (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        return grads, model_state, loss
+        (_, (loss, new_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        if scale is not None:
+            grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+        return grads, precision.like(new_state, model_state), loss
 
     def _finish(self, state: TrainState, averaged):
-        """The optimizer update from the averaged (gradients, model state, loss), and the step's outputs."""
+        """The optimizer update from the averaged (gradients, model state, loss), and the step's outputs.
+
+        Under loss scaling, a step whose gradients overflowed (the same on every replica: they are the
+        all-reduced ones) leaves the weights and optimizer as they were and halves the scale."""
         grads, model_state, loss = averaged
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        state = state.replace(
-            step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
-            opt_state=opt_state,
-            model_state=model_state,
-        )
+        params = optax.apply_updates(state.params, updates)
+        loss_scale = state.loss_scale
+        if loss_scale is not None:
+            finite = precision.all_finite(grads)
+            keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+            loss_scale = loss_scale.after(finite)
+        state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state,
+                              loss_scale=loss_scale)
         return state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     def train_step(self, state: TrainState, batch: dict):
@@ -203,10 +257,8 @@ class Trainer:
         return result
 
     def _format_metrics(self, result: dict) -> str:
-        """The task's rates as percentages (MetricNames.percent), other metrics as they are."""
-        percent = self.task.metrics.percent
-        shown = [f"{k} {100 * v:.2f}%" if k in percent else f"{k} {v:.4g}" for k, v in result.items()]
-        return ", ".join(shown)
+        """The task's metrics as it declares them (MetricNames.format)."""
+        return ", ".join(f"{k} {self.task.metrics.format(k, v)}" for k, v in result.items())
 
     def save(self, state: TrainState, metrics: dict | None = None, row: dict | None = None) -> None:
         """Checkpoints `state` with `row`, its metrics.jsonl row, so that a resume writes that row again."""
@@ -218,7 +270,8 @@ class Trainer:
         host_state = unreplicate(state)
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
-        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals()}
+        extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),
+                 SCHEDULE_PLAN_KEY: self.schedule_plan}
         path = self.checkpoints.save(step, host_state, extra, metrics)
         rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
         best = self.checkpoints.best() if metrics else None
@@ -270,10 +323,9 @@ class Trainer:
     def check_before_training(self) -> dict | None:
         """Collective: every process runs the same config; the task's data check (its report, or None)."""
         if self.comm is not None:
-            resolved = json.dumps(self.config.to_dict(), sort_keys=True)
-            digest = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+            settings = {key: json.dumps(value) for key, value in _dotted(self.config.to_dict()).items()}
             try:
-                agreement.agree(self.comm, "the training config", f"train.seed={self.config.train.seed} config {digest}")
+                agreement.agree(self.comm, "the training config", settings)
             except ValueError as e:  # processes given different configs: a config error, on every process
                 raise config_lib.ConfigError(str(e)) from None
         check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
@@ -324,7 +376,18 @@ class Trainer:
         state, extra = self.restore(template)
         # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
         self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
-        rundir.refuse_finished(self.workdir, int(state.step), self.total_steps)
+        step = int(state.step)
+        rundir.refuse_finished(self.workdir, step, self.total_steps)
+        # A checkpoint written before the plan was recorded: its length is taken to be today's.
+        plan = extra.get(SCHEDULE_PLAN_KEY) or [[0, self.total_steps]]
+        if plan[-1][1] != self.total_steps:
+            self._plan([*plan, [step, self.total_steps]])
+            self.progress.status(
+                f"the run's length changed from {plan[-1][1]} to {self.total_steps} steps: the learning rate goes on "
+                f"from step {step}'s ({float(self.schedule(step)):.3g}), the rest of optim.schedule "
+                f"{self.config.optim.schedule} stretched to step {self.total_steps}")
+        else:
+            self._plan(plan)
         return state, extra.get("row")
 
     def _open_run_directory(self, data_report: dict | None, resume_step: int | None, resumed_row: dict | None,
@@ -381,10 +444,39 @@ class Trainer:
         self.progress.close()
         return state, row, last
 
+    def _check_batch(self, batch: dict, step: int) -> None:
+        """Refuses a batch the step cannot take, blaming the loader that yielded it; warns once (or refuses,
+        train.off_size_batches) about one of another size than the config's, which compiles the step again."""
+        rows = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(batch)}
+        expected = self.config.train.batch_size // self.world_size
+        (got,) = rows if len(rows) == 1 else (None,)
+        if got == expected:
+            return
+        loader = type(self.batches)
+        shapes = ", ".join(f"{jax.tree_util.keystr(path)} {np.asarray(leaf).dtype}{list(np.shape(leaf))}"
+                           for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0])
+        where = f"rank {self.rank}, " if self.world_size > 1 else ""
+        what = (f"{where}step {step}: the task's training batches ({loader.__module__}.{loader.__qualname__}) yielded "
+                f"{shapes}, where the step takes {expected} rows per process (train.batch_size "
+                f"{self.config.train.batch_size} over {self.world_size} process{'es' if self.world_size > 1 else ''})")
+        if got is None or got % self.n_local:
+            reason = ("its leaves do not all have the same number of rows" if got is None else
+                      f"{got} rows do not split evenly over {self.n_local} local devices")
+            raise ValueError(f"{what}: {reason}. The loader is at fault: make it yield {expected} rows per batch.")
+        if self.config.train.off_size_batches == "refuse":
+            raise ValueError(f"{what}, and train.off_size_batches is 'refuse'. Make the loader yield {expected} "
+                             "rows per batch, or set train.off_size_batches=warn to train on it.")
+        if not self._warned_off_size:
+            self._warned_off_size = True
+            warnings.warn(f"{what}: the step compiles again for each new batch size (seconds each); "
+                                f"make the loader yield {expected} rows, or set train.off_size_batches=refuse to stop "
+                                "at such a batch. Warned once.", stacklevel=2)
+
     def _dispatch(self, state: TrainState, batch: dict, step: int, window: _Window, first: bool):
         """Queues step `step` without waiting for it; waits for the step STEPS_IN_FLIGHT back, and for
         the first step, which compiles."""
         batch, sources = split_sources(batch)
+        self._check_batch(batch, step)
         global_rows = batch_rows(batch) * self.world_size
         window.add(global_rows)
         self.throughput.add(global_rows)
@@ -482,10 +574,20 @@ class Trainer:
         shown = {"loss": f"{row['loss']:.3f}"} if "loss" in row else {}
         for name in self.task.metrics.shown:
             if f"dev_{name}" in row:
-                value = row[f"dev_{name}"]
-                shown[f"dev_{name}"] = f"{100 * value:.1f}%" if name in self.task.metrics.percent else f"{value:.4g}"
+                shown[f"dev_{name}"] = self.task.metrics.format(name, row[f"dev_{name}"], decimals=1)
         if "examples_per_s" in row:
             shown["ex/s"] = f"{row['examples_per_s']:.0f}"
         if "allreduce_share_estimate" in row:
             shown["allreduce"] = f"{100 * row['allreduce_share_estimate']:.0f}%"
         return shown
+
+
+def _dotted(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"seed": 0}} -> {"train.seed": 0}: the config's keys as --set names them."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

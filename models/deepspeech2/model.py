@@ -44,13 +44,13 @@ class ModelConfig:
     time_stride: int = 2  # the first convolution's stride in time (the paper: 2 for characters, 3 for bigrams)
     conv_channels: tuple[int, ...] = (32, 32)  # one entry per conv layer
     rnn_cell: str = "gru"  # "gru" or "rnn" (simple RNN with clipped ReLU)
-    rnn_layers: int = 5
-    rnn_hidden: int = 800
+    rnn_layers: int = 5  # recurrent layers after the convolutions
+    rnn_hidden: int = 800  # units of each recurrent layer (per direction)
     bidirectional: bool = True  # directions summed; otherwise a lookahead convolution follows
     lookahead: int = 20  # future frames the lookahead convolution sees (unidirectional only)
-    relu_clip: float = 20.0
-    batch_norm_momentum: float = 0.99
-    batch_norm_epsilon: float = 1e-5
+    relu_clip: float = 20.0  # the clipped ReLU's ceiling: min(max(x, 0), relu_clip)
+    batch_norm_momentum: float = 0.99  # of the batch norms' running statistics
+    batch_norm_epsilon: float = 1e-5  # added to the batch variance before its square root
     dtype: str = "float32"  # compute dtype; parameters stay float32
     scan_unroll: int = 1  # time steps per iteration of the recurrent loop
     # "scan": jax.lax.scan; "persistent": one kernel per layer with the weights on chip

@@ -48,14 +48,14 @@ class DataConfig:
     corpus_seed: int = 0  # synthetic, voices
     manifest_dir: ConfigPath | None = None  # manifest: a folder with train.jsonl, dev.jsonl, test.jsonl
     train_manifest: ConfigPath | None = None  # manifest: JSON-lines files (instead of manifest_dir)
-    dev_manifest: ConfigPath | None = None
-    test_manifest: ConfigPath | None = None
+    dev_manifest: ConfigPath | None = None  # manifest: the dev split's JSON-lines file
+    test_manifest: ConfigPath | None = None  # manifest: the test split's JSON-lines file
     max_duration: float | None = None  # seconds; longer training utterances are skipped
     max_unusable_share: float = 0.1  # a split with more unusable utterances than this stops the run (1: never)
     sortagrad: bool = True  # first epoch in increasing length
     pad_frames_to: int = 64  # batch lengths are rounded up to this (fewer distinct shapes to compile)
-    pad_labels_to: int = 16
-    prefetch: int = 4
+    pad_labels_to: int = 16  # label lengths are rounded up to this, as pad_frames_to for frames
+    prefetch: int = 4  # batches loaded ahead of the training step
     workers: int = 2  # audio-loading threads
 
     def __post_init__(self):

@@ -277,3 +277,14 @@ def test_sections_are_immutable_and_saved_in_schema_order(tmp_path):
 def test_an_override_of_a_section_that_is_not_a_mapping_is_an_error():
     with pytest.raises(config_lib.ConfigError, match=r"^optim must be a mapping of keys to values; got \[1, 2\]$"):
         config_lib.apply_overrides({"optim": [1, 2]}, ["optim.learning_rate=0.1"], config_lib.ENGINE_SECTIONS)
+
+
+def test_set_task_names_the_task_whose_sections_the_file_is_checked_against(tmp_path):
+    source = tmp_path / "exp.yaml"
+    source.write_text(yaml.safe_dump({"task": "toy", "train": {"epochs": 3}}))
+    assert config_lib.task_name(source, ["optim.name=adamw", "task=other", "task=mine"]) == "mine"
+    assert config_lib.task_name(source, ["optim.name=adamw"]) == "toy"
+    cfg = config_lib.load(source, TASK, ["task=mine", "train.epochs=4"])
+    assert cfg.task == "mine" and cfg.train.epochs == 4
+    with pytest.raises(config_lib.ConfigError, match=r"section\.key=value .* or task=NAME; got 'task'"):
+        config_lib.build({}, TASK, ["task"])

@@ -45,6 +45,28 @@ def test_schedules():
     assert [float(short(s)) for s in (4, 10, 11)] == pytest.approx([0.4, 1.0, 0.1])
 
 
+def test_a_longer_run_goes_on_from_the_rate_it_reached_and_never_jumps_back_up():
+    cosine = config_lib.OptimConfig(learning_rate=1.0, schedule="warmup_cosine", warmup_steps=10, final_learning_rate=0.1)
+    planned = optim.learning_rate_schedule(cosine, steps_per_epoch=5, total_steps=110)
+    # Resumed at step 60 of 110 with 210 steps in all: the rate at 60 is kept and the cosine's
+    # second half is stretched over 60..210; the first 60 steps are as planned.
+    longer = optim.planned_schedule(cosine, 5, [[0, 110], [60, 210]])
+    assert [float(longer(s)) for s in (5, 10, 60)] == pytest.approx([float(planned(s)) for s in (5, 10, 60)])
+    assert float(longer(135)) == pytest.approx(float(planned(85)))  # halfway through what was left
+    rates = [float(longer(s)) for s in range(60, 211)]
+    assert all(b <= a + 1e-7 for a, b in zip(rates, rates[1:])) and rates[-1] == pytest.approx(0.1)
+    # A finished run trained longer, twice: it stays at its last rate, the warm-up never comes back.
+    twice = optim.planned_schedule(cosine, 5, [[0, 110], [110, 150], [150, 200]])
+    assert [float(twice(s)) for s in (110, 111, 150, 199)] == pytest.approx([0.1] * 4)
+    # Shortened while still warming up: the remaining warm-up and decay are squeezed into what is left.
+    shorter = optim.planned_schedule(cosine, 5, [[0, 110], [5, 30]])
+    assert float(shorter(5)) == pytest.approx(0.5) and float(shorter(30)) == pytest.approx(0.1)
+    anneal = config_lib.OptimConfig(learning_rate=6e-4, schedule="anneal", anneal_factor=1.2)
+    one_plan = optim.planned_schedule(anneal, 5, [[0, 50]])
+    assert [float(one_plan(s)) for s in range(60)] == [float(optim.learning_rate_schedule(anneal, 5, 50)(s))
+                                                        for s in range(60)]
+
+
 def test_adamw_matches_numpy():
     cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, clip_norm=None, schedule="constant")
     optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))

@@ -9,7 +9,7 @@ SUMMARY = {"dev_err": 0.25, "dev_miss": 0.5, "test_err": 0.125, "test_miss": 0.0
 
 
 class Plain:
-    metrics = MetricNames(best="miss", plotted=("err",), shown=("err",))
+    metrics = MetricNames(best="miss", plotted=("err",), shown=("err",), percent=("err", "miss"))
 
 
 class Hooked(Plain):
@@ -23,6 +23,19 @@ def test_without_a_hook_the_line_shows_the_tasks_metrics():
     assert summary == SUMMARY
     assert line == ("test err 12.50%, miss 6.25%; dev err 25.00%, miss 50.00% (checkpoint of step 30); "
                     "trained on 2 cpu devices x 3 processes, ring all-reduce 5.4% of the step; 407 s; run directory RUN")
+
+
+def test_each_metric_is_written_as_the_task_declares_it_and_shown_ones_are_included():
+    # A language model's bits per character and perplexity are not rates; its error rate is.
+    class LanguageModel:
+        metrics = MetricNames(best="bits_per_char", plotted=("bits_per_char",), shown=("perplexity", "error_rate"),
+                              percent=("error_rate",))
+
+    summary = {**SUMMARY, "test_bits_per_char": 3.6673, "test_perplexity": 12.706, "test_error_rate": 0.6507,
+               "dev_bits_per_char": 3.701, "dev_perplexity": 13.0, "dev_error_rate": 0.66}
+    _, line = final_report(LanguageModel(), None, "RUN", summary, "cpu")
+    assert line.startswith("test bits_per_char 3.667, perplexity 12.71, error_rate 65.07%; "
+                           "dev bits_per_char 3.701, perplexity 13, error_rate 66.00% (checkpoint of step 30); ")
 
 
 def test_the_hooks_scores_join_the_summary_and_its_text_begins_the_line():

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxring.engine import config as config_lib
+from jaxring.engine import precision
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.devices import replicate, split_for_devices
@@ -175,6 +176,48 @@ def test_batch_not_divisible_by_replicas_is_a_clear_error(tmp_path):
         trainer_lib.Trainer(ToyTask(), toy_config(), tmp_path, world_of(3))
 
 
+class RaggedBatches(list):
+    """A loader that yields what the test gives it, in order (and then the first batch again)."""
+
+    steps_per_epoch = 3
+
+    def state(self):
+        return {}
+
+    def restore(self, state):
+        pass
+
+
+def _ragged(rows_per_step, columns=5):
+    rng = np.random.default_rng(0)
+    return RaggedBatches({"x": rng.normal(size=(rows, columns)).astype(np.float32),
+                          "y": rng.normal(size=(rows, 1)).astype(np.float32)} for rows in rows_per_step)
+
+
+def test_a_batch_that_does_not_split_names_the_step_and_the_loader_not_the_config(tmp_path):
+    batches = _ragged([8, 8, 7])
+    trainer = trainer_lib.Trainer(ToyTask(), toy_config(train={"max_steps": 3}), tmp_path, world_of(2), batches)
+    with pytest.raises(ValueError) as error:
+        trainer.fit()
+    assert str(error.value) == (
+        f"step 3: the task's training batches ({RaggedBatches.__module__}.RaggedBatches) yielded ['x'] "
+        "float32[7, 5], ['y'] float32[7, 1], where the step takes 8 rows per process (train.batch_size 8 over "
+        "1 process): 7 rows do not split evenly over 2 local devices. The loader is at fault: make it yield 8 "
+        "rows per batch.")
+
+
+def test_a_batch_of_another_size_is_warned_about_once_or_refused(tmp_path):
+    config = toy_config(train={"max_steps": 3, "log_every": 1})
+    with pytest.warns(UserWarning) as warned:
+        trainer_lib.Trainer(ToyTask(), config, tmp_path / "warn", world_of(2), _ragged([8, 6, 4])).fit()
+    messages = [str(w.message) for w in warned if "training batches" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("step 2: ") and "compiles again" in messages[0], messages
+    refusing = toy_config(train={"max_steps": 3, "off_size_batches": "refuse"})
+    trainer = trainer_lib.Trainer(ToyTask(), refusing, tmp_path / "refuse", world_of(2), _ragged([8, 6, 8]))
+    with pytest.raises(ValueError, match=r"^step 2: .* and train.off_size_batches is 'refuse'"):
+        trainer.fit()
+
+
 _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -292,3 +335,71 @@ def test_a_run_that_never_logs_queues_its_steps_and_ends_bitwise_equal(tmp_path)
     assert int(quiet.step) == int(logged.step) == 96 > 2 * trainer_lib.STEPS_IN_FLIGHT
     for a, b in zip(jax.tree_util.tree_leaves(quiet), jax.tree_util.tree_leaves(logged)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_accumulated_micro_batches_make_the_updates_of_the_whole_batch(tmp_path):
+    # The same 16 examples per update, in one batch or in 4 micro-batches per device: the same updates,
+    # up to float32 summation order.
+    whole, _ = train_params(tmp_path / "whole", 2, train={"batch_size": 16, "epochs": 2})
+    micro, _ = train_params(tmp_path / "micro", 2, train={"batch_size": 16, "epochs": 2, "accumulate_steps": 4})
+    for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(micro.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+    with pytest.raises(ValueError, match="train.accumulate_steps 3 does not split evenly: make train.batch_size "
+                                         "a multiple of 6"):
+        trainer_lib.Trainer(ToyTask(), toy_config(train={"accumulate_steps": 3}), tmp_path / "odd", world_of(2))
+
+
+@pytest.mark.parametrize("compute_dtype, tolerance", [("bfloat16", 0.05), ("float16", 0.01)])
+def test_lower_precision_compute_keeps_float32_weights_and_trains_as_float32_does(tmp_path, compute_dtype, tolerance):
+    reference, reference_summary = train_params(tmp_path / "f32", 2, train={"epochs": 2})
+    state, summary = train_params(tmp_path / compute_dtype, 2, train={"epochs": 2, "compute_dtype": compute_dtype})
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree_util.tree_leaves(state.params))
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree_util.tree_leaves(state.model_state))
+    assert abs(summary["loss"] - reference_summary["loss"]) <= tolerance * reference_summary["loss"], (
+        summary["loss"], reference_summary["loss"])
+    if compute_dtype == "float16":
+        assert float(np.asarray(state.loss_scale.scale)) == precision.INITIAL_SCALE  # no overflow in this run
+
+
+def test_loss_scale_halves_on_overflow_and_doubles_after_a_run_of_good_steps():
+    scale = precision.LossScale.initial()
+    after_overflow = scale.after(jnp.asarray(False))
+    assert float(after_overflow.scale) == precision.INITIAL_SCALE / 2 and int(after_overflow.good_steps) == 0
+    steady = scale
+    for _ in range(precision.GROWTH_INTERVAL - 1):
+        steady = steady.after(jnp.asarray(True))
+    assert float(steady.scale) == precision.INITIAL_SCALE and int(steady.good_steps) == precision.GROWTH_INTERVAL - 1
+    grown = steady.after(jnp.asarray(True))
+    assert float(grown.scale) == 2 * precision.INITIAL_SCALE and int(grown.good_steps) == 0
+    floor = precision.LossScale(jnp.asarray(1.0), jnp.asarray(5, jnp.int32)).after(jnp.asarray(False))
+    assert float(floor.scale) == 1.0
+
+
+class OverflowingTask(ToyTask):
+    """ToyTask whose loss is huge at the first step only: under float16's scale, that step's gradients overflow."""
+
+    def loss(self, variables, batch, rng):
+        loss, model_state = super().loss(variables, batch, rng)
+        return loss * jnp.where(variables["stats"]["mean"][0] == 0, 1e6, 1.0).astype(loss.dtype), model_state
+
+
+def test_a_float16_step_whose_gradients_overflow_is_skipped_and_the_scale_halved(tmp_path):
+    config = toy_config(train={"max_steps": 1, "compute_dtype": "float16"})
+    trainer = trainer_lib.Trainer(OverflowingTask(), config, tmp_path, world_of(2))
+    state = replicate(trainer.init_state(), trainer.devices)
+    before = np.asarray(state.params["w1"]).copy()  # the step donates `state`
+    after, _ = trainer.train_step(state, next(iter(trainer.batches)))
+    np.testing.assert_array_equal(np.asarray(after.params["w1"]), before)
+    assert float(np.asarray(after.loss_scale.scale)[0]) == precision.INITIAL_SCALE / 2
+
+
+def test_training_a_finished_run_longer_keeps_its_last_rate_and_says_so(tmp_path, capsys):
+    optim = {"schedule": "warmup_cosine", "warmup_steps": 3, "final_learning_rate": 0.001}
+    trainer_lib.Trainer(ToyTask(), toy_config(train={"max_steps": 12}, optim=optim), tmp_path, world_of(2)).fit()
+    longer = toy_config(train={"max_steps": 20}, optim=optim)
+    trainer_lib.Trainer(ToyTask(), longer, tmp_path, world_of(2)).fit(resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = {row["step"]: row["learning_rate"] for row in rows if "learning_rate" in row}
+    after = [rate for step, rate in rates.items() if step > 12]  # step 12's row shows the rate step 12 ran at
+    assert after and all(rate == pytest.approx(0.001, rel=1e-5) for rate in after) and rates[12] > 0.001
+    assert "the run's length changed from 12 to 20 steps: the learning rate goes on from step 12's" in capsys.readouterr().out
