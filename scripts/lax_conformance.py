@@ -113,7 +113,8 @@ def refusal_reason(error: BaseException) -> str | None:
 
 def _is_default(value, parameter: inspect.Parameter) -> bool:
     default = parameter.default
-    return value is default or (type(value) is type(default) and isinstance(value, (bool, int, str)) and value == default)
+    same_literal = type(value) is type(default) and isinstance(value, (bool, int, str)) and value == default
+    return value is default or same_literal
 
 
 class Rebinder:
@@ -222,7 +223,8 @@ def pytest_configure(config):
     """Entry point when pytest loads this file with -p lax_conformance."""
     records = os.environ.get(ENV_RECORDS)
     if records:
-        config.pluginmanager.register(Recorder(Path(records), os.environ.get(ENV_REBIND) == "1"), "lax_conformance_recorder")
+        recorder = Recorder(Path(records), rebind=os.environ.get(ENV_REBIND) == "1")
+        config.pluginmanager.register(recorder, "lax_conformance_recorder")
 
 
 # --- the script: two pytest runs and their comparison -------------------------------------------
@@ -247,6 +249,18 @@ def installed_jax_version() -> str:
 
 def clone_command() -> str:
     return f"git clone --depth 1 --branch jax-v{installed_jax_version()} https://github.com/jax-ml/jax DIR"
+
+
+def jaxring_commit() -> str | None:
+    """The commit of the checkout the runs import jaxring from, when it is one (an editable install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jaxring")
+    if spec is None or spec.origin is None:
+        return None
+    run = subprocess.run(["git", "-C", str(Path(spec.origin).parent), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else None
 
 
 def jax_tests_argv(jax_checkout: Path, files, keyword, workers) -> list[str]:
@@ -277,8 +291,8 @@ def run_pytest(command, rebind: bool, log: Path) -> dict:
         seconds = time.monotonic() - start
         outcomes_file = records / "outcomes.json"
         if returncode not in (0, 1) or not outcomes_file.is_file():  # 1: some tests failed; else it did not run them
-            raise SystemExit(f"error: pytest ended with exit status {returncode} ({'rebound' if rebind else 'baseline'} "
-                             f"run); see {log}")
+            run = "rebound" if rebind else "baseline"
+            raise SystemExit(f"error: pytest ended with exit status {returncode} ({run} run); see {log}")
         calls = collections.Counter()
         per_test = collections.defaultdict(collections.Counter)
         for worker_file in records.glob("calls-*.json"):
@@ -353,14 +367,15 @@ def print_table(summary: dict, out=sys.stdout):
         print("failed only when rebound:", file=out)
         for test, message in tests["failed_only_rebound"].items():
             print(f"  {test}\n      {message}", file=out)
-    print(f"wall time: baseline {summary['seconds']['baseline']} s, rebound {summary['seconds']['rebound']} s", file=out)
+    seconds = summary["seconds"]
+    print(f"wall time: baseline {seconds['baseline']} s, rebound {seconds['rebound']} s", file=out)
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=f"Get JAX's tests at the installed version with: {clone_command()}")
     parser.add_argument("--jax-tests", type=Path, required=True,
-                        help="a checkout of JAX at the installed jax's tag (see the command in the module docstring)")
+                        help="a checkout of JAX at the installed jax's tag (tests/, pyproject.toml, jax/version.py)")
     parser.add_argument("files", nargs="*", default=list(DEFAULT_FILES),
                         help=f"test files under its tests/ (default: {' '.join(DEFAULT_FILES)})")
     parser.add_argument("-k", dest="keyword", help="pytest's -k expression, to run part of the files")
@@ -386,8 +401,8 @@ def main(argv=None):
     command = jax_tests_argv(checkout, args.files, args.keyword, args.workers)
     baseline = run_pytest(command, rebind=False, log=logs / "baseline.log")
     rebound = run_pytest(command, rebind=True, log=logs / "rebound.log")
-    summary = {"jax": installed, "files": args.files, "keyword": args.keyword, "pytest": command[1:],
-               "logs": str(logs), **compare(baseline, rebound)}
+    summary = {"jax": installed, "jaxring_commit": jaxring_commit(), "jax_tests": str(checkout), "files": args.files,
+               "keyword": args.keyword, "pytest": command[1:], "logs": str(logs), **compare(baseline, rebound)}
     print_table(summary)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
