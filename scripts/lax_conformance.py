@@ -20,8 +20,9 @@ jax.lax's collectives for the whole run. Each rebound call the tests make tries 
 - raised: jaxring raised anything else, which propagates (the test sees jaxring's error where lax
   would have answered or refused in its own words).
 
-Calls that jax's own code makes by name (jax.nn, or lax.pmean calling psum) and calls made while
-jaxring's op runs (jaxring falls back to lax itself in places) stay lax's, uncounted. The table
+Calls that jax's own code makes by name (a module of jax calling jax.lax.all_gather) stay lax's,
+counted apart; calls made while jaxring's op runs (jaxring falls back to lax itself in places) stay
+lax's, uncounted. (jax's own lax.pmean calls psum directly, never through jax.lax.) The table
 compares each test's outcome in the two runs: a test failing in both is JAX's or the environment's,
 one failing only when rebound is jaxring's to explain.
 
@@ -64,13 +65,14 @@ REBOUND = {
     "all_gather": ("all_gather", {}),
 }
 
-# What jaxring raises for what it does not take (jaxring/collectives/ring.py), as (exception type,
+# What jaxring raises for what it does not take (jaxring/collectives/ring.py, kinds.py), as (exception type,
 # message pattern, reason); the reason is a format string over the pattern's groups. Anything else
 # jaxring raises propagates: a new refusal shows up as failing tests until it is listed here.
 REFUSALS = (
     (TypeError, r"takes arrays of .*, got (\w+)", "dtype {0}"),
     (ValueError, r"op must be one of .*, got '(\w+)'", "reduction {0}"),
     (ValueError, r"axis '?(.*?)'? is a vmap axis, not a device axis", "vmap axis"),
+    (ValueError, r"of an unreduced or reduced value .*explicit-sharding reductions", "unreduced or reduced value"),
     (ValueError, r"jaxring collectives run inside jax\.pmap or jax\.shard_map", "not under pmap or shard_map"),
     (ValueError, r"spans jax\.distributed processes, where jaxring runs allreduce only", "axis across processes"),
 )
@@ -142,7 +144,10 @@ class Rebinder:
 
         @functools.wraps(original)
         def rebound(*args, **kwargs):
-            if self._stays_lax(name, sys._getframe(1)):
+            if getattr(self._inside_jaxring, "depth", 0):  # jaxring's own fallback to lax
+                return original(*args, **kwargs)
+            if _named_by_jax(name, sys._getframe(1)):
+                self._counter.count(name, "jax's own")
                 return original(*args, **kwargs)
             try:
                 bound = lax_parameters.bind(*args, **kwargs)
@@ -176,13 +181,12 @@ class Rebinder:
 
         return rebound
 
-    def _stays_lax(self, name, caller) -> bool:
-        """Whether a call stays lax's: made while jaxring's op runs, or by jax's own code naming the op
-        (a function of jax that only calls what it was given, as vmap(lax.psum), is the test's call)."""
-        if getattr(self._inside_jaxring, "depth", 0):
-            return True
-        module = caller.f_globals.get("__name__", "")
-        return module.split(".")[0] in ("jax", "jaxlib") and name in caller.f_code.co_names
+
+def _named_by_jax(name, caller) -> bool:
+    """Whether jax's own code calls the op by its name (a call that stays lax's); a function of jax that
+    only calls what it was given, as pmap(partial(lax.psum, ...)), makes the test's call."""
+    module = caller.f_globals.get("__name__", "")
+    return module.split(".")[0] in ("jax", "jaxlib") and name in caller.f_code.co_names
 
 
 def _first_line(error: BaseException, limit: int = 200) -> str:
@@ -333,6 +337,7 @@ def compare(baseline: dict, rebound: dict) -> dict:
             "refused": by_outcome["refused"],
             "raised": by_outcome["raised"],
             "lax_errors": by_outcome["lax's error"],
+            "left_to_lax_as_jax_own": by_outcome["jax's own"],
             "refused_by_reason": dict(refused.most_common()),
             "raised_by_reason": dict(raised.most_common()),
             "by_op": {op: dict(counts) for op, counts in sorted(by_op.items())},
@@ -352,7 +357,8 @@ def compare(baseline: dict, rebound: dict) -> dict:
 def print_table(summary: dict, out=sys.stdout):
     calls, tests = summary["calls"], summary["tests"]
     print(f"rebound calls: {calls['total']}, taken by jaxring {calls['taken']}, refused {calls['refused']}, "
-          f"raised {calls['raised']} (lax's own errors: {calls['lax_errors']})", file=out)
+          f"raised {calls['raised']} (not counted: lax's own errors {calls['lax_errors']}, "
+          f"calls by jax's own code {calls['left_to_lax_as_jax_own']})", file=out)
     for op, counts in calls["by_op"].items():
         print(f"  {op:14s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=out)
     for title, reasons in (("refused", calls["refused_by_reason"]), ("raised", calls["raised_by_reason"])):
