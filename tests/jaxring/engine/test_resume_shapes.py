@@ -62,7 +62,7 @@ def assert_goes_on_as_the_straight_run(straight: Path, resumed: Path):
         np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-6)
     before, after = rows(straight), rows(resumed)
     assert sorted(after) == sorted(before)  # every row once, none lost at the resume
-    for step in range(RESUMED_AT + 1, STEPS + 1):
+    for step in [step for step in before if step > RESUMED_AT]:
         if "learning_rate" in before[step]:
             assert after[step]["learning_rate"] == before[step]["learning_rate"], step
             assert after[step]["loss"] == pytest.approx(before[step]["loss"], rel=1e-4), step
