@@ -90,5 +90,5 @@ def test_a_training_run_across_the_two_hosts_finishes(hosts):
     assert code == 0, output[-4000:]
     assert "1 local cpu devices x 2 processes, global batch 64 (32 per device)" in output
     summary = json.loads((checkout / "runs" / "two_hosts" / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["local_devices"] == 1 and summary["steps"] == 128
+    assert summary["processes"] == 2 and summary["local_devices"] == 1 and summary["epochs"] == 2
     assert summary["test_error_rate"] < 0.1, summary  # it learnt: 4 classes, chance is 0.75
