@@ -83,6 +83,8 @@ class ShuffledBatches:
     """This process's batches: every epoch a new order of the training split (from the seed and the epoch),
     each global batch cut into one `batch_size` slice per process. Resumable: state() is (epoch, step)."""
 
+    global_order = True  # a slice of each global batch, in an order the process count does not change
+
     def __init__(self, split: dict, batch_size: int, shard: Shard, seed: int):
         self.split, self.batch_size, self.shard, self.seed = split, batch_size, shard, seed
         self.steps_per_epoch = len(split["y"]) // (batch_size * shard.count)

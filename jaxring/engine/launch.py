@@ -23,7 +23,7 @@ import jaxring
 from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, runtime_error_text, start_mpi
 from jaxring.collectives.xla_threads import reserve_client_threads
 from jaxring.engine import config as config_lib
-from jaxring.engine import registry
+from jaxring.engine import registry, rundir
 from jaxring.engine.checkpoint import CheckpointError
 from jaxring.engine.evaluation import score_split
 from jaxring.engine.experiment import build_task, load_config, load_run
@@ -34,13 +34,37 @@ from jaxring.engine.rundir import RunDirectoryError
 from jaxring.engine.task import DataError
 
 
+_DEVICE_COUNT_FLAG = "xla_force_host_platform_device_count"
+
+
 def expose_host_devices(count: int) -> None:
     """Splits the CPU into `count` XLA devices, unless XLA_FLAGS already says how many, and gives XLA's
     CPU client the threads steps queued over them need (jaxring/collectives/xla_threads.py)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
+    if _DEVICE_COUNT_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
     reserve_client_threads()
+
+
+def resumed_host_devices(workdir: Path) -> int | None:
+    """The --host-devices of a resume whose command line gives none: the CPU devices per process that the
+    checkpoint it continues trained on (rundir.SHAPE_KEY), said in one line; None where that was one device,
+    no CPU, unknown, or XLA_FLAGS sets the count. Collective under MPI (rank 0 reads the checkpoint, as the
+    resume does); call it before JAX starts."""
+    if _DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", ""):
+        return None
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    shape = rundir.trained_shape(workdir) if comm.rank == 0 else None
+    shape = comm.bcast(shape, root=0)
+    if not shape or shape["platform"] != "cpu" or shape["local_devices"] == 1:
+        return None
+    count = shape["local_devices"]
+    if comm.rank == 0:
+        print(f"--resume: the run trained on {count} CPU devices per process: --host-devices {count} again "
+              "(give --host-devices to choose another count)", flush=True)
+    return count
 
 
 _task_lines = None  # the handler show_task_progress added, replaced when run() runs again
@@ -68,17 +92,19 @@ def run(config: str | Path, workdir: str | Path, overrides=(), resume: bool = Fa
     and writes it to WORKDIR/summary.json, then prints the run's last line).
 
     `resume` / `overwrite`: what to do with a run already in `workdir` (jaxring/engine/rundir.py).
-    `host_devices`: split the CPU into that many XLA devices (before JAX starts). `paths_relative_to`: what
+    `host_devices`: split the CPU into that many XLA devices (before JAX starts; on a resume, None means
+    as many as the checkpoint trained on: resumed_host_devices). `paths_relative_to`: what
     the config's relative paths mean (jaxring/engine/experiment.py; None: the current directory).
     """
-    if host_devices:
-        expose_host_devices(host_devices)
-
     start_mpi()  # before anything imports mpi4py: a process that never starts ends the job
     abort_on_uncaught_exception()  # a process that fails ends the job, rather than leave the others waiting
+    workdir = Path(workdir)
+    if resume and not host_devices:
+        host_devices = resumed_host_devices(workdir)
+    if host_devices:
+        expose_host_devices(host_devices)  # before JAX starts: jaxring.init() below starts it
     from jaxring.engine.trainer import Trainer  # imports mpi4py (jaxring/collectives/replicas.py): once MPI started
 
-    workdir = Path(workdir)
     try:
         experiment = load_config(config, overrides, paths_relative_to)
         world = jaxring.init()

@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import json
 import math
+import socket
 import time
 import warnings
 from pathlib import Path
@@ -38,7 +39,7 @@ from jaxring.engine.optim import make_optimizer, planned_schedule
 from jaxring.engine.progress import Progress
 from jaxring.engine.registry import check_task_class, checked_loss
 from jaxring.engine.sync import make_sync
-from jaxring.engine.task import AXIS, Shard, Task
+from jaxring.engine.task import AXIS, DataError, Shard, Task
 
 # The most training steps left in flight: JAX queues steps without waiting, and
 # each queued step holds its batch and outputs; waiting for the step this far
@@ -117,7 +118,9 @@ class Trainer:
         if train.batch_size % replicas:
             raise ValueError(
                 f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
-                f"({self.world_size} processes x {self.n_local} local devices)"
+                f"({self.world_size} processes x {self.n_local} local devices): run on a number of replicas that "
+                "divides it (--host-devices N on CPU, N processes under mpirun), or --set train.batch_size=M with M "
+                f"a multiple of {replicas} (on a resume, a new global batch does not keep the data order)"
             )
         if train.batch_size // replicas % train.accumulate_steps:
             raise ValueError(
@@ -271,12 +274,17 @@ class Trainer:
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
         extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),
-                 SCHEDULE_PLAN_KEY: self.schedule_plan}
+                 SCHEDULE_PLAN_KEY: self.schedule_plan, rundir.SHAPE_KEY: self.shape()}
         path = self.checkpoints.save(step, host_state, extra, metrics)
         rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
         best = self.checkpoints.best() if metrics else None
         note = f", the best so far by dev {best['metric']}" if best and best["step"] == step else ""
         self.progress.status(f"saved the checkpoint of step {step} ({path}{note})")
+
+    def shape(self) -> dict:
+        """What a checkpoint records of the shape it trained on (rundir.SHAPE_KEY)."""
+        return {"processes": self.world_size, "local_devices": self.n_local, "platform": self.devices[0].platform,
+                "global_batch": self.config.train.batch_size}
 
     def restore(self, template: TrainState) -> tuple[TrainState, dict]:
         """(the newest intact checkpoint's state, its extra: data position, metrics.jsonl row, throughput)."""
@@ -329,7 +337,32 @@ class Trainer:
             except ValueError as e:  # processes given different configs: a config error, on every process
                 raise config_lib.ConfigError(str(e)) from None
         check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
-        return check_data() if check_data else None
+        if self.comm is None:
+            return check_data() if check_data else None
+        return self._check_same_data(check_data)
+
+    def _check_same_data(self, check_data) -> dict | None:
+        """Collective: the task's data check on every process, which must all find the same data (each reads
+        its own: a copy per host at the same path, or a shared filesystem); else a DataError on every
+        process naming the ranks and hosts whose data is missing or differs (docs/MULTI_NODE.md, "The data")."""
+        report = failure = None
+        try:
+            report = check_data() if check_data else None
+        except (DataError, OSError) as e:  # raised below on every process, naming this one
+            failure = str(e)
+        agreement.agree(self.comm, "the data check", "checked")  # every process arrives, within the timeout
+        found = self.comm.allgather((socket.gethostname(), failure, _dotted(report or {})))
+        where = [f"rank {rank} ({host})" for rank, (host, _, _) in enumerate(found)]
+        failed = [f"{where[rank]}: {failure}" for rank, (_, failure, _) in enumerate(found) if failure]
+        if failed:
+            raise DataError("the training data could not be read on every process: " + "; ".join(failed))
+        reports = [{key: json.dumps(value) for key, value in dotted.items()} for _, _, dotted in found]
+        if any(other != reports[0] for other in reports):
+            raise DataError(
+                f"the processes found different training data ({', '.join(where)}): "
+                f"{agreement.differences(reports)}. Every process reads the data at the config's paths: give "
+                "every host the same copy there, or put it on a filesystem they share (docs/MULTI_NODE.md)")
+        return report
 
     def _check_losses(self) -> None:
         """Raises FloatingPointError at the first non-finite loss of the steps not yet checked.
@@ -378,6 +411,7 @@ class Trainer:
         self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         step = int(state.step)
         rundir.refuse_finished(self.workdir, step, self.total_steps)
+        self._resume_shape(extra.get(rundir.SHAPE_KEY), step)
         # A checkpoint written before the plan was recorded: its length is taken to be today's.
         plan = extra.get(SCHEDULE_PLAN_KEY) or [[0, self.total_steps]]
         if plan[-1][1] != self.total_steps:
@@ -389,6 +423,42 @@ class Trainer:
         else:
             self._plan(plan)
         return state, extra.get("row")
+
+    def _resume_shape(self, trained: dict | None, step: int) -> None:
+        """One line where the checkpoint trained on another shape than this run's (processes x local devices,
+        global batch), saying what carries on; refuses a new process count the task's batches cannot follow.
+
+        The engine keeps the step, the schedule and the global batch; the data order is the Batches'. One that
+        sets `global_order` (jaxring/engine/task.py, Batches) yields slices of a sequence of global batches that
+        depends on the seed and the global batch alone, and its state() is a position in that sequence, so
+        rank 0's position means the same on any number of processes; a new local device count alone changes
+        nothing the loader sees. Each replica's random draws (dropout, augmentation) are not kept: they are
+        folded from the replica's index (_local). docs/MULTI_NODE.md, "Resuming on another shape"."""
+        if trained is None:  # a checkpoint that predates the record: nothing to compare with
+            return
+        now = self.shape()
+        if all(trained[key] == now[key] for key in ("processes", "local_devices", "global_batch")):
+            return
+        was, new = (f"{s['processes']} x {s['local_devices']} {s['platform']}" for s in (trained, now))
+        batch = self.config.train.batch_size
+        if trained["global_batch"] != batch:
+            self.progress.status(
+                f"resuming step {step} on {new} (processes x local devices; trained on {was}) with global batch {batch} where it trained with "
+                f"{trained['global_batch']} (train.batch_size): the steps and the learning-rate schedule carry on, "
+                "the data order does not")
+            return
+        loader = type(self.batches)
+        if trained["processes"] != now["processes"] and not getattr(self.batches, "global_order", False):
+            raise rundir.RunDirectoryError(
+                f"the checkpoint of step {step} trained on {trained['processes']} processes and this run has "
+                f"{now['processes']}; the task's training batches ({loader.__module__}.{loader.__qualname__}) do not "
+                f"set global_order, so their order would change with the process count: resume on "
+                f"{trained['processes']} processes (mpirun -np {trained['processes']}), local devices as you like "
+                "(docs/MULTI_NODE.md, \"Resuming on another shape\")")
+        self.progress.status(
+            f"resuming step {step} on {new} (processes x local devices; trained on {was}): the same global batch {batch} "
+            f"({batch // (now['processes'] * now['local_devices'])} per device), data order and learning-rate "
+            "schedule; each replica's random draws are new")
 
     def _open_run_directory(self, data_report: dict | None, resume_step: int | None, resumed_row: dict | None,
                             n_params: int) -> metrics_lib.RunLog:

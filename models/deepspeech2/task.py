@@ -110,6 +110,8 @@ def result_text(summary: dict, test_split: str) -> str:
 class TrainBatches:
     """The engine's view of a BatchIterator: flat [B, ...] arrays, a resumable position."""
 
+    global_order = True  # BatchIterator's order depends on the global batch alone (batching.py)
+
     def __init__(self, iterator: BatchIterator):
         self._iterator = iterator
         self.steps_per_epoch = iterator.batches_per_epoch

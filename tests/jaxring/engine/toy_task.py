@@ -17,6 +17,8 @@ HIDDEN = 8
 class ToyBatches:
     """Seeded shuffles of a fixed data set; the position is (epoch, batch index)."""
 
+    global_order = True  # a slice of each global batch, in an order the process count does not change
+
     def __init__(self, x, y, batch_size, shard, seed, delay=0.0):
         self.x, self.y, self.batch_size, self.shard, self.seed, self.delay = x, y, batch_size, shard, seed, delay
         self.steps_per_epoch = len(x) // (batch_size * shard.count)
@@ -116,3 +118,12 @@ def ring_available():
 
 # test_trainer.py's run resumed by processes with separate disks, and its mpirun worker's (separate_disks_worker.py).
 SEPARATE_DISKS_CONFIG = {"train": {"epochs": 2}, "checkpoint": {"every_steps": 4}, "eval": {"every_steps": 6}}
+
+# test_resume_shapes.py's run, trained on one shape and resumed on others (also by its mpirun worker,
+# shape_worker.py): two epochs, so a resume crosses an epoch boundary, and a schedule that is not constant.
+SHAPE_CONFIG = {
+    "train": {"epochs": 2},
+    "optim": {"schedule": "warmup_cosine", "warmup_steps": 4, "final_learning_rate": 0.005},
+    "checkpoint": {"every_steps": 5, "keep": 10},
+    "eval": {"every_steps": 0},
+}

@@ -1,0 +1,94 @@
+"""docs/MULTI_NODE.md's commands, as written, over two emulated hosts with their own hostnames
+(scripts/cluster/cluster.py): its hostfile, the host check and a training run, with only the page's
+placeholders replaced (the host names, the checkout path, the subnet). mpirun runs on the first host
+and reaches the second through the cluster's ssh agent, given in the environment, as ssh would."""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.docs.markdown import ROOT, blocks
+from tests.faults import network_probes
+
+sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+import cluster  # noqa: E402
+
+DOC = "docs/MULTI_NODE.md"
+CHECKOUT, SUBNET, HOSTS = "/opt/jaxring", "10.0.0.0/24", ("node1", "node2")  # the page's placeholders
+REASON = network_probes.skip_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
+
+
+def page_command(contains: str, without: str = "\0") -> str:
+    """The one command line of the page's sh blocks that contains `contains` and not `without`, continuation
+    lines joined."""
+    lines = [line.strip() for block in blocks(DOC, "sh") for line in block.replace("\\\n", " ").splitlines()]
+    found = [line for line in lines if contains in line and without not in line]
+    assert len(found) == 1, f"{DOC}: expected one command with {contains!r}, found {found}"
+    return found[0]
+
+
+def hostfile() -> str:
+    (text,) = [block for block in blocks(DOC, "text") if re.match(r"node1 slots=\d", block)]
+    return text
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Two emulated hosts, and the checkout as the page's /opt/jaxring: a directory whose .venv, scripts
+    and examples are this checkout's, holding the page's hosts.txt; torn down whatever happens."""
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    checkout = tmp_path_factory.mktemp("multi_node")
+    for name in (".venv", "scripts", "examples", "configs"):
+        (checkout / name).symlink_to(ROOT / name)
+    with cluster.Cluster(2, "1gbit", tag="doc") as c:
+        names = dict(zip(HOSTS, c.nodes))
+        (checkout / "hosts.txt").write_text(re.sub(r"node\d", lambda m: names[m.group(0)], hostfile()))
+        yield c, checkout, names
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+
+
+def run_as_written(hosts, command: str, timeout_s: float = 150):
+    c, checkout, names = hosts
+    for placeholder, value in [(CHECKOUT, str(checkout)), (SUBNET, cluster.SUBNET), *names.items()]:
+        command = command.replace(placeholder, value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "XLA_FLAGS"))}
+    env.update(JAX_PLATFORMS="cpu",
+               PRTE_MCA_plm_ssh_agent=str(cluster.AGENT),  # the emulation's ssh (rsh_agent.sh)
+               PRTE_MCA_plm_ssh_no_tree_spawn="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",  # the test runs as root
+               OMPI_MCA_mpi_yield_when_idle="1")  # two hosts' processes share this machine's cores
+    job = subprocess.Popen(c.in_namespace(c.nodes[0], shlex.split(command)), cwd=checkout, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        return job.returncode if job.wait(timeout_s) is not None else None, job.communicate()[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        return None, job.communicate()[0]
+
+
+def test_the_host_check_names_both_hosts_and_sums_right(hosts):
+    _, _, names = hosts
+    code, output = run_as_written(hosts, page_command("scripts/check_hosts.py"))
+    assert code == 0, output
+    for rank, host in enumerate(names.values()):
+        assert re.search(rf"^rank {rank} on {host}: 1 cpu device\(s\), python ", output, re.M), output
+    first, second = names.values()
+    assert f"all-reduce over 2 processes on 2 hosts ({first}, {second}), 2 devices: right" in output, output
+    assert "differs between hosts" not in output
+
+
+def test_a_training_run_across_the_two_hosts_finishes(hosts):
+    _, checkout, _ = hosts
+    code, output = run_as_written(hosts, page_command("--workdir runs/two_hosts", without="--resume"))
+    assert code == 0, output[-4000:]
+    assert "1 local cpu devices x 2 processes, global batch 64 (32 per device)" in output
+    summary = json.loads((checkout / "runs" / "two_hosts" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["local_devices"] == 1 and summary["epochs"] == 2
+    assert summary["test_error_rate"] < 0.1, summary  # it learnt: 4 classes, chance is 0.75
