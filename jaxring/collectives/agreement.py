@@ -60,18 +60,18 @@ def differences(descriptors: list) -> str:
     if not all(isinstance(d, Mapping) for d in descriptors):
         return _by_rank(descriptors)
     keys = dict.fromkeys(key for d in descriptors for key in d)
-    lines = [f"{key}: {_by_rank([d.get(key, '(absent)') for d in descriptors])}" for key in keys
+    lines = [f"{key} ({_by_rank([d.get(key, '(absent)') for d in descriptors])})" for key in keys
              if len({d.get(key, "(absent)") for d in descriptors}) > 1]
     more = len(lines) - MAX_DIFFERENCES
     return "; ".join(lines[:MAX_DIFFERENCES]) + (f"; and {more} more entries differ" if more > 0 else "")
 
 
 def _by_rank(values: list) -> str:
-    """'rank 0 a, ranks 1, 2 b': each distinct value once, after the ranks that hold it."""
+    """'rank 0: a; ranks 1, 2: b': each distinct value once, after the ranks that hold it."""
     ranks_of = {}
     for rank, value in enumerate(values):
         ranks_of.setdefault(value, []).append(rank)
-    return ", ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {value}"
+    return "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {value}"
                      for value, ranks in ranks_of.items())
 
 

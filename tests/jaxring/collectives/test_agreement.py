@@ -24,18 +24,18 @@ def test_trees_that_differ_across_ranks_are_reported_by_the_leaves_that_differ()
     for rank in (0, 1):
         for call, extra in (("broadcast", ""), ("check_replicas", " numpy")):
             expected = (f"rank {rank} {call}: {call} was called with different arguments on different processes: "
-                        f"['layer_7']['bias']: rank 0 float32[4]{extra}, rank 1 float32[5]{extra}. Every process")
+                        f"['layer_7']['bias'] (rank 0: float32[4]{extra}; rank 1: float32[5]{extra}). Every process")
             assert expected in output, output
 
 
 def test_only_the_differing_entries_are_listed_and_at_most_a_few():
     same = {f"leaf{i}": "float32[3]" for i in range(50)}
     ranks = [dict(same), dict(same, leaf3="float32[4]"), dict(same, leaf3="float32[4]")]
-    assert agreement.differences(ranks) == "leaf3: rank 0 float32[3], ranks 1, 2 float32[4]"
+    assert agreement.differences(ranks) == "leaf3 (rank 0: float32[3]; ranks 1, 2: float32[4])"
     extra = dict(same, extra="int32[]")
-    assert agreement.differences([same, extra]) == "extra: rank 0 (absent), rank 1 int32[]"
+    assert agreement.differences([same, extra]) == "extra (rank 0: (absent); rank 1: int32[])"
     many = [same, {key: "float16[3]" for key in same}]
     listed = agreement.differences(many)
     assert listed.count("float16[3]") == agreement.MAX_DIFFERENCES
     assert listed.endswith(f"; and {50 - agreement.MAX_DIFFERENCES} more entries differ")
-    assert agreement.differences(["seed=0", "seed=1", "seed=0"]) == "ranks 0, 2 seed=0, rank 1 seed=1"
+    assert agreement.differences(["seed=0", "seed=1", "seed=0"]) == "ranks 0, 2: seed=0; rank 1: seed=1"

@@ -16,4 +16,4 @@ def test_missing_or_different_data_on_one_rank_is_named_on_every_rank(tmp_path):
         assert (f"rank {rank} missing: DataError: the training data could not be read on every process: rank 1 "
                 f"({host}): data.manifest_dir /data/mine has no train.jsonl") in output, output
         assert (f"rank {rank} differs: DataError: the processes found different training data (rank 0 ({host}), "
-                f"rank 1 ({host})): train.usable: rank 0 96, rank 1 95") in output, output
+                f"rank 1 ({host})): train.usable (rank 0: 96; rank 1: 95)") in output, output
