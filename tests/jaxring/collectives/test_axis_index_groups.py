@@ -14,8 +14,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
 from tests.jaxring.collectives.random_inputs import random_array
-from tests.jaxring.collectives.test_lax_parity import assert_same
-from tests.jaxring.collectives.test_vmap_axes import Lax, Ring, assert_all_same
+from tests.jaxring.collectives.test_lax_parity import Lax, Ring, assert_same
+from tests.jaxring.collectives.test_vmap_axes import assert_all_same
 
 # 6 devices in 2 groups of 3, neither contiguous nor in axis order.
 GROUPS = [[4, 0, 3], [1, 5, 2]]

@@ -10,7 +10,7 @@ from jax.experimental import roofline
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxring.collectives import ring
-from tests.jaxring.collectives.test_vmap_axes import Lax, Ring
+from tests.jaxring.collectives.test_lax_parity import Lax, Ring
 
 
 def collectives(ops, v):

@@ -24,9 +24,11 @@ from tests.jaxring.collectives.random_inputs import random_array
 
 
 class Lax:
+    """lax's collectives under jaxring's names and signatures."""
+
     @staticmethod
-    def allreduce(x, axis_name, op="sum"):
-        return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, axis_name)
+    def allreduce(x, axis_name, op="sum", *, axis_index_groups=None):
+        return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, axis_name, axis_index_groups=axis_index_groups)
 
     tree_allreduce = allreduce
     reduce_scatter = staticmethod(jax.lax.psum_scatter)

@@ -17,26 +17,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 import jaxring
 from jaxring.collectives import kinds, ring
 from tests.jaxring.collectives.random_inputs import random_array
-from tests.jaxring.collectives.test_lax_parity import assert_same
+from tests.jaxring.collectives.test_lax_parity import Lax, Ring, assert_same
 
 DEVICES, BATCH, VALUES = 3, 5, 7
-
-
-class Lax:
-    """lax's collectives under jaxring's names and signatures."""
-
-    @staticmethod
-    def allreduce(x, axis_name, op="sum", *, axis_index_groups=None):
-        return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, axis_name, axis_index_groups=axis_index_groups)
-
-    reduce_scatter = staticmethod(jax.lax.psum_scatter)
-    all_gather = staticmethod(jax.lax.all_gather)
-
-
-class Ring:
-    allreduce = staticmethod(jaxring.allreduce)
-    reduce_scatter = staticmethod(jaxring.reduce_scatter)
-    all_gather = staticmethod(jaxring.all_gather)
 
 
 def every_op(ops, v):
