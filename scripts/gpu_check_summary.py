@@ -21,7 +21,8 @@ import sys
 # benchmark target (bench_cuda_ring.py's `targets`, "<name><op><threshold>").
 TARGETS = [
     ("smoke: both engines, k=2 and 8, tiny sizes", 1, ("cases", "smoke")),
-    ("correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes", 1, ("cases", "correctness")),
+    ("correctness: k=2,3,5,8, sizes to 1M, sums of float32, bfloat16, float16 and int32, all modes", 1, ("cases", "correctness")),
+    ("correctness: k=2,8, every dtype by sum, max and min, sizes to 4099", 1, ("cases", "correctness-types")),
     ("4KiB_f32_k8_device_us<=40", 3, ("bench", "bench-decisive")),
     ("4KiB_f32_k2_device_us<=20", 3, ("bench", "bench-decisive")),
     ("4KiB_f32_k8_host_speedup>=8", 3, ("bench", "bench-decisive")),
@@ -50,14 +51,15 @@ TARGETS = [
 # What each setting waits for, and where it lives.
 FLIPS = [
     ("default engine", ["smoke: both engines, k=2 and 8, tiny sizes",
-                        "correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes",
+                        "correctness: k=2,3,5,8, sizes to 1M, sums of float32, bfloat16, float16 and int32, all modes",
+                        "correctness: k=2,8, every dtype by sum, max and min, sizes to 4099",
                         "256 queued steps through both CUDA engines, k=2 and 8",
                         "4KiB_f32_k8_device_us<=40", "256MiB_f32_k8_copy_fraction>=0.85",
                         "compute-sanitizer memcheck, one tiny device case", "jax checks, device engine",
                         "correctness: k=2,8, sizes to 64M, float32 and bfloat16"],
      "make 'device' the default of JAXRING_CUDA_ENGINE in RunCudaCollective "
      "(jaxring/collectives/csrc/cuda/device_ring.cu) and docs/USAGE.md"),
-    ("one-shot threshold", ["correctness: k=2,3,5,8, sizes to 1M, all dtypes and modes"],
+    ("one-shot threshold", ["correctness: k=2,3,5,8, sizes to 1M, sums of float32, bfloat16, float16 and int32, all modes"],
      "set OneShotMaxBytes (jaxring/collectives/csrc/cuda/device_ring.cu) per k to one_shot_crossover_bytes"),
     ("GPU bucket size", ["ds2_paper_projected_ms<=2"],
      "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
