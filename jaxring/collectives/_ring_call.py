@@ -80,13 +80,13 @@ def emit(ctx, x, *, kind, ordinals, op_id, timeout_ms, in_place, platform, reduc
 device_rings_p = core.Primitive("jaxring_device_rings")
 
 
-def _device_rings_abstract_eval(x, *, kind, rings, timeout_ms):
+def _device_rings_abstract_eval(x, *, kind, rings, timeout_ms, reduction="sum"):
     return jax.core.ShapedArray((kind.out_elements(x.shape[0], len(rings[0])),), x.dtype)
 
 
-def _device_rings_lowering(ctx, x, *, kind, rings, timeout_ms, platform):
+def _device_rings_lowering(ctx, x, *, kind, rings, timeout_ms, platform, reduction="sum"):
     return emit(ctx, x, kind=kind, ordinals=ordinals(np.array(rings, dtype=object)),
-                op_id=next_op_id(), timeout_ms=timeout_ms, in_place=False, platform=platform)
+                op_id=next_op_id(), timeout_ms=timeout_ms, in_place=False, platform=platform, reduction=reduction)
 
 
 device_rings_p.def_abstract_eval(_device_rings_abstract_eval)

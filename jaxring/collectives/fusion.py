@@ -5,6 +5,7 @@ A gradient tree has many small leaves; one ring per leaf would pay the ring's
 buckets of up to `bucket_bytes` pays them once per bucket.
 """
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -97,20 +98,21 @@ def fused(fn, tree, bucket_bytes):
     return unpack([fn(flat) for flat in flats], layout)
 
 
-def tree_allreduce(tree, axis_name, op="sum", *, bucket_bytes=None, processes=False, timeout=None):
-    """Sum (op="sum", as jax.lax.psum) or mean (op="mean") of every leaf of `tree` over `axis_name`
-    (and every process with processes=True, as ring.allreduce), one collective per fused bucket
-    of at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
+def tree_allreduce(tree, axis_name, op="sum", *, axis_index_groups=None, bucket_bytes=None, processes=False,
+                   timeout=None):
+    """ring.allreduce of every leaf of `tree` over `axis_name` (op "sum", "mean", "max" or "min";
+    `axis_index_groups`, `processes` and `timeout` as there), one collective per fused bucket of
+    at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
     """
+    allreduce = functools.partial(ring.allreduce, axis_name=axis_name, op=op, axis_index_groups=axis_index_groups,
+                                  processes=processes, timeout=timeout)
     if jax.lax.axis_size(axis_name) == 1 and processes is False:  # nothing moves, so packing would only copy
-        return ring.allreduce(tree, axis_name, op, timeout=timeout)
+        return allreduce(tree)
     bucket_bytes = bucket_bytes or default_bucket_bytes()
     # Leaves no trace computed (Python scalars, constants) take no bucket: allreduce sums
     # them as lax does, when traced, to lax's types.
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     traced = [isinstance(leaf, jax.core.Tracer) for leaf in leaves]
-    summed = iter(fused(lambda flat: ring.allreduce(flat, axis_name, op=op, processes=processes, timeout=timeout),
-                        [leaf for leaf, t in zip(leaves, traced) if t], bucket_bytes))
-    constants = iter(ring.allreduce([leaf for leaf, t in zip(leaves, traced) if not t], axis_name, op,
-                                    processes=processes, timeout=timeout))
+    summed = iter(fused(allreduce, [leaf for leaf, t in zip(leaves, traced) if t], bucket_bytes))
+    constants = iter(allreduce([leaf for leaf, t in zip(leaves, traced) if not t]))
     return jax.tree_util.tree_unflatten(treedef, [next(summed) if t else next(constants) for t in traced])

@@ -14,7 +14,7 @@ _AXIS = "jaxring_local"
 
 
 def global_allreduce(x, op: str = "sum", *, timeout: float | None = None):
-    """Sum (or mean) of every leaf of `x` over all local devices of all processes, from outside pmap.
+    """The sum, mean, max or min (`op`) of every leaf of `x` over all local devices of all processes, from outside pmap.
 
     `x`: a pytree of arrays whose leading axis is the number of local devices
     (as pmap returns them). The same as ``jax.pmap(lambda v:

@@ -215,7 +215,7 @@ def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reductio
     return flat
 
 
-def lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms):
+def lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction):
     """ring.py's lowering of jaxring.allreduce over a mesh axis that spans jax.distributed processes.
 
     `rings`: the devices of each ring of the axis ([rings, ring size]). Each
@@ -252,17 +252,17 @@ def lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms):
         parts.append(tuple(d for d in devices if d.process_index == world.rank))
     parts = tuple(parts)
     (aval,) = ctx.avals_in
-    what = f"sum of {np.dtype(aval.dtype).name}[{aval.shape[0]}] over {axis_name} across {world.size} processes"
+    what = f"{reduction} of {np.dtype(aval.dtype).name}[{aval.shape[0]}] over {axis_name} across {world.size} processes"
 
     ring_op = functools.partial(_ring_call.device_rings_p.bind, rings=parts, timeout_ms=timeout_ms)
-    local_ops = LocalOps(len(parts[0]), functools.partial(ring_op, kind=kinds.REDUCE_SCATTER),
+    local_ops = LocalOps(len(parts[0]), functools.partial(ring_op, kind=kinds.REDUCE_SCATTER, reduction=reduction),
                          functools.partial(ring_op, kind=kinds.ALL_GATHER))
 
-    def sum_(flat):
+    def reduce(flat):
         acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, "sum")
+        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, reduction)
 
-    return mlir.lower_fun(sum_, multiple_results=False)(ctx, x)
+    return mlir.lower_fun(reduce, multiple_results=False)(ctx, x)
 
 
 def mean_over_processes_with_lax(x, axis_name):

@@ -460,16 +460,16 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        if kind is not ALLREDUCE or reduction != "sum" or groups is not None:
+        if kind is not ALLREDUCE or groups is not None:
             raise ValueError(
                 f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce sums over whole axes only. Map the axis over each process' "
-                f"own devices, or use jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the "
-                "global mesh."
+                "jax.distributed processes, where jaxring runs allreduce (sum, mean, max, min) over whole axes "
+                "only. Map the axis over each process' own devices, or use "
+                f"jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
-        return mpi.lower_sum_across_processes(ctx, x, rings, axis_name, timeout_ms)
+        return mpi.lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction)
     return _ring_call.emit(ctx, x, kind=kind, ordinals=_ring_call.ordinals(rings), op_id=op_id,
                            timeout_ms=timeout_ms, in_place=in_place, platform=platform, reduction=reduction)
 

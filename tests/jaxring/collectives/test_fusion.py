@@ -73,6 +73,22 @@ def test_tree_allreduce_without_op_sums_as_psum():
         np.testing.assert_allclose(np.asarray(default[name][0], np.float64), tree[name].astype(np.float64).sum(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("op, lax_op", [("max", jax.lax.pmax), ("min", jax.lax.pmin), ("sum", jax.lax.psum)])
+def test_tree_allreduce_by_groups_and_max_min_as_lax(op, lax_op):
+    """Fused buckets reduce elementwise, so max and min fuse as sums do; groups reach every bucket's ring."""
+    rng = np.random.default_rng([6, len(op)])
+    tree = {"w": rng.standard_normal((4, 5, 3)).astype(np.float32), "b": rng.standard_normal((4, 7)).astype(np.float32),
+            "n": rng.integers(-50, 50, (4, 3)).astype(np.int32)}
+    if op != "sum":
+        tree["w"][1, ::2] = np.nan  # lax's CPU max/min skip a NaN where the group has another value
+    groups = [[0, 3], [2, 1]]
+    run = lambda reduce: jax.pmap(reduce, axis_name="i", devices=jax.devices()[:4])(tree)  # noqa: E731
+    fused = run(lambda t: jaxring.tree_allreduce(t, "i", op, axis_index_groups=groups, bucket_bytes=64))
+    expected = run(lambda t: lax_op(t, "i", axis_index_groups=groups))
+    for name in tree:
+        np.testing.assert_array_equal(np.asarray(fused[name]).view(np.uint8), np.asarray(expected[name]).view(np.uint8))
+
+
 def test_the_default_bucket_size_is_the_platforms():
     assert default_bucket_bytes("cpu") == 1 << 20
     assert default_bucket_bytes("gpu") == 64 << 20

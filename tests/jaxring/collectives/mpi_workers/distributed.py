@@ -97,6 +97,26 @@ for dtype in (np.float32, jnp.bfloat16, np.float16, np.int32):
             exact = exact / (size * L) if op == "mean" else exact
             tolerance = {np.float32: 1e-5, np.int32: 0}.get(dtype, 2e-2)
             np.testing.assert_allclose(got.astype(np.float64), exact, rtol=tolerance, atol=tolerance)
+# max and min, process 0's float values with NaNs mixed in, against processes=True bitwise and numpy
+# exactly (lax's CPU rule, core/reduction.h: a NaN is skipped where another value exists).
+for dtype in (np.float32, np.int8, np.uint16):
+    for n in (1, 7, 2049):
+        for op in ("max", "min"):
+            rows = rows_of(rank, n, np.float32)
+            if dtype == np.float32 and rank == 0:
+                rows[:, ::5] = np.nan
+            rows = rows.astype(dtype) if dtype == np.float32 else (rows * 40).astype(np.int64).astype(dtype)
+            got = over_the_global_axis(op, rows)
+            reference = with_processes_true(op, rows)
+            assert all((row.view(np.uint8) == got.view(np.uint8)).all() for row in reference), (dtype, n, op)
+            every_row = np.concatenate([rows_of(p, n, np.float32) for p in range(size)])
+            if dtype == np.float32:
+                every_row[:L, ::5] = np.nan
+                exact = (np.nanmax if op == "max" else np.nanmin)(every_row, axis=0)
+            else:
+                every_row = (every_row * 40).astype(np.int64).astype(dtype)
+                exact = (np.max if op == "max" else np.min)(every_row, axis=0)
+            np.testing.assert_array_equal(got, exact.astype(dtype), err_msg=f"{op} of {np.dtype(dtype).name}[{n}]")
 print(f"rank {rank}: allreduce over the global axis matches numpy and processes=True bitwise", flush=True)
 
 # A 2-D global mesh: over the process axis alone (rings of one device per
