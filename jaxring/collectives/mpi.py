@@ -8,7 +8,8 @@ processes of `comm` only:
 
 1. local ring reduce-scatter (ring.py's, or lax's: `LocalOps`): local device i holds
    chunk i of this process' reduction, in the accumulation type (float32 for 16-bit floats);
-2. the cross-process leg, `mpi_ring_p`: an XLA custom call
+2. the cross-process leg, `mpi_ring_p`, on the chunk in the accumulation type, or in 16 bits
+   with allreduce's wire_dtype (each hop adding in float32): an XLA custom call
    (csrc/mpi/cpu_mpi_ring.cc; on GPUs csrc/mpi/cuda_mpi_ring.cc, which stages the
    chunk through pinned host memory) that runs ring_schedule.h's ring over the
    processes of local device i's own clone of the communicator (`Communicator`),
@@ -16,8 +17,8 @@ processes of `comm` only:
    other's messages, nor those of another communicator's legs;
 3. local ring all-gather of the reduced chunks, in the input's dtype.
 
-Every chunk is reduced once, in one order, and rounded once: every device of
-every process gets the same bits. The checks that every process compiled the
+Every chunk is reduced once, in one order, and rounded once (at each hop of the leg with a
+16-bit wire_dtype): every device of every process gets the same bits. The checks that every process compiled the
 same collective (shape, dtype, op) run once, when the leg is lowered
 (agreement.agree on the communicator), not per call; each leg then carries a
 tag fixed at lowering, the same in every process of its communicator.
@@ -181,34 +182,38 @@ def lax_local_ops(names) -> LocalOps:
 
 
 def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: str,
-                          communicator: Communicator | None = None, reduction: str = "sum"):
+                          communicator: Communicator | None = None, reduction: str = "sum", wire_dtype=None):
     """The reduction ("sum", "max" or "min": csrc/core/reduction.h) of `x` over the devices of
     `names` and the processes of `communicator` (None: the job's), bitwise equal everywhere.
 
     Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
-    (ring.py's ring, or lax's: lax_local_ops, sum only).
+    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None for
+    the accumulation type): what the leg's chunks cross in.
     """
     communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
-    total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction)
+    total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
+                             flat.dtype if wire_dtype is None else jnp.dtype(wire_dtype))
     if _jax_compat.checking_varying_axes():
         total = invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
 
-def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reduction):
+def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reduction, wire_dtype):
     """The reduction of the 1-D `flat` (accumulation type) over the local devices of a ring in
     this process and over the processes of communicator `comm_id`: a local reduce-scatter, the
-    leg on each device's chunk, a local all-gather in `dtype`."""
+    leg on each device's chunk in `wire_dtype` (a 16-bit float crosses in 16 bits, adding in
+    float32 at each hop: csrc/mpi/mpi_host_ring.cc), a local all-gather in `dtype`."""
     size, local = flat.size, local_ops.devices
     if local > 1:
         chunk = -(-size // local)
         flat = local_ops.reduce_scatter(jnp.pad(flat, (0, local * chunk - size)))
-    flat = mpi_ring_p.bind(flat, comm_id=comm_id, reduction=reduction, timeout_ms=timeout_ms, what=what)
+    flat = mpi_ring_p.bind(flat.astype(wire_dtype), comm_id=comm_id, reduction=reduction, timeout_ms=timeout_ms,
+                           what=what)
     flat = flat.astype(dtype)
     if local > 1:
         flat = local_ops.all_gather(flat)[:size]
@@ -260,16 +265,19 @@ def lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction):
 
     def reduce(flat):
         acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, reduction)
+        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, reduction, acc.dtype)
 
     return mlir.lower_fun(reduce, multiple_results=False)(ctx, x)
 
 
-def mean_over_processes_with_lax(x, axis_name):
-    """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg across."""
+def mean_over_processes_with_lax(x, axis_name, wire_dtype=None):
+    """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg
+    across (in `wire_dtype` for a float `x`, as ring.allreduce's)."""
     n_procs = processes()
     what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what)
+    if wire_dtype is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+        wire_dtype = None
+    total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what, wire_dtype=wire_dtype)
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
 
 

@@ -186,7 +186,7 @@ def _ring_of_one(lax_op, local_result):
     return lax_op() if _jax_compat.checking_varying_axes() else local_result()
 
 
-def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False, timeout=None):
+def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False, timeout=None, wire_dtype=None):
     """Sum (op="sum", as jax.lax.psum), mean (as jax.lax.pmean), max (as jax.lax.pmax) or min
     (as jax.lax.pmin) of every leaf of `x` over `axis_name`.
 
@@ -213,6 +213,11 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     the communicator must run the same program; the others do not call it (a
     process holding MPI.COMM_NULL is refused). With one process it is
     processes=False.
+    wire_dtype="bfloat16" or "float16" (with processes= only) sends a float leaf's chunks
+    between processes in 16 bits, half float32's bytes: each hop of the MPI leg adds in
+    float32 and rounds the partial result to 16 bits as it crosses; the local rings stay in
+    the leaf's precision. None (the default): chunks cross in the accumulation type,
+    rounded once.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
@@ -221,6 +226,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     _check_allreduce_axes(names, groups, processes)
     timeout_ms = _timeout_ms(timeout)
     communicator = _processes(processes)
+    wire_dtype = _checked_wire_dtype(wire_dtype, processes)
 
     lax_reduce = LAX_OPS[op]
     reduction = "sum" if op == "mean" else op
@@ -237,7 +243,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
         if communicator is not None:
-            return _across_processes(x, names, op, ranks, communicator, timeout_ms)
+            return _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype)
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
@@ -253,6 +259,23 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+WIRE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _checked_wire_dtype(wire_dtype, processes):
+    """allreduce's wire_dtype as a numpy dtype, or None."""
+    if wire_dtype is None:
+        return None
+    name = np.dtype(wire_dtype).name if not isinstance(wire_dtype, str) else wire_dtype
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"jaxring.allreduce(wire_dtype={wire_dtype!r}): the chunks cross processes as one of "
+                         f"{WIRE_DTYPES}, or None for the accumulation type")
+    if processes is False:
+        raise ValueError(f"jaxring.allreduce(wire_dtype={name!r}) is the dtype of what crosses processes; "
+                         "pass processes=True (or a communicator), or drop wire_dtype")
+    return np.dtype(jnp.dtype(name))
 
 
 def _check_allreduce_axes(names, groups, processes):
@@ -287,9 +310,10 @@ def _processes(processes):
     return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, op, ranks, communicator, timeout_ms):
+def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype):
     """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
-    the MPI leg over `communicator`'s processes, the local ring's all-gather (mpi.py)."""
+    the MPI leg over `communicator`'s processes (in `wire_dtype` where narrower than a float leaf's
+    accumulation type), the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
     if jax.process_count() > 1 and ranks > jax.local_device_count():
@@ -308,7 +332,10 @@ def _across_processes(x, names, op, ranks, communicator, timeout_ms):
             functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
             functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
         )
-        total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction)
+        if wire_dtype is not None and not (jnp.issubdtype(x.dtype, jnp.floating) and
+                                           wire_dtype.itemsize < accumulation.accumulation_dtype(x.dtype).itemsize):
+            wire_dtype = None
+        total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
     return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
 
 

@@ -57,11 +57,14 @@ class TrainConfig:
     off_size_batches: str = "warn"  # a batch of other than batch_size / processes rows: "warn" (once) | "refuse"
     compute_dtype: str = "float32"  # the loss's dtype: "float32" | "bfloat16" | "float16" (loss-scaled); weights and updates stay float32 (engine/precision.py)
     accumulate_steps: int = 1  # micro-batches per update: each device's batch is split into this many, whose gradients are summed before the one all-reduce
+    allreduce_dtype: str | None = None  # what gradients cross processes in: null (their accumulation type, rounded once) | "bfloat16" | "float16" (half float32's bytes; each hop adds in float32); no effect within one process
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
         _check_choice("train.off_size_batches", self.off_size_batches, ("warn", "refuse"))
         _check_choice("train.compute_dtype", self.compute_dtype, ("float32", "bfloat16", "float16"))
+        if self.allreduce_dtype is not None:
+            _check_choice("train.allreduce_dtype", self.allreduce_dtype, ("bfloat16", "float16", "float32"))
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.log_every", self.log_every)
         _check_positive("train.accumulate_steps", self.accumulate_steps, "1 for none")

@@ -28,11 +28,13 @@ Finish = Callable[[Any, Any], Any]
 class Sync:
     """Mean over every device of every process, inside one pmapped step."""
 
-    def __init__(self, world_size: int, method: str, bucket_bytes: int):
-        # method: train.allreduce, "ring" or "psum" (checked by jaxring.engine.config)
+    def __init__(self, world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None):
+        # method: train.allreduce, "ring" or "psum"; wire_dtype: train.allreduce_dtype, what the
+        # buckets cross processes in (both checked by jaxring.engine.config)
         self.world_size = world_size
         self.method = method
         self.bucket_bytes = bucket_bytes
+        self.wire_dtype = wire_dtype if world_size > 1 else None
 
     def mean(self, tree):
         """Mean of every leaf over AXIS and every process, inside pmap; one collective per fused bucket."""
@@ -40,12 +42,12 @@ class Sync:
 
     def _bucket_mean(self, flat):
         if self.method == "ring":
-            return ring.allreduce(flat, AXIS, op="mean", processes=self.world_size > 1)
+            return ring.allreduce(flat, AXIS, op="mean", processes=self.world_size > 1, wire_dtype=self.wire_dtype)
         if self.world_size == 1:
             return jax.lax.pmean(flat, AXIS)
         from jaxring.collectives import mpi  # imports mpi4py: only with several processes
 
-        return mpi.mean_over_processes_with_lax(flat, AXIS)
+        return mpi.mean_over_processes_with_lax(flat, AXIS, self.wire_dtype)
 
     def pmap_step(self, local: Local, finish: Finish):
         """(state, device batch) -> finish(state, mean of local(state, batch)); `state` is donated."""
@@ -69,6 +71,7 @@ class Sync:
                    - median_seconds(lambda: alone(tree), repeats, warmup))
 
 
-def make_sync(world_size: int, method: str, bucket_bytes: int) -> Sync:
-    """The sync for a run of `world_size` processes; `method` is train.allreduce ("ring" or "psum")."""
-    return Sync(world_size, method, bucket_bytes)
+def make_sync(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None) -> Sync:
+    """The sync for a run of `world_size` processes; `method` is train.allreduce ("ring" or "psum"),
+    `wire_dtype` train.allreduce_dtype."""
+    return Sync(world_size, method, bucket_bytes, wire_dtype)

@@ -170,6 +170,10 @@ def test_bad_arguments_say_what_to_do():
         pmapped(lambda v: jaxring.allreduce(v, "i", op="prod"), 2)(np.ones((2, 3), np.float32))
     with pytest.raises(TypeError, match="cast"):
         pmapped(lambda v: jaxring.allreduce(v, "i"), 2)(np.ones((2, 3), jnp.float8_e4m3fn))
+    with pytest.raises(ValueError, match="what crosses processes; pass processes=True"):
+        pmapped(lambda v: jaxring.allreduce(v, "i", wire_dtype="bfloat16"), 2)(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"cross processes as one of \('bfloat16', 'float16', 'float32'\)"):
+        pmapped(lambda v: jaxring.allreduce(v, "i", wire_dtype=np.int8, processes=True), 2)(np.ones((2, 3), np.float32))
 
 
 @pytest.mark.parametrize("dtype", (jnp.float32, jnp.bfloat16), ids=lambda d: np.dtype(d).name)

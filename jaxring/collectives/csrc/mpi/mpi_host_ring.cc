@@ -20,8 +20,10 @@
 //   once, by one process, in one order: every process ends with the same bits.
 //
 // Buffers have the accumulation type (any lax type; Python casts 16-bit
-// floats to float32 before and back after), so partial sums live in the
-// output. Each reduction combines as the ring's engines do (core/reduction.h,
+// floats to float32), or a 16-bit float where allreduce's wire_dtype asks
+// for half the bytes (jaxring/collectives/mpi.py): then each hop adds in
+// float32 and rounds the partial result to 16 bits as it crosses (one-shot
+// rounds once). Partial results live in the output. Each reduction combines as the ring's engines do (core/reduction.h,
 // host_elementwise.h's Combine): complex numbers summed as pairs of reals,
 // integers wrapping, max/min by lax's CPU rule. One-shot combines in rank
 // order, so its bits are lax's; the ring starts each chunk at another rank,
@@ -332,12 +334,15 @@ class OneShot final : public LegInFlight {
 
   // Rank 0's + rank 1's + ...: every process rounds the same terms in the
   // same order and ends with the same bits.
+  // A 16-bit float adds in float32 and is rounded once, at the end.
   void Sum() {
     const T* theirs = reinterpret_cast<const T*>(others_.data());
-    std::memcpy(out_, leg_.rank == 0 ? in_ : theirs, elements_ * sizeof(T));
-    for (int p = 1; p < leg_.size; ++p) {
-      const T* term = p == leg_.rank ? in_ : theirs + p * elements_;
-      for (int64_t j = 0; j < elements_; ++j) out_[j] = Combine<R>::Of(out_[j], term[j]);
+    std::vector<const T*> terms(leg_.size);
+    for (int p = 0; p < leg_.size; ++p) terms[p] = p == leg_.rank ? in_ : theirs + p * elements_;
+    for (int64_t j = 0; j < elements_; ++j) {
+      auto total = ToAcc(terms[0][j]);
+      for (int p = 1; p < leg_.size; ++p) total = Combine<R>::Of(total, ToAcc(terms[p][j]));
+      Store(total, out_ + j);
     }
   }
 
@@ -387,8 +392,9 @@ class Ring final : public LegInFlight {
       const Stage st = mine_.StageAt(done_);
       if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
         const T* partial = Slot(done_);
+        // A 16-bit float adds in float32; the partial result crosses in its own type.
         for (int64_t j = 0; j < st.count; ++j) {
-          out_[st.dst + j] = Combine<R>::Of(partial[j], in_[st.src + j]);
+          Store(Combine<R>::Of(ToAcc(partial[j]), ToAcc(in_[st.src + j])), out_ + st.dst + j);
         }
       }
       ++done_;
@@ -478,22 +484,23 @@ std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const 
 }
 
 // Calls visit(T{}) with the C++ type of the component type `type` of
-// ring_handler_common.h's kElementTypes (the 16-bit floats excepted: they
-// cross in float32); false for another.
+// ring_handler_common.h's kElementTypes.
 template <typename Visit>
-bool VisitComponentType(ffi::DataType type, Visit visit) {
+void VisitComponentType(ffi::DataType type, Visit visit) {
   switch (type) {
-    case ffi::DataType::F32: visit(float{}); return true;
-    case ffi::DataType::F64: visit(double{}); return true;
-    case ffi::DataType::S8: visit(int8_t{}); return true;
-    case ffi::DataType::S16: visit(int16_t{}); return true;
-    case ffi::DataType::S32: visit(int32_t{}); return true;
-    case ffi::DataType::S64: visit(int64_t{}); return true;
-    case ffi::DataType::U8: visit(uint8_t{}); return true;
-    case ffi::DataType::U16: visit(uint16_t{}); return true;
-    case ffi::DataType::U32: visit(uint32_t{}); return true;
-    case ffi::DataType::U64: visit(uint64_t{}); return true;
-    default: return false;
+    case ffi::DataType::BF16: visit(Bf16{}); return;
+    case ffi::DataType::F16: visit(_Float16{}); return;
+    case ffi::DataType::F32: visit(float{}); return;
+    case ffi::DataType::F64: visit(double{}); return;
+    case ffi::DataType::S8: visit(int8_t{}); return;
+    case ffi::DataType::S16: visit(int16_t{}); return;
+    case ffi::DataType::S32: visit(int32_t{}); return;
+    case ffi::DataType::S64: visit(int64_t{}); return;
+    case ffi::DataType::U8: visit(uint8_t{}); return;
+    case ffi::DataType::U16: visit(uint16_t{}); return;
+    case ffi::DataType::U32: visit(uint32_t{}); return;
+    case ffi::DataType::U64: visit(uint64_t{}); return;
+    default: return;  // kElementTypes has no other component type
   }
 }
 
@@ -516,10 +523,6 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
   const ElementType* row = FindElementType(type);
   if (std::string refused = RefuseTypeOrReduction(row, reduction, Mode::kAllReduce); !refused.empty()) {
     return ffi::Error::InvalidArgument(refused);
-  }
-  if (!VisitComponentType(row->component, [](auto) {})) {
-    return ffi::Error::InvalidArgument(std::string("jaxring: the cross-process leg takes ") + row->name +
-                                       " in float32 (jaxring/collectives/mpi.py casts it)");
   }
   leg->reduction = static_cast<Reduction>(reduction);
   MPI_Comm_rank(leg->comm, &leg->rank);
