@@ -194,3 +194,19 @@ def test_a_documented_constant_is_the_codes(doc, pattern, value):
     found = re.findall(pattern, " ".join((ROOT / doc).read_text().split()))
     assert found, f"{doc} no longer says {pattern!r}: update this table (tests/docs/test_docs_facts.py)"
     assert set(found) == {value}, f"{doc} says {found} for {pattern!r}; the code holds {value}"
+
+
+# -- ratios: one direction everywhere (README's "Is it faster?": > 1 means jaxring is faster)
+
+_INVERTED_RATIOS = [r"\(< 1: faster\)", r"\| [^|]*jaxring ?/ ?(?:bare|psum|mpi|gloo)[^|]*\|",
+                    r"time over the bare call's"]
+
+
+def text_of(doc: str) -> str:
+    return (ROOT / doc).read_text()
+
+
+def test_no_page_gives_a_ratio_the_other_way_round():
+    wrong = [(doc, m.group(0)) for doc in DOCS for pattern in _INVERTED_RATIOS
+             for m in re.finditer(pattern, text_of(doc))]
+    assert not wrong, f"ratios where < 1 means jaxring is faster; turn them round (other's time over jaxring's): {wrong}"
