@@ -58,9 +58,9 @@ def allreduce(cluster, args) -> list[dict]:
 def train(cluster, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "train.json"
-        command = [sys.executable, "-m", "mpi4py", str(TRAIN_BENCH), "--configs", "ds2_tiny", "--allreduce", "ring",
-                   "--batch-size", str(args.batch_per_node * cluster.n), "--steps", str(args.train_steps),
-                   "--host-devices", "1", "--json", str(out)]
+        command = [sys.executable, "-m", "mpi4py", str(TRAIN_BENCH), "--configs", args.train_config, "--allreduce",
+                   "ring", "--batch-size", str(args.batch_per_node * cluster.n), "--steps", str(args.train_steps),
+                   "--host-devices", "1", "--json", str(out), *(f"--set={o}" for o in args.train_set)]
         subprocess.run(cluster.mpirun(command), check=True, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())["records"][0]
 
@@ -75,6 +75,9 @@ def main(argv=None):
     parser.add_argument("--train-rates", nargs="*", help="rates of the weak-scaling runs (default: every --rates)")
     parser.add_argument("--batch-per-node", type=int, default=8)
     parser.add_argument("--train-steps", type=int, default=5)
+    parser.add_argument("--train-config", default="ds2_tiny", help="configs/NAME.yaml of the training runs")
+    parser.add_argument("--train-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override of the training runs, e.g. train.allreduce_dtype=bfloat16")
     parser.add_argument("--allreduce-args", default="",
                         help="more options for bench_allreduce_mpi.py, e.g. '--piece-bytes 1M'")
     parser.add_argument("--json", type=Path)
@@ -102,9 +105,9 @@ def main(argv=None):
             for n in args.train_nodes:
                 with Cluster(n, rate) as cluster:
                     record = train(cluster, args)
-                    record.update(rate_bps=parse_rate(rate), nodes=n)
+                    record.update(rate_bps=parse_rate(rate), nodes=n, config=args.train_config, overrides=args.train_set)
                     result["train"].append(record)
-                    print(f"ds2_tiny {n} nodes {rate}: step {record['step_s'] * 1e3:.0f} ms, all-reduce "
+                    print(f"{args.train_config} {' '.join(args.train_set)} {n} nodes {rate}: step {record['step_s'] * 1e3:.0f} ms, all-reduce "
                           f"{record['allreduce_s'] * 1e3:.1f} ms ({100 * record['allreduce_share']:.0f}%)", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,8 @@ _PYTHONS = {"python", "python3", ".venv/bin/python"}
 # An installed jaxring's commands (pyproject.toml's [project.scripts]): the checkout's scripts parse the same flags.
 _ENTRY_POINTS = {"jaxring-train": "scripts/train.py", "jaxring-evaluate": "scripts/evaluate.py"}
 _LAUNCHERS = {"mpirun", "srun"}
+# Words that stand for the reader's own arguments.
+_PLACEHOLDERS = {"...", "ARGS"}
 
 
 def shell_lines(doc: str):
@@ -104,7 +106,7 @@ def command_of(words: list[str]):
     if words[0] == "make":
         return "make", [w for w in words[1:] if "=" not in w and not w.startswith("-")]
     if words[0] in _ENTRY_POINTS:
-        return "python", _ENTRY_POINTS[words[0]], [w.strip("[]") for w in words[1:] if w != "..."]
+        return "python", _ENTRY_POINTS[words[0]], [w.strip("[]") for w in words[1:] if w not in _PLACEHOLDERS]
     if words[0] in _LAUNCHERS:
         for i, word in enumerate(words):
             if word in _PYTHONS:
@@ -122,13 +124,30 @@ def command_of(words: list[str]):
     script = base + rest[0]
     if not script.startswith(("scripts/", "examples/")):
         return None
-    args = [w.strip("[]") for w in rest[1:] if w != "..."]
+    args = [w.strip("[]") for w in rest[1:] if w not in _PLACEHOLDERS]
     return "python", script, [w for w in args if w]
+
+
+# A command in backticks inside prose, a list or a table: `python scripts/x.py --flag` or
+# `scripts/x.py --flag` (a script named alone, without flags, is a name, not a command).
+_INLINE_COMMAND = re.compile(r"`((?:[^`\n]*\bpython3? )[^`]*scripts/[^`]*|scripts/[\w/]+\.py [^`]+)`")
+
+
+def inline_lines(doc: str):
+    """The commands a doc gives in backticks outside its fenced blocks, one line each."""
+    for span in _INLINE_COMMAND.findall(prose(doc)):
+        words = span.split()
+        if words[-1] == "...":  # the rest left out: what is given must parse
+            words = words[:-2] if words[-2].startswith("-") else words[:-1]
+        if words[-1].startswith("-"):  # a flag named, not a command
+            continue
+        line = " ".join(words)
+        yield line if "python" in line else "python " + line
 
 
 def documented_commands():
     for doc in DOCS:
-        for line in shell_lines(doc):
+        for line in [*shell_lines(doc), *inline_lines(doc)]:
             try:
                 words = shlex.split(line, comments=True)
             except ValueError:  # not a shell line (an unbalanced quote in an output sample)
