@@ -10,6 +10,7 @@ $JAXRING_TIMEOUT_S (read once, at the first collective), else 300 s.
 import math
 import numbers
 import os
+import sys
 
 from jaxring.collectives import _ffi
 
@@ -88,3 +89,26 @@ def _push_to_handlers(seconds: float) -> None:
     for module in (_ffi.cpu_module(), _ffi.cuda_module(), *_other_modules):
         if module is not None:
             module.set_default_timeout_s(seconds)
+
+
+def _report_runtime_errors_once(previous_hook):
+    """An uncaught-exception hook that shows a JAX runtime error's message once: a collective's
+    timeout (which names the op, the ranks and the likely cause) reaches a loop of queued steps
+    behind one "Error dispatching computation: " per step queued after the one that timed out."""
+
+    def hook(kind, error, trace):
+        from jaxring.collectives.abort import runtime_error_text
+
+        text = runtime_error_text(error)
+        if isinstance(error, RuntimeError) and text != str(error):
+            shortened = kind(text)
+            shortened.__cause__, shortened.__context__ = error.__cause__, error.__context__
+            shortened.__suppress_context__ = error.__suppress_context__
+            error = shortened.with_traceback(trace)
+        previous_hook(kind, error, trace)
+
+    return hook
+
+
+# A library user's loop (no train.py, which says its errors in one line) sees the timeout this way.
+sys.excepthook = _report_runtime_errors_once(sys.excepthook)

@@ -11,6 +11,10 @@ on: jax.lax.psum hangs there as jaxring's collectives did (docs/USAGE.md,
 XLA takes the pool's size from $NPROC, read when JAX makes the client; with
 THREADS_PER_DEVICE threads per host device no queued loop measured there
 waited. jaxring sets $NPROC so unless the user set it (which it respects).
+$NPROC also sizes XLA's intra-op (Eigen) pool, which computes every device's
+operations: each thread past the cores costs compute time, so the count is
+the least that ran every queued loop of tests/jaxring/collectives/
+test_queued_steps.py (2 per device passed on 2, 4 and 8 devices; 1 hangs).
 """
 
 import os
@@ -19,7 +23,7 @@ import warnings
 
 from jaxring.collectives import _jax_compat
 
-THREADS_PER_DEVICE = 4
+THREADS_PER_DEVICE = 2
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 

@@ -1,6 +1,10 @@
 """The one owner of the wait limit: argument checks, $JAXRING_TIMEOUT_S, set_default_timeout reaching the rings."""
 
 import math
+import os
+import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -95,3 +99,32 @@ def test_a_runtime_error_is_said_once_without_xlas_repeated_dispatch_prefixes():
 
     queued = "INTERNAL: " + "Error dispatching computation: " * 45 + "jaxring collective (op id 1): timed out"
     assert runtime_error_text(RuntimeError(queued)) == "INTERNAL: jaxring collective (op id 1): timed out"
+
+
+QUEUED_LOOP_WITH_A_MISSING_PEER = """
+import jax, numpy as np, jaxring
+def step(v):
+    skip = jax.lax.axis_index("i") == 1  # rank 1 never calls the all-reduce
+    return jax.lax.cond(skip, lambda a: a + 1, lambda a: jaxring.allreduce(a, "i", timeout=0.3) + 1, v)
+values = np.random.default_rng(7).standard_normal((2, 1001)).astype(np.float32)
+program = jax.pmap(step, "i")
+for _ in range(40):  # queued, as a library user's loop queues its steps; the failure chains through all of them
+    values = program(values)
+values.block_until_ready()
+"""
+
+
+def test_a_timeout_under_queued_steps_reaches_a_library_loop_as_one_short_error():
+    """XLA repeats 'Error dispatching computation: ' once per execution queued behind the one that
+    failed (39 times here, 394 in issue 48's loop); the uncaught error shows jaxring's message once."""
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    done = subprocess.run([sys.executable, "-c", QUEUED_LOOP_WITH_A_MISSING_PEER], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert re.match(r"jax.errors.JaxRuntimeError: (INTERNAL: )?jaxring collective: op 1 ", last_line), last_line
+    assert "Error dispatching computation" not in done.stderr
+    assert "rank 0 of 2" in last_line and "timed out waiting for rank(s) [1]" in last_line
+    assert "rank 1 never called this op" in last_line and "NPROC" in last_line
+    assert len(last_line) < 1000, len(last_line)
