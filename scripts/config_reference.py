@@ -100,18 +100,20 @@ def reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def write_or_check(output, text, check, script):
+    """Writes `text` to the generated page `output`, or with `check` exits 1 naming `script` where they differ."""
+    if check:
+        if not output.exists() or output.read_text() != text:
+            sys.exit(f"{output.relative_to(ROOT)} differs from the code: run python {script}")
+        return
+    output.write_text(text)
+    print(f"wrote {output.relative_to(ROOT)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 where docs/CONFIG.md differs from the code")
-    args = parser.parse_args()
-    text = reference()
-    if args.check:
-        if OUTPUT.read_text() != text:
-            sys.exit(f"{OUTPUT.relative_to(ROOT)} differs from the config dataclasses: "
-                     "run python scripts/config_reference.py")
-        return
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    write_or_check(OUTPUT, reference(), parser.parse_args().check, "scripts/config_reference.py")
 
 
 if __name__ == "__main__":

@@ -166,14 +166,7 @@ def reference() -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 where docs/REFERENCE.md differs from the code")
-    args = parser.parse_args()
-    text = reference()
-    if args.check:
-        if not OUTPUT.exists() or OUTPUT.read_text() != text:
-            sys.exit(f"{OUTPUT.relative_to(ROOT)} differs from the code: run python scripts/reference.py")
-        return
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)}")
+    config_reference.write_or_check(OUTPUT, reference(), parser.parse_args().check, "scripts/reference.py")
 
 
 if __name__ == "__main__":
