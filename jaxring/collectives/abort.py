@@ -15,7 +15,6 @@ by exits, not by MPI_Abort (see `end_job`).
 
 import math
 import os
-import re
 import signal
 import sys
 
@@ -111,16 +110,6 @@ def end_job(status: int = 1) -> None:
     if failed_ranks():
         os._exit(status)
     MPI.COMM_WORLD.Abort(status)
-
-
-# XLA prefixes a failed execution's error once more for every execution queued
-# behind it (each waited on the one before): dozens of times in a training loop.
-_DISPATCH_PREFIXES = re.compile(r"(?:Error dispatching computation: )+")
-
-
-def runtime_error_text(error: BaseException) -> str:
-    """The message of a JAX runtime error, said once: without XLA's repeated dispatch prefixes."""
-    return _DISPATCH_PREFIXES.sub("", str(error))
 
 
 def exit_job(message: str) -> None:

@@ -10,6 +10,7 @@ $JAXRING_TIMEOUT_S (read once, at the first collective), else 300 s.
 import math
 import numbers
 import os
+import re
 import sys
 
 from jaxring.collectives import _ffi
@@ -91,14 +92,22 @@ def _push_to_handlers(seconds: float) -> None:
             module.set_default_timeout_s(seconds)
 
 
+# XLA prefixes a failed execution's error once more for every execution queued
+# behind it (each waited on the one before): dozens of times in a training loop.
+_DISPATCH_PREFIXES = re.compile(r"(?:Error dispatching computation: )+")
+
+
+def runtime_error_text(error: BaseException) -> str:
+    """The message of a JAX runtime error, said once: without XLA's repeated dispatch prefixes."""
+    return _DISPATCH_PREFIXES.sub("", str(error))
+
+
 def _report_runtime_errors_once(previous_hook):
     """An uncaught-exception hook that shows a JAX runtime error's message once: a collective's
     timeout (which names the op, the ranks and the likely cause) reaches a loop of queued steps
     behind one "Error dispatching computation: " per step queued after the one that timed out."""
 
     def hook(kind, error, trace):
-        from jaxring.collectives.abort import runtime_error_text
-
         text = runtime_error_text(error)
         if isinstance(error, RuntimeError) and text != str(error):
             shortened = kind(text)

@@ -20,7 +20,8 @@ from pathlib import Path
 import jax
 
 import jaxring
-from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, runtime_error_text, start_mpi
+from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, start_mpi
+from jaxring.collectives.timeout import runtime_error_text
 from jaxring.collectives.xla_threads import reserve_client_threads
 from jaxring.engine import config as config_lib
 from jaxring.engine import registry, rundir

@@ -95,7 +95,7 @@ def test_a_handler_module_added_later_gets_the_default_now_and_at_every_change(m
 
 
 def test_a_runtime_error_is_said_once_without_xlas_repeated_dispatch_prefixes():
-    from jaxring.collectives.abort import runtime_error_text
+    from jaxring.collectives.timeout import runtime_error_text
 
     queued = "INTERNAL: " + "Error dispatching computation: " * 45 + "jaxring collective (op id 1): timed out"
     assert runtime_error_text(RuntimeError(queued)) == "INTERNAL: jaxring collective (op id 1): timed out"
