@@ -62,22 +62,39 @@ def skip_reason() -> str | None:
     return None
 
 
+def with_timeout(env: dict, timeout_s: int | None) -> dict:
+    """`env` with JAXRING_TIMEOUT_S = `timeout_s`, or without it (jaxring's default) for None."""
+    env.pop("JAXRING_TIMEOUT_S", None)
+    if timeout_s is not None:
+        env["JAXRING_TIMEOUT_S"] = str(timeout_s)
+    return env
+
+
 class Job:
     """mpirun across `cluster`, output to a file (a pipe would be held open by the cut-off node's daemon)."""
 
     def __init__(self, cluster, command, timeout_s: int | None, log: Path, mpirun_args=(), launcher=()):
         """timeout_s: JAXRING_TIMEOUT_S of the processes; None: jaxring's default. `launcher`: what runs
         mpirun (e.g. scripts/run_checked.py), or nothing."""
-        self.log, self.timeout_s = log, timeout_s
         # mpirun's own environment, not this process's: pytest runs the other tests on 8 host devices
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-        env.pop("JAXRING_TIMEOUT_S", None)
-        if timeout_s is not None:
-            env["JAXRING_TIMEOUT_S"] = str(timeout_s)
+        env = with_timeout({**os.environ, "JAX_PLATFORMS": "cpu",
+                            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, timeout_s)
+        self._start([*launcher, *cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"], env=env,
+                                                 extra=mpirun_args)], env, timeout_s, log)
+
+    @classmethod
+    def of_command_line(cls, argv, env, timeout_s: int | None, log: Path, cwd=None) -> "Job":
+        """A job whose mpirun line was written elsewhere (docs/MULTI_NODE.md's, run by
+        tests/scripts/test_multi_node.py); `env` as mpirun's, JAXRING_TIMEOUT_S set from `timeout_s`."""
+        job = cls.__new__(cls)
+        job._start(argv, with_timeout(dict(env), timeout_s), timeout_s, log, cwd)
+        return job
+
+    def _start(self, argv, env, timeout_s, log, cwd=None):
+        self.log, self.timeout_s = log, timeout_s
         with open(log, "w") as out:
-            self.process = subprocess.Popen([*launcher, *cluster.mpirun(command, env_names=["JAXRING_TIMEOUT_S"],
-                                                                        env=env, extra=mpirun_args)], stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=env, cwd=cwd)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

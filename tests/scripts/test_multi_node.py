@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.docs.markdown import ROOT, blocks
+from jaxring.engine.checkpoint import Checkpoints
 from tests.faults import network_probes
 
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
@@ -54,7 +55,9 @@ def hosts(tmp_path_factory):
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
-def run_as_written(hosts, command: str, timeout_s: float = 150):
+def start_as_written(hosts, command: str, log: str, timeout_s: int | None = None) -> network_probes.Job:
+    """The page's `command` started on the first host, placeholders replaced, output to `log` in the checkout;
+    timeout_s: JAXRING_TIMEOUT_S of its processes (None: jaxring's default)."""
     c, checkout, names = hosts
     for placeholder, value in [(CHECKOUT, str(checkout)), (SUBNET, cluster.SUBNET), *names.items()]:
         command = command.replace(placeholder, value)
@@ -64,13 +67,17 @@ def run_as_written(hosts, command: str, timeout_s: float = 150):
                PRTE_MCA_plm_ssh_no_tree_spawn="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",  # the test runs as root
                OMPI_MCA_mpi_yield_when_idle="1")  # two hosts' processes share this machine's cores
-    job = subprocess.Popen(c.in_namespace(c.nodes[0], shlex.split(command)), cwd=checkout, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        return job.returncode if job.wait(timeout_s) is not None else None, job.communicate()[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        return None, job.communicate()[0]
+    return network_probes.Job.of_command_line(c.in_namespace(c.nodes[0], shlex.split(command)), env, timeout_s,
+                                              checkout / log, cwd=checkout)
+
+
+def run_as_written(hosts, command: str, timeout_s: float = 150):
+    job = start_as_written(hosts, command, "as_written.log")
+    code, _ = job.finish(timeout_s)
+    if code is None:
+        os.killpg(job.process.pid, signal.SIGKILL)
+        job.process.wait()
+    return code, job.output()
 
 
 def test_the_host_check_names_both_hosts_and_sums_right(hosts):
@@ -92,3 +99,48 @@ def test_a_training_run_across_the_two_hosts_finishes(hosts):
     summary = json.loads((checkout / "runs" / "two_hosts" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["local_devices"] == 1 and summary["epochs"] == 2
     assert summary["test_error_rate"] < 0.1, summary  # it learnt: 4 classes, chance is 0.75
+
+
+def for_lost_hosts() -> tuple[str, str, str]:
+    """What the page's 'When it fails' adds where a host may be lost: PRRTE's keepalive options for
+    mpirun, the first host's sysctl, and what goes before mpirun so that a lost host never ends in status 0."""
+    page = " ".join((ROOT / DOC).read_text().split())
+    (keepalive,) = re.findall(r"PRRTE's keepalive \(`([^`]+)`\)", page)
+    (sysctl,) = re.findall(r"`(sysctl -w [^`]+)` on the first host", page)
+    (checker,) = re.findall(r"put `([^`]+)` before `\.venv/bin/mpirun`", page)
+    return keepalive, sysctl, checker
+
+
+FAULT_TIMEOUT_S = 10  # JAXRING_TIMEOUT_S of the fault tests: a cut-off host is named after it
+LONGER = " --set train.epochs=40 --set checkpoint.every_steps=1 --set eval.every_steps=0"  # a fault meets it training
+
+
+@pytest.mark.parametrize("fault", ["host killed", "link cut"])
+def test_a_fault_ends_the_job_naming_the_host_and_the_checkpoint_resumes(hosts, fault):
+    """The page's training command with what its 'When it fails' adds; once a checkpoint is written, the second host's processes killed (its
+    daemon and rank) or its link cut: the job ends within the timeout and margin of tests/faults, naming
+    the host; every checkpoint on disk reads back and the page's --resume command goes on from the newest."""
+    c, checkout, names = hosts
+    workdir = f"runs/{fault.replace(' ', '_')}"
+    train = page_command("--workdir runs/two_hosts", without="--resume").replace("runs/two_hosts", workdir)
+    keepalive, sysctl, checker = for_lost_hosts()
+    c.run_in(c.nodes[0], sysctl)
+    train = train.replace(".venv/bin/mpirun", f"{checker} .venv/bin/mpirun {keepalive}", 1)
+    checkpoints = Checkpoints(checkout / workdir / "checkpoints")
+    job = start_as_written(hosts, train + LONGER, f"{workdir[5:]}.log", FAULT_TIMEOUT_S)
+    try:
+        assert job.wait_for(lambda: bool(checkpoints.steps())), job.output()[-2000:]
+        network_probes.kill_node(c, 1) if fault == "host killed" else c.cut(1)
+        outcome, detail = network_probes.end_after_fault(c, job, FAULT_TIMEOUT_S)
+    finally:
+        c.restore(1)
+        if job.process.poll() is None:
+            os.killpg(job.process.pid, signal.SIGKILL)
+    assert outcome == "ended", detail
+    assert f"on node {names['node2']}\n" in job.output(), job.output()[-3000:]  # Open MPI's lost-daemon report
+    written = checkpoints.steps()
+    for step in written:
+        checkpoints.read(step)  # a torn or corrupt file raises CheckpointError
+    resume = page_command("--resume").replace("runs/two_hosts", workdir)
+    code, output = run_as_written(hosts, f"{resume}{LONGER} --set train.max_steps={max(written) + 2}")
+    assert code == 0 and max(checkpoints.steps()) == max(written) + 2, output[-3000:]
