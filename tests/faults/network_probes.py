@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
@@ -45,6 +47,10 @@ RUN_CHECKED = ROOT / "scripts" / "run_checked.py"
 # about 13 s), on a shared 2-core machine.
 MARGIN_S = 30
 LIMIT_S = 300
+# Emulated clusters share the machine's namespace list and its 2 cores: the tests that build them
+# run on one xdist worker, one after another (Makefile: --dist loadgroup), so that their fault
+# margins and their checks that nothing is left behind hold.
+ONE_CLUSTER_AT_A_TIME = pytest.mark.xdist_group("emulated_clusters")
 
 
 def skip_reason() -> str | None:

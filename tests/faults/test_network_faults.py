@@ -16,7 +16,8 @@ from tests.faults import network_probes
 from tests.tiny_runs import ULFM
 
 REASON = network_probes.skip_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}"),
+              network_probes.ONE_CLUSTER_AT_A_TIME]
 
 
 @pytest.fixture(autouse=True)

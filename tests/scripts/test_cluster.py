@@ -13,10 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 import cluster  # noqa: E402
-from tests.faults.network_probes import skip_reason  # noqa: E402
+from tests.faults.network_probes import ONE_CLUSTER_AT_A_TIME, skip_reason  # noqa: E402
 
 REASON = skip_reason()
 needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
+pytestmark = ONE_CLUSTER_AT_A_TIME
 
 
 def state():
