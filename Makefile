@@ -24,11 +24,10 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 
 # Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy
 # (fresh clones: 1211 s in one process and 859 s with two workers on 2026-11-27; 685 s with two on 2026-11-28, 2108 tests). TEST_WORKERS=0: one process.
-# --dist loadgroup: tests marked with one xdist_group run on one worker (tests/faults/network_probes.py).
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # A second `make train` needs TRAIN_FLAGS=--resume or TRAIN_FLAGS=--overwrite: a run is never deleted implicitly.
 TRAIN_FLAGS ?=

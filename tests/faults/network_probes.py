@@ -20,6 +20,8 @@ Needs root and network namespaces (see `skip_reason`).
 """
 
 import argparse
+import contextlib
+import fcntl
 import os
 import random
 import shutil
@@ -48,9 +50,34 @@ RUN_CHECKED = ROOT / "scripts" / "run_checked.py"
 MARGIN_S = 30
 LIMIT_S = 300
 # Emulated clusters share the machine's namespace list and its 2 cores: the tests that build them
-# run on one xdist worker, one after another (Makefile: --dist loadgroup), so that their fault
-# margins and their checks that nothing is left behind hold.
-ONE_CLUSTER_AT_A_TIME = pytest.mark.xdist_group("emulated_clusters")
+# take this lock, so pytest-xdist's workers build them one after another and their fault margins
+# and their checks that nothing is left behind hold. (pytest-xdist's --dist loadgroup would do it,
+# but its groups are lost with pytest 9.2: it renames items through an attribute 9.2 no longer reads.)
+CLUSTER_LOCK = Path(tempfile.gettempdir()) / "jaxring-tests-emulated-clusters.lock"
+_held = {"depth": 0, "file": None}
+
+
+@contextlib.contextmanager
+def one_cluster_at_a_time():
+    """Holds CLUSTER_LOCK; re-entrant within a process (a module's cluster may be up while the same
+    worker runs another module's test, which then needs no second lock)."""
+    if _held["depth"] == 0:
+        _held["file"] = open(CLUSTER_LOCK, "a")
+        fcntl.flock(_held["file"], fcntl.LOCK_EX)
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        if _held["depth"] == 0:
+            _held["file"].close()  # closing the file drops the lock
+
+
+@pytest.fixture
+def cluster_lock():
+    """One test's hold of one_cluster_at_a_time."""
+    with one_cluster_at_a_time():
+        yield
 
 
 def skip_reason() -> str | None:

@@ -13,15 +13,15 @@ import subprocess
 import pytest
 
 from tests.faults import network_probes
+from tests.faults.network_probes import cluster_lock  # noqa: F401 (a fixture)
 from tests.tiny_runs import ULFM
 
 REASON = network_probes.skip_reason()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}"),
-              network_probes.ONE_CLUSTER_AT_A_TIME]
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
 
 
 @pytest.fixture(autouse=True)
-def leaves_no_namespace_or_link():
+def leaves_no_namespace_or_link(cluster_lock):
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout, _links()
     yield
     assert (subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout, _links()) == before

@@ -13,11 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 import cluster  # noqa: E402
-from tests.faults.network_probes import ONE_CLUSTER_AT_A_TIME, skip_reason  # noqa: E402
+from tests.faults.network_probes import cluster_lock, skip_reason  # noqa: E402,F401 (a fixture)
 
 REASON = skip_reason()
-needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
-pytestmark = ONE_CLUSTER_AT_A_TIME
+
+
+def needs_namespaces(test):
+    """Skipped without namespaces; else run holding the lock every test that builds clusters takes."""
+    skip = pytest.mark.skipif(REASON is not None, reason=f"no emulated cluster: {REASON}")
+    return skip(pytest.mark.usefixtures("cluster_lock")(test))
 
 
 def state():
