@@ -67,12 +67,12 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="timed loops of each way (median reported)")
     parser.add_argument("--steps", type=int, default=40, help="steps per loop")
     parser.add_argument("--quick", action="store_true",
-                        help="the smallest case: 2 devices, the transformer, 2 rounds of 8 steps")
+                        help="the smallest case: 2 devices, the transformer, the default buckets only, 2 rounds of 8 steps")
     parser.add_argument("--json", type=Path, help="write the records here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # one device count: records go here
     args = parser.parse_args(argv)
     if args.quick:
-        args.devices, args.trees, args.rounds, args.steps = [2], ["transformer"], 2, 8
+        args.devices, args.trees, args.bucket_bytes, args.rounds, args.steps = [2], ["transformer"], [], 2, 8
     return args
 
 
@@ -262,17 +262,19 @@ def worker(args):
     """Every tree on this process's host devices; the records as JSON in args.worker."""
     import jax
 
-    from jaxring.collectives.fusion import default_bucket_bytes
+    from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES, default_bucket_bytes
 
     devices = jax.local_devices()
     default_size = default_bucket_bytes(jax.default_backend())
     sizes = sorted({default_size, *args.bucket_bytes})
     records = [r for name in args.trees for r in bench_tree(name, sizes, default_size, devices, args.rounds, args.steps)]
-    args.worker.write_text(json.dumps(records))
+    args.worker.write_text(json.dumps(dict(machine=machine(), default_bucket_bytes=DEFAULT_BUCKET_BYTES,
+                                           records=records)))
 
 
 def run_on_devices(n, argv, scratch: Path):
-    """The records of a subprocess on `n` host devices (its own XLA_FLAGS: JAX fixes the count at start)."""
+    """What a subprocess on `n` host devices found (its own XLA_FLAGS: JAX fixes the count at start):
+    {machine, default_bucket_bytes, records}."""
     out = scratch / f"devices_{n}.json"
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", os.environ.get("XLA_FLAGS", ""))
     env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip())
@@ -307,15 +309,13 @@ def main(argv=None):
 
         return worker(args)
     with tempfile.TemporaryDirectory(prefix="bench_fusion-") as scratch:
-        records = [r for n in args.devices for r in run_on_devices(n, argv, Path(scratch))]
+        runs = [run_on_devices(n, argv, Path(scratch)) for n in args.devices]
+    records = [r for run in runs for r in run["records"]]
     print_table(records)
     if args.json:
-        from jaxring.collectives.fusion import DEFAULT_BUCKET_BYTES
-
         args.json.parent.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python", "scripts/bench_fusion.py", *argv])
-        args.json.write_text(json.dumps(dict(machine=machine(), command=command,
-                                             default_bucket_bytes=DEFAULT_BUCKET_BYTES, records=records), indent=1))
+        args.json.write_text(json.dumps(dict(runs[0], command=command, records=records), indent=1))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import bench_fusion  # noqa: E402
 from jaxring.collectives.fusion import default_bucket_bytes  # noqa: E402
 from jaxring.engine.task import AXIS  # noqa: E402
 
-# Sizes that split the transformer's 38 leaves differently: a bucket per few leaves, several, one.
-BUCKET_SIZES = (4 << 10, 64 << 10, 16 << 20)
+# Buckets of a few of the transformer's small leaves each, its larger leaves alone.
+BUCKET_SIZES = (4 << 10,)
 
 
 def float64_mean(params, noise):
@@ -63,7 +63,7 @@ def test_quick_run_writes_a_record_of_every_way(tmp_path):
     assert {"platform", "cpu_count", "date", "jax"} <= set(result["machine"])
     default = default_bucket_bytes("cpu")
     ways = {r["way"]: r for r in result["records"]}
-    assert set(ways) == {f"fused:{size}" for size in sorted({default, 64 << 10, 16 << 20})} | {"per_leaf_ring", "pmean"}
+    assert set(ways) == {f"fused:{default}", "per_leaf_ring", "pmean"}
     assert ways[f"fused:{default}"]["default_bucket"] and ways[f"fused:{default}"]["ratio"] == 1.0
     for r in result["records"]:
         assert (r["tree"], r["n_devices"], r["leaves"]) == ("transformer", 2, 38)
@@ -71,4 +71,3 @@ def test_quick_run_writes_a_record_of_every_way(tmp_path):
         if r["way"] != "pmean":
             assert r["bitwise_equal_to_per_leaf_ring"], r["way"]
     assert ways["per_leaf_ring"]["collectives"] == 38
-    assert ways["fused:16777216"]["collectives"] == 1
