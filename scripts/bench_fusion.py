@@ -253,6 +253,7 @@ def bench_tree(name, bucket_sizes, default_size, devices, rounds, steps):
             sync_s=float(np.median(sync_s[way])),
             ratio=float(np.median(sync_s[way]) / np.median(sync_s[default])),
             paired_step_ratio=float(np.median(seconds[way] / seconds[default])),
+            paired_step_ratio_quartiles=[float(q) for q in np.quantile(seconds[way] / seconds[default], [0.25, 0.75])],
             error_vs_float64=error, bitwise_equal_to_per_leaf_ring=bitwise,
         ))
     return records
