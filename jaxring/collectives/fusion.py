@@ -18,17 +18,22 @@ from jaxring.collectives import ring
 # Small leaves (biases, norms) are fused; leaves of a bucket's size or more
 # travel alone, uncopied. The best size depends on the platform, so the
 # default is one per platform (jax's Device.platform names):
-# - "cpu": on 2 host devices, a 71 MB tree of 3 MB weights took 62 ms with
-#   1 MiB buckets against 212 ms with 4 MiB and 122 ms with 32 MiB (psum:
-#   52 ms): packing large leaves costs a copy in and a copy out, and calls
-#   are cheap.
+# - "cpu": packing costs a copy in and a copy out, and each collective a
+#   fixed cost: fuse the small leaves, let large ones travel alone. The
+#   engine's sync, queued, alternated (scripts/bench_fusion.py on 2, 4 and 8
+#   host devices, docs/PERFORMANCE.md): 256 KiB buckets took 0.59-0.88x the
+#   time of 1 MiB ones on ds2_tiny (whose 196-393 KB weights 1 MiB buckets
+#   copy) and 0.56-1.15x on a 38-leaf transformer; one collective per leaf
+#   took 0.88-1.46x the time of 256 KiB buckets on ds2_tiny and 1.23-2.43x
+#   on the transformer. Large buckets copy large leaves: a 71 MB tree of
+#   3 MB weights took 62 ms in 1 MiB buckets, 212 ms in 4 MiB ones.
 # - "gpu": copies are cheap and each ring op has a fixed cost; the cost model
 #   fitted to H100 figures (docs/SCALING.md, scripts/project_scaling.py) puts
 #   the smallest bucket within 5% of the best ds2_paper step at 128 GPUs at
 #   64 MiB for both CUDA engines. On one H200 (8 virtual ranks, 2026-11-26,
 #   docs/PERFORMANCE.md) ds2_paper's all-reduce took 1.71-1.75 ms in 64 MiB
 #   buckets, 1.54-1.56 ms in one bucket of 256 MiB, 4.8-5.1 ms in 1 MiB ones.
-DEFAULT_BUCKET_BYTES = {"cpu": 1 << 20, "gpu": 64 << 20}
+DEFAULT_BUCKET_BYTES = {"cpu": 256 << 10, "gpu": 64 << 20}
 
 
 def default_bucket_bytes(platform: str | None = None) -> int:

@@ -85,7 +85,7 @@ def test_run_directory(tmp_path, capsys):
     assert all(0 <= r["allreduce_share_estimate"] <= 1 for r in rows)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["steps"] == 24 and on_disk["dev_mse"] == rows[-1]["dev_mse"] and on_disk["loss"] == rows[-1]["loss"]
-    assert on_disk["bucket_bytes"] == 1 << 20  # no train.bucket_bytes in the config: the CPU's default
+    assert on_disk["bucket_bytes"] == 256 << 10  # no train.bucket_bytes in the config: the CPU's default
     assert on_disk["last_window_allreduce_share_estimate"] == rows[-1]["allreduce_share_estimate"]
     dev_rows = [r for r in rows if "dev_mse" in r]
     assert [r["step"] for r in dev_rows] == [6, 12, 18, 24]
