@@ -1,6 +1,6 @@
 """Does tensor fusion pay? The engine's gradient sync three ways, alternated in the same run.
 
-    python scripts/bench_fusion.py --devices 2 4 8 --json docs/bench/fusion_cpu.json
+    python scripts/bench_fusion.py --devices 2 4 8 --rounds 9 --json runs/fusion.json
     python scripts/bench_fusion.py --quick --json /tmp/fusion.json   # 2 devices, one tree, few rounds
 
 Each way averages a gradient tree over the devices inside a pmapped step
@@ -24,9 +24,12 @@ after an untimed one of the same way); a subprocess per device count, since
 JAX fixes its host devices when it starts. `ratio` is this way's sync time
 over that of fusion at the default bucket size (medians over rounds): > 1
 means the default fusion is faster. `paired_step_ratio` is the median over
-rounds of the same ratio of whole step times, no subtraction. Before timing,
-each way's mean of one step is compared with the float64 mean of the same
-gradients and with the per-leaf ring's, bit for bit.
+rounds of the same ratio of whole step times, no subtraction (with its
+quartiles): a sync of tens of microseconds (the classifier's) is within the
+noise of the subtraction, so its `ratio` can even be negative; read its
+paired_step_ratio. Before timing, each way's mean of one step is compared
+with the float64 mean of the same gradients and with the per-leaf ring's,
+bit for bit.
 
 Trees: the parameters of configs/ds2_tiny.yaml's model, of
 examples/classifier's, and of a small character transformer built from
@@ -223,6 +226,8 @@ def bench_tree(name, bucket_sizes, default_size, devices, rounds, steps):
 
     from ops_in_program import time_in_steady_state
 
+    from jaxring.collectives.fusion import plan_buckets
+
     shapes = gradient_shapes(name)
     leaves = jax.tree_util.tree_leaves(shapes)
     params, noise = random_inputs(shapes, devices)
@@ -238,8 +243,6 @@ def bench_tree(name, bucket_sizes, default_size, devices, rounds, steps):
     seconds = {way: t / steps for way, t in time_in_steady_state(loops, rounds).items()}
     sync_s = {way: seconds[way] - seconds[NO_SYNC] for way in ways if way != NO_SYNC}
     default = f"{FUSED_PREFIX}{default_size}"
-    from jaxring.collectives.fusion import plan_buckets
-
     records = []
     for way in sync_s:
         size = int(way[len(FUSED_PREFIX):]) if way.startswith(FUSED_PREFIX) else None
