@@ -189,15 +189,18 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
-    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None for
-    the accumulation type): what the leg's chunks cross in.
+    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None):
+    what a float `x`'s chunks cross in where it is narrower than their accumulation type; any other
+    `x` crosses in its accumulation type.
     """
     communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
+    narrower = (wire_dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
+                and jnp.dtype(wire_dtype).itemsize < flat.dtype.itemsize)
     total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
-                             flat.dtype if wire_dtype is None else jnp.dtype(wire_dtype))
+                             jnp.dtype(wire_dtype) if narrower else flat.dtype)
     if _jax_compat.checking_varying_axes():
         total = invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
@@ -275,8 +278,6 @@ def mean_over_processes_with_lax(x, axis_name, wire_dtype=None):
     across (in `wire_dtype` for a float `x`, as ring.allreduce's)."""
     n_procs = processes()
     what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    if wire_dtype is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-        wire_dtype = None
     total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what, wire_dtype=wire_dtype)
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
 

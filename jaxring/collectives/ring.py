@@ -312,8 +312,8 @@ def _processes(processes):
 
 def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype):
     """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
-    the MPI leg over `communicator`'s processes (in `wire_dtype` where narrower than a float leaf's
-    accumulation type), the local ring's all-gather (mpi.py)."""
+    the MPI leg over `communicator`'s processes (in `wire_dtype`: mpi.reduce_over_processes says where),
+    the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
     if jax.process_count() > 1 and ranks > jax.local_device_count():
@@ -332,9 +332,6 @@ def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype)
             functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
             functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
         )
-        if wire_dtype is not None and not (jnp.issubdtype(x.dtype, jnp.floating) and
-                                           wire_dtype.itemsize < accumulation.accumulation_dtype(x.dtype).itemsize):
-            wire_dtype = None
         total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
     return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
 
