@@ -45,9 +45,6 @@ from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, agr
 from jaxring.collectives import timeout as timeout_lib
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
-# Types a value that is bitwise equal on every device of `names` (the all-gathered
-# sum) as invariant over them, as lax.psum types its result; it moves nothing.
-invariant_p = core.Primitive("jaxring_invariant")
 # The leg's algorithm, fixed at lowering and part of the agreement, so every
 # process runs the same one (csrc/mpi/mpi_host_ring.cc): buffers of at most
 # ONE_SHOT_MAX_BYTES go one-shot (each process sends its buffer to every
@@ -202,7 +199,7 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
                              jnp.dtype(wire_dtype) if narrower else flat.dtype)
     if _jax_compat.checking_varying_axes():
-        total = invariant_p.bind(total, names=names)
+        total = kinds.invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
 
@@ -356,19 +353,3 @@ batching.primitive_batchers[mpi_ring_p] = _batch
 # of one size) once, and they would share a tag, and so each other's messages.
 mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu", cacheable=False)
 mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda", cacheable=False)
-
-
-def _invariant_abstract_eval(x, *, names):
-    return _jax_compat.with_shape_and_varying(x, x.shape, _jax_compat.varying_axes(x) - frozenset(names))
-
-
-def _invariant_transpose(cotangent, x, *, names):
-    # As lax.psum's typed transpose: every device's input receives the cotangent whole.
-    if type(cotangent) is ad.Zero:
-        return [ad.Zero(x.aval)]
-    return [jax.lax.pcast(cotangent, names, to="varying")]
-
-
-invariant_p.def_abstract_eval(_invariant_abstract_eval)
-ad.deflinear2(invariant_p, _invariant_transpose)
-mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])

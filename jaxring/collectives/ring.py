@@ -396,9 +396,10 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     Tiled, the blocks are concatenated along the existing `axis` instead.
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     With `axis_index_groups`, the devices of each group gather each other's `x`.
-    `to="invarying"` is `to="varying"` except under shard_map(check_vma=True), which
-    refuses it, as it refuses `to="reduced"` everywhere (docs/USAGE.md). A pytree is
-    gathered leaf by leaf.
+    `to="invarying"` is the same value; under shard_map(check_vma=True) it is typed
+    invariant over the axes and its transpose hands each device its own block of the
+    cotangent, as lax's. `to="reduced"` is refused (docs/USAGE.md). A pytree is gathered
+    leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     _check_all_gather_to(to, axis_index_groups)
@@ -414,16 +415,46 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     if tiled and x.ndim == 0:
         raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
     axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
-    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled, axis_index_groups=groups)
+    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled, axis_index_groups=groups, to=to)
     if ranks == 1:
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
     if x.size == 0:
         return lax_op()
+    gather = functools.partial(_gathered, names=names, ranks=ranks, groups=groups, timeout_ms=timeout_ms, axis=axis,
+                               tiled=tiled)
+    if to == "invarying" and _jax_compat.checking_varying_axes():
+        return _gathered_invariant(gather, x, names, axis, tiled)
+    return gather(x)
+
+
+def _gathered(x, *, names, ranks, groups, timeout_ms, axis, tiled):
     flat = _ring(x.reshape(-1), kind=ALL_GATHER, names=names, timeout_ms=timeout_ms, groups=groups)
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
         return stacked
     return stacked.reshape(x.shape[:axis] + (ranks * x.shape[axis],) + x.shape[axis + 1 :])
+
+
+def _gathered_invariant(gather, x, names, axis, tiled):
+    """gather(x) typed invariant over `names` (lax.all_gather(to="invarying") under check_vma).
+
+    The gathered value is the same on every device, so its cotangent is too, and each device's
+    `x` owns one block of it: the transpose slices that block out, with no communication.
+    (kinds.invariant_p's own transpose would hand each device the whole cotangent, as a sum's.)
+    """
+    x = kinds.typed_input(x, names, ALL_GATHER)  # varying over `names`, as the cotangent's slice will be
+    block = x.shape[axis] if tiled else 1
+
+    @jax.custom_vjp
+    def gathered(x):
+        return kinds.invariant_p.bind(gather(x), names=names)
+
+    def own_block(_, cotangent):
+        mine = jax.lax.dynamic_slice_in_dim(cotangent, jax.lax.axis_index(names) * block, block, axis)
+        return (mine if tiled else jnp.squeeze(mine, axis),)
+
+    gathered.defvjp(lambda x: (gathered(x), None), own_block)
+    return gathered(x)
 
 
 def _check_all_gather_to(to, groups):
@@ -436,10 +467,10 @@ def _check_all_gather_to(to, groups):
         return
     if groups is not None:
         raise NotImplementedError(f"jaxring.all_gather(..., to={to!r}) with axis_index_groups: lax refuses it too")
-    if to == "reduced" or _jax_compat.checking_varying_axes():
+    if to == "reduced":
         raise NotImplementedError(
-            f"jaxring.all_gather(..., to={to!r}): jaxring types the gathered value varying over the axes, as "
-            f"to='varying' (the same where shard_map does not check types); use jax.lax.all_gather(..., to={to!r})"
+            "jaxring.all_gather(..., to='reduced'): a reduced value is explicit sharding, which jaxring leaves to "
+            "lax; use jax.lax.all_gather(..., to='reduced')"
         )
 
 

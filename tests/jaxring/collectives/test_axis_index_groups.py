@@ -128,7 +128,29 @@ def test_all_gather_to_is_lax_s_or_refused_by_name():
     for refused in (lambda ops, v: ops.all_gather(v, "i", to="reduced"),
                     lambda ops, v: ops.all_gather(v, "i", to="invarying", axis_index_groups=[[0, 1], [2, 3]])):
         assert isinstance(refusal(Ring, refused), NotImplementedError)
-    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
-    with pytest.raises(NotImplementedError, match="to='invarying'"):
-        jax.jit(jax.shard_map(lambda v: jaxring.all_gather(v, "i", to="invarying"), mesh=mesh, in_specs=P("i"),
-                              out_specs=P()))(jnp.ones(8))
+
+
+@pytest.mark.parametrize("names", ["i", ("a", "i")], ids=["one_axis", "two_axes"])
+@pytest.mark.parametrize("tiled,axis", [(True, 0), (False, 1), (True, 1)])
+def test_all_gather_to_invarying_under_check_vma_is_lax_s_values_types_and_gradients(names, tiled, axis):
+    """Typed invariant over the gathered axes (out_specs may drop them) and differentiated as
+    lax's: each device's input gets its own block of the (invariant) cotangent."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "i"))
+    rng = np.random.default_rng(17)
+    x = random_array(rng, (2 * 3, 4 * 5), jnp.float32)
+    kept = P() if names == ("a", "i") else P("a")
+
+    def gathered_by(gather):
+        return jax.shard_map(lambda v: gather(v, names, to="invarying", tiled=tiled, axis=axis), mesh=mesh,
+                             in_specs=P("a", "i"), out_specs=kept)
+
+    def loss(gather, v):
+        g = gathered_by(gather)(v)
+        return jnp.sum(jnp.sin(g) * jnp.cos(g).sum())
+
+    values = [jax.jit(gathered_by(gather))(x) for gather in (jaxring.all_gather, jax.lax.all_gather)]
+    np.testing.assert_array_equal(*map(np.asarray, values))  # a gather: exact
+    ring, lax = (jax.jit(jax.grad(functools.partial(loss, gather)))(x) for gather in (jaxring.all_gather, jax.lax.all_gather))
+    assert ring.shape == lax.shape == x.shape and ring.dtype == lax.dtype
+    # the same slices of the same cotangent, which XLA sums (cos(g).sum()) in a program-dependent order
+    np.testing.assert_allclose(np.asarray(ring), np.asarray(lax), rtol=1e-5, atol=1e-5 * float(np.abs(lax).max()))
