@@ -44,11 +44,12 @@ def units(markdown: str) -> list[str]:
             cells = [cell.strip() for cell in stripped.strip("|").split("|")]
             if not all(re.fullmatch(r":?-+:?", cell) for cell in cells):
                 found.extend(cells)
-        elif stripped.startswith("#") or _LIST_ITEM.match(line):
+        elif stripped.startswith("#"):
+            close()
+            found.append(stripped.lstrip("#").strip())
+        elif _LIST_ITEM.match(line):
             close()
             current.append(_LIST_ITEM.sub("", stripped))
-            if stripped.startswith("#"):
-                close()
         else:
             current.append(stripped)
     close()
