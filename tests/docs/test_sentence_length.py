@@ -1,8 +1,8 @@
 """No sentence of the hand-written docs is longer than MAX_WORDS words, so a reader can follow each one.
 
 What counts, in README.md and docs/*.md outside the generated pages (GENERATED) and fenced code blocks:
-- a unit is a paragraph, a list item, a heading, or one table cell (each cell alone; the separator
-  row is not text); a unit never runs into the next;
+- a unit is a paragraph, a list item, a heading, or one table cell (each cell alone, split at
+  unescaped pipes; the separator row is not text); a unit never runs into the next;
 - a unit splits into sentences after ".", "?" or "!" (closing brackets, quotes and emphasis marks may
   follow) when a space and a capital letter, a backtick, a bracket or a digit come next; an abbreviation
   (ABBREVIATIONS) ends no sentence, and a number like 1.5 has no space to split at;
@@ -41,7 +41,7 @@ def units(markdown: str) -> list[str]:
             close()
         elif stripped.startswith("|"):
             close()
-            cells = [cell.strip() for cell in stripped.strip("|").split("|")]
+            cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", stripped.strip("|"))]
             if not all(re.fullmatch(r":?-+:?", cell) for cell in cells):
                 found.extend(cells)
         elif stripped.startswith("#"):
@@ -76,8 +76,8 @@ def long_sentences(doc: str) -> list[str]:
 
 
 def test_the_splitter_follows_the_rules():
-    assert units("A b.\nC d.\n\n- one\n- two\n  more\n| x | y z |\n|---|:-:|\n# Head") == [
-        "A b. C d.", "one", "two more", "x", "y z", "Head"]
+    assert units("A b.\nC d.\n\n- one\n- two\n  more\n| x | y \\| z |\n|---|:-:|\n# Head") == [
+        "A b. C d.", "one", "two more", "x", "y \\| z", "Head"]
     assert sentences("It is 1.5 ms, e.g. at 4 KiB. Then `a.b c d` ran (see [x](y.md)). 3 ranks!") == [
         "It is 1.5 ms, e.g. at 4 KiB.", "Then CODE ran (see x).", "3 ranks!"]
 
