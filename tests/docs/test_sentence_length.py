@@ -4,8 +4,9 @@ What counts, in README.md and docs/*.md outside the generated pages (GENERATED) 
 - a unit is a paragraph, a list item, a heading, or one table cell (each cell alone, split at
   unescaped pipes; the separator row is not text); a unit never runs into the next;
 - a unit splits into sentences after ".", "?" or "!" (closing brackets, quotes and emphasis marks may
-  follow) when a space and a capital letter, a backtick, a bracket or a digit come next; an abbreviation
-  (ABBREVIATIONS) ends no sentence, and a number like 1.5 has no space to split at;
+  follow) when a space and then a capital letter, a digit, a backtick, a bracket, a quote or an emphasis
+  mark come next (a sentence that starts with a lower-case name counts with the one before it); an
+  abbreviation (ABBREVIATIONS) ends no sentence, and a number like 1.5 has no space to split at;
 - words are what whitespace separates, after a link becomes its text and an inline code span
   (`python scripts/x.py --flag`, a file path) becomes one word: a name is read as one thing."""
 
