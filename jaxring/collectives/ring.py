@@ -88,7 +88,7 @@ def _checked_axes(axis_name, kind, groups=None):
     ring = int(np.prod([sizes[name] for name in names]))
     if groups is None:
         return names, ring, None
-    groups = _checked_groups(groups, names, ring, op_name)
+    groups = _checked_groups(groups, names, ring, op_name, kind is ALLREDUCE)
     if vmapped:
         raise NotImplementedError(
             f"axis_index_groups not supported in vmap collectives (as in jax.lax): jaxring.{op_name} over {names}, "
@@ -97,15 +97,16 @@ def _checked_axes(axis_name, kind, groups=None):
     return names, len(groups[0]), groups
 
 
-def _checked_groups(groups, names, ring, op_name):
-    """lax's axis_index_groups as a tuple of tuples: every index of the axis once, in groups of one size."""
+def _checked_groups(groups, names, ring, op_name, sizes_may_differ=False):
+    """lax's axis_index_groups as a tuple of tuples: every index of the axis once, in groups of one
+    size unless `sizes_may_differ` (an all-reduce: lax sums groups of different sizes on CPU and GPU)."""
     groups = tuple(tuple(int(i) for i in group) for group in groups)
     if sorted(i for group in groups for i in group) != list(range(ring)):
         raise ValueError(
             f"axis_index_groups must cover all indices exactly once: jaxring.{op_name} over {names} "
             f"({ring} devices) got {groups}; list each of 0..{ring - 1} in exactly one group"
         )
-    if len({len(group) for group in groups}) > 1:
+    if len({len(group) for group in groups}) > 1 and not sizes_may_differ:
         raise ValueError(
             f"axis_index_groups must all be the same size: jaxring.{op_name} runs one ring per group, "
             f"all of one size, got groups of sizes {[len(group) for group in groups]}"
@@ -201,7 +202,9 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     `timeout` (seconds, inf for none) bounds the wait for the other devices;
     see jaxring/collectives/timeout.py.
     `axis_name` may name vmap axes too, alone or with device axes (reduced inside the program);
-    `axis_index_groups` splits the axis into groups of one size, each its own ring, as lax's.
+    `axis_index_groups` splits the axis into groups, as lax's: groups of one size each run their
+    own ring; groups of different sizes run one ring over the whole axis on a row per group
+    (len(groups) times the bytes), each device adding into its own group's row.
 
     processes=True also reduces over every process of the MPI job (mpirun or
     srun, each process mapping `axis_name` over its own devices): the sum (or
@@ -250,15 +253,49 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
             # to lax's type (a Python scalar stays one).
             return lax_reduce(leaf, names, axis_index_groups=groups)
         lax_op = functools.partial(lax_reduce, x, names, axis_index_groups=groups)
-        if ranks == 1:
+        sizes_differ = groups is not None and len({len(group) for group in groups}) > 1  # `ranks` is the first's
+        if ranks == 1 and not sizes_differ:
             return _ring_of_one(lax_op, lambda: accumulation.mean(x, 1) if op == "mean" else x)
         if x.size == 0:
             return lax_op()
+        if sizes_differ:
+            return _within_groups_of_different_sizes(x, names, groups, op, timeout_ms)
         total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction,
                       groups=groups).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _within_groups_of_different_sizes(x, names, groups, op, timeout_ms):
+    """allreduce of `x` within each of `groups` where they differ in size: one ring holds a row per
+    group, no longer one ring per group. Each device puts `x` in its group's row and the reduction's
+    identity in the others (-0.0 for a float sum, which leaves every sum's bits as they were), the
+    whole axis reduces every row at once, and each device keeps its group's row."""
+    reduction = "sum" if op == "mean" else op
+    group_of = np.zeros(sum(map(len, groups)), np.int32)
+    for index, group in enumerate(groups):
+        group_of[list(group)] = index
+    mine = jnp.asarray(group_of)[jax.lax.axis_index(names)]
+    rows = jnp.arange(len(groups)).reshape((-1,) + (1,) * x.ndim) == mine
+    stacked = jnp.where(rows, x[None], _identity(x.dtype, reduction))
+    total = _ring(stacked.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction)
+    own = jax.lax.dynamic_index_in_dim(total.reshape(stacked.shape), mine, keepdims=False)
+    if op != "mean":
+        return own
+    return accumulation.mean(own, jnp.asarray([len(group) for group in groups], np.int32)[mine])
+
+
+def _identity(dtype, reduction):
+    """The value that leaves `reduction` ("sum", "max", "min") unchanged, in `dtype`."""
+    if reduction == "sum":
+        return jnp.array(-0.0 if jnp.issubdtype(dtype, jnp.inexact) else 0, dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf if reduction == "max" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype) if dtype != jnp.bool_ else None
+    if info is None:
+        return jnp.array(reduction == "min", dtype)
+    return jnp.array(info.min if reduction == "max" else info.max, dtype)
 
 
 WIRE_DTYPES = ("bfloat16", "float16", "float32")
