@@ -124,6 +124,18 @@ def _is_pytree(x) -> bool:
     return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
 
 
+def _wider_type(dtype):
+    """The type an element type narrower than every type the handlers take crosses the ring in,
+    holding each of its values exactly (None where the handlers take `dtype`): floats of under
+    16 bits (float8s, float4) in float32, where a sum rounds once, as bfloat16's does; integers of
+    under 8 bits in 8 bits, whose wrapped sums wrap alike when cast back."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 16:
+        return jnp.dtype(jnp.float32)
+    if jnp.issubdtype(dtype, jnp.integer) and jnp.iinfo(dtype).bits < 8:
+        return jnp.dtype(jnp.int8 if jnp.issubdtype(dtype, jnp.signedinteger) else jnp.uint8)
+    return None
+
+
 def _as_supported_array(x, op_name):
     x = jnp.asarray(x)
     if x.dtype not in SUPPORTED_DTYPES:
@@ -240,6 +252,12 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         x = jnp.asarray(leaf)
         if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
+        if (wide := _wider_type(x.dtype)) is not None:
+            # As lax's: the reduction lands in the narrow type (an integer sum wrapped in it), and a
+            # mean divides that, in that type.
+            total = allreduce(x.astype(wide), names, reduction, axis_index_groups=groups, processes=processes,
+                              timeout=timeout, wire_dtype=wire_dtype).astype(x.dtype)
+            return total / _devices_in_mean(names, ranks, groups, communicator) if op == "mean" else total
         x = _as_supported_array(x, "allreduce")
         if reduction != "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
@@ -273,17 +291,28 @@ def _within_groups_of_different_sizes(x, names, groups, op, timeout_ms):
     identity in the others (-0.0 for a float sum, which leaves every sum's bits as they were), the
     whole axis reduces every row at once, and each device keeps its group's row."""
     reduction = "sum" if op == "mean" else op
-    group_of = np.zeros(sum(map(len, groups)), np.int32)
-    for index, group in enumerate(groups):
-        group_of[list(group)] = index
-    mine = jnp.asarray(group_of)[jax.lax.axis_index(names)]
+    mine = _own_group(names, groups)
     rows = jnp.arange(len(groups)).reshape((-1,) + (1,) * x.ndim) == mine
     stacked = jnp.where(rows, x[None], _identity(x.dtype, reduction))
     total = _ring(stacked.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction)
     own = jax.lax.dynamic_index_in_dim(total.reshape(stacked.shape), mine, keepdims=False)
-    if op != "mean":
-        return own
-    return accumulation.mean(own, jnp.asarray([len(group) for group in groups], np.int32)[mine])
+    return accumulation.mean(own, _devices_in_mean(names, None, groups, None)) if op == "mean" else own
+
+
+def _own_group(names, groups):
+    """This device's index among `groups` (traced)."""
+    group_of = np.zeros(sum(map(len, groups)), np.int32)
+    for index, group in enumerate(groups):
+        group_of[list(group)] = index
+    return jnp.asarray(group_of)[jax.lax.axis_index(names)]
+
+
+def _devices_in_mean(names, ranks, groups, communicator):
+    """What allreduce(op="mean") divides by: the devices of the ring (a group's, traced where the
+    groups differ in size) times the processes of `communicator` (None: this one)."""
+    if groups is not None and len({len(group) for group in groups}) > 1:
+        return jnp.asarray([len(group) for group in groups], np.int32)[_own_group(names, groups)]
+    return ranks * (1 if communicator is None else communicator.size)
 
 
 def _identity(dtype, reduction):
@@ -405,6 +434,9 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None,
                                axis_index_groups=groups)
     if x.dtype == jnp.bool_:
         lax_op()  # lax.psum_scatter refuses bools (lax.add does not take them): the same TypeError
+    if (wide := _wider_type(x.dtype)) is not None:
+        return reduce_scatter(x.astype(wide), names, scatter_dimension=dim, axis_index_groups=groups, tiled=tiled,
+                              timeout=timeout).astype(x.dtype)
     x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
     size = x.shape[dim]
@@ -446,6 +478,14 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
                                     to=to, timeout=timeout), x)
     if _not_numbers(x):
         return jax.lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to)
+    if _wider_type(narrow := jnp.asarray(x).dtype) is not None:
+        # Moved, not computed: 8-bit floats as their bits (a NaN's payload kept), 4-bit types widened.
+        bits = jnp.issubdtype(narrow, jnp.floating) and jnp.finfo(narrow).bits == 8
+        wide = jnp.uint8 if bits else _wider_type(narrow)
+        moved = jax.lax.bitcast_convert_type(x, wide) if bits else jnp.asarray(x).astype(wide)
+        gathered = all_gather(moved, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to,
+                              timeout=timeout)
+        return jax.lax.bitcast_convert_type(gathered, narrow) if bits else gathered.astype(narrow)
     x = _as_supported_array(x, "all_gather")
     timeout_ms = _timeout_ms(timeout)
     names, ranks, groups = _checked_axes(axis_name, ALL_GATHER, axis_index_groups)
