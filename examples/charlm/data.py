@@ -5,7 +5,8 @@ spelling within words, "a"/"an" before the next word's first letter, the
 verb agreeing with its subject across adjectives, phrases and relative
 clauses, capitals after a full stop, "?" after a question's inverted start.
 Words are drawn with Zipf-like weights, as in real text. Python's
-random.Random with an integer seed gives the same draws on every platform.
+random.Random gives the same draws from the same seed (an integer or a
+string) on every platform.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import random
 import numpy as np
 
 SPLITS = ("train", "dev", "test")
-SPLIT_SHARES = {"train": 0.9, "dev": 0.05, "test": 0.05}  # of the characters, cut at sentence ends
+SPLIT_SHARES = {"train": 0.9, "dev": 0.05, "test": 0.05}  # of the characters
 
 NOUNS = [  # (singular, plural)
     ("fox", "foxes"), ("hen", "hens"), ("owl", "owls"), ("cat", "cats"), ("dog", "dogs"), ("child", "children"),
@@ -92,7 +93,7 @@ def _sentence(rng: random.Random) -> str:
     return text[0].upper() + text[1:]
 
 
-def make_text(chars: int, seed: int) -> str:
+def make_text(chars: int, seed: int | str) -> str:
     """At least `chars` characters of sentences, a paragraph (a new line) every 1 to 6 of them."""
     rng = random.Random(seed)
     paragraphs, total = [], 0
@@ -122,15 +123,10 @@ def encode(text: str) -> np.ndarray:
 
 
 def make_splits(chars: int, seed: int) -> dict[str, np.ndarray]:
-    """{split: uint8 codes}: `chars` characters of text cut into train, dev and test (SPLIT_SHARES) at paragraph
-    ends, so that no sentence is in two splits."""
-    text = make_text(chars, seed)
-    splits, start = {}, 0
-    for split in SPLITS:
-        end = len(text) if split == SPLITS[-1] else text.index("\n", start + int(SPLIT_SHARES[split] * chars)) + 1
-        splits[split] = encode(text[start:end])
-        start = end
-    return splits
+    """{split: uint8 codes}: at least `chars` characters in all, each split (SPLIT_SHARES) a text of its own
+    from its own seed (none is empty)."""
+    return {split: encode(make_text(math.ceil(share * chars), f"{seed}/{split}"))
+            for split, share in SPLIT_SHARES.items()}
 
 
 def unigram_entropy(codes: np.ndarray) -> float:

@@ -5,7 +5,7 @@ puts the checkout on the Python path, so no PYTHONPATH is needed
 (examples/charlm/charlm.yaml). Its sections are `data` and `model`.
 
 Outside the engine (a benchmark of the step, say), the task's own members are
-the whole model: `task = CharLMTask()`, `variables = task.init(jax.random.key(seed))`,
+the whole model: `task = CharLMTask()`, `variables = jax.jit(task.init)(jax.random.key(seed))`,
 `batch = next(iter(task.train_batches(batch_size, Shard(0, 1), seed)))` and
 `loss, _ = task.loss(variables, batch, None)` (no dropout: the rng is unused).
 """
@@ -64,6 +64,10 @@ class CharLMTask:
     def __init__(self, data: DataConfig = DataConfig(), model: ModelConfig = ModelConfig()):
         self.context = model.context
         self.splits = make_splits(data.chars, data.seed)
+        shortest = min(self.splits, key=lambda split: len(self.splits[split]))
+        if len(self.splits[shortest]) <= model.context:
+            raise ValueError(f"the {shortest} split's {len(self.splits[shortest])} characters hold no window of "
+                             f"model.context + 1 = {model.context + 1}: raise data.chars or lower model.context")
         self.network = CharTransformer(len(ALPHABET), model.context, model.width, model.heads, model.layers,
                                        model.mlp_ratio)
         log.info("charlm: %s characters of %d symbols; unigram entropy of train %.3f bits per character",
