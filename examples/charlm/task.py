@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
