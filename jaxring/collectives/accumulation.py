@@ -17,8 +17,9 @@ def accumulation_dtype(dtype) -> np.dtype:
     return dtype
 
 
-def mean(total, count: int):
-    """`total` (a sum over `count` devices) divided by `count`, typed as lax.pmean types it."""
+def mean(total, count):
+    """`total` (a sum over `count` devices: an int, or an int32 array where each device's group is
+    its own size) divided by `count`, typed as lax.pmean types it."""
     if jnp.issubdtype(total.dtype, jnp.integer):
         return total / count
     return (total.astype(accumulation_dtype(total.dtype)) / count).astype(total.dtype)

@@ -8,8 +8,15 @@ Sizes are in elements of the ring's buffer, which the handlers call the full (al
 import dataclasses
 
 import jax
+from jax.extend import core
+from jax.interpreters import ad, batching, mlir
 
 from jaxring.collectives import _ffi, _jax_compat
+
+# Types a value that is bitwise equal on every device of `names` (the all-gathered sum of
+# mpi.py's leg, ring.py's invariant all_gather) as invariant over them, as lax.psum types
+# its result; it moves nothing.
+invariant_p = core.Primitive("jaxring_invariant")
 
 
 # Compared and hashed by identity: each kind is one row of KINDS, and a primitive's params are hashed at every bind.
@@ -108,3 +115,20 @@ def output_varying(x, kind: Kind, axis_name) -> frozenset:
             "jax.lax.pcast(x, axis_name, to='varying') or pass check_vma=False to jax.shard_map"
         )
     return varying  # each device still holds its own block
+
+
+def _invariant_abstract_eval(x, *, names):
+    return _jax_compat.with_shape_and_varying(x, x.shape, _jax_compat.varying_axes(x) - frozenset(names))
+
+
+def _invariant_transpose(cotangent, x, *, names):
+    # As lax.psum's typed transpose: every device's input receives the cotangent whole.
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [jax.lax.pcast(cotangent, names, to="varying")]
+
+
+invariant_p.def_abstract_eval(_invariant_abstract_eval)
+ad.deflinear2(invariant_p, _invariant_transpose)
+batching.primitive_batchers[invariant_p] = lambda args, dims, names: (invariant_p.bind(*args, names=names), dims[0])
+mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])

@@ -45,9 +45,6 @@ from jaxring.collectives import _ffi, _jax_compat, _ring_call, accumulation, agr
 from jaxring.collectives import timeout as timeout_lib
 
 mpi_ring_p = core.Primitive("jaxring_mpi_ring")
-# Types a value that is bitwise equal on every device of `names` (the all-gathered
-# sum) as invariant over them, as lax.psum types its result; it moves nothing.
-invariant_p = core.Primitive("jaxring_invariant")
 # The leg's algorithm, fixed at lowering and part of the agreement, so every
 # process runs the same one (csrc/mpi/mpi_host_ring.cc): buffers of at most
 # ONE_SHOT_MAX_BYTES go one-shot (each process sends its buffer to every
@@ -189,17 +186,20 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
-    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None for
-    the accumulation type): what the leg's chunks cross in.
+    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None):
+    what a float `x`'s chunks cross in where it is narrower than their accumulation type; any other
+    `x` crosses in its accumulation type.
     """
     communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
     if _jax_compat.checking_varying_axes():
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
+    narrower = (wire_dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
+                and jnp.dtype(wire_dtype).itemsize < flat.dtype.itemsize)
     total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
-                             flat.dtype if wire_dtype is None else jnp.dtype(wire_dtype))
+                             jnp.dtype(wire_dtype) if narrower else flat.dtype)
     if _jax_compat.checking_varying_axes():
-        total = invariant_p.bind(total, names=names)
+        total = kinds.invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
 
@@ -275,8 +275,6 @@ def mean_over_processes_with_lax(x, axis_name, wire_dtype=None):
     across (in `wire_dtype` for a float `x`, as ring.allreduce's)."""
     n_procs = processes()
     what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    if wire_dtype is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-        wire_dtype = None
     total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what, wire_dtype=wire_dtype)
     return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
 
@@ -355,19 +353,3 @@ batching.primitive_batchers[mpi_ring_p] = _batch
 # of one size) once, and they would share a tag, and so each other's messages.
 mlir.register_lowering(mpi_ring_p, _lowering, platform="cpu", cacheable=False)
 mlir.register_lowering(mpi_ring_p, _cuda_lowering, platform="cuda", cacheable=False)
-
-
-def _invariant_abstract_eval(x, *, names):
-    return _jax_compat.with_shape_and_varying(x, x.shape, _jax_compat.varying_axes(x) - frozenset(names))
-
-
-def _invariant_transpose(cotangent, x, *, names):
-    # As lax.psum's typed transpose: every device's input receives the cotangent whole.
-    if type(cotangent) is ad.Zero:
-        return [ad.Zero(x.aval)]
-    return [jax.lax.pcast(cotangent, names, to="varying")]
-
-
-invariant_p.def_abstract_eval(_invariant_abstract_eval)
-ad.deflinear2(invariant_p, _invariant_transpose)
-mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])

@@ -88,7 +88,7 @@ def _checked_axes(axis_name, kind, groups=None):
     ring = int(np.prod([sizes[name] for name in names]))
     if groups is None:
         return names, ring, None
-    groups = _checked_groups(groups, names, ring, op_name)
+    groups = _checked_groups(groups, names, ring, op_name, kind is ALLREDUCE)
     if vmapped:
         raise NotImplementedError(
             f"axis_index_groups not supported in vmap collectives (as in jax.lax): jaxring.{op_name} over {names}, "
@@ -97,15 +97,16 @@ def _checked_axes(axis_name, kind, groups=None):
     return names, len(groups[0]), groups
 
 
-def _checked_groups(groups, names, ring, op_name):
-    """lax's axis_index_groups as a tuple of tuples: every index of the axis once, in groups of one size."""
+def _checked_groups(groups, names, ring, op_name, sizes_may_differ=False):
+    """lax's axis_index_groups as a tuple of tuples: every index of the axis once, in groups of one
+    size unless `sizes_may_differ` (an all-reduce: lax sums groups of different sizes on CPU and GPU)."""
     groups = tuple(tuple(int(i) for i in group) for group in groups)
     if sorted(i for group in groups for i in group) != list(range(ring)):
         raise ValueError(
             f"axis_index_groups must cover all indices exactly once: jaxring.{op_name} over {names} "
             f"({ring} devices) got {groups}; list each of 0..{ring - 1} in exactly one group"
         )
-    if len({len(group) for group in groups}) > 1:
+    if len({len(group) for group in groups}) > 1 and not sizes_may_differ:
         raise ValueError(
             f"axis_index_groups must all be the same size: jaxring.{op_name} runs one ring per group, "
             f"all of one size, got groups of sizes {[len(group) for group in groups]}"
@@ -121,6 +122,18 @@ def _checked_groups(groups, names, ring, op_name):
 def _is_pytree(x) -> bool:
     """Whether `x` holds leaves in a container (lax's collectives map over them) rather than being one."""
     return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
+
+
+def _wider_type(dtype):
+    """The type an element type narrower than every type the handlers take crosses the ring in,
+    holding each of its values exactly (None where the handlers take `dtype`): floats of under
+    16 bits (float8s, float4) in float32, where a sum rounds once, as bfloat16's does; integers of
+    under 8 bits in 8 bits, whose wrapped sums wrap alike when cast back."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 16:
+        return jnp.dtype(jnp.float32)
+    if jnp.issubdtype(dtype, jnp.integer) and jnp.iinfo(dtype).bits < 8:
+        return jnp.dtype(jnp.int8 if jnp.issubdtype(dtype, jnp.signedinteger) else jnp.uint8)
+    return None
 
 
 def _as_supported_array(x, op_name):
@@ -201,7 +214,9 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     `timeout` (seconds, inf for none) bounds the wait for the other devices;
     see jaxring/collectives/timeout.py.
     `axis_name` may name vmap axes too, alone or with device axes (reduced inside the program);
-    `axis_index_groups` splits the axis into groups of one size, each its own ring, as lax's.
+    `axis_index_groups` splits the axis into groups, as lax's: groups of one size each run their
+    own ring; groups of different sizes run one ring over the whole axis on a row per group
+    (len(groups) times the bytes), each device adding into its own group's row.
 
     processes=True also reduces over every process of the MPI job (mpirun or
     srun, each process mapping `axis_name` over its own devices): the sum (or
@@ -237,6 +252,12 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         x = jnp.asarray(leaf)
         if x.dtype == jnp.bool_ and reduction == "sum":  # as lax.psum: booleans are summed as int32 (counted)
             x = x.astype(jnp.int32)
+        if (wide := _wider_type(x.dtype)) is not None:
+            # As lax's: the reduction lands in the narrow type (an integer sum wrapped in it), and a
+            # mean divides that, in that type.
+            total = allreduce(x.astype(wide), names, reduction, axis_index_groups=groups, processes=processes,
+                              timeout=timeout, wire_dtype=wire_dtype).astype(x.dtype)
+            return total / _devices_in_mean(names, ranks, groups, communicator) if op == "mean" else total
         x = _as_supported_array(x, "allreduce")
         if reduction != "sum" and jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
@@ -250,15 +271,60 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
             # to lax's type (a Python scalar stays one).
             return lax_reduce(leaf, names, axis_index_groups=groups)
         lax_op = functools.partial(lax_reduce, x, names, axis_index_groups=groups)
-        if ranks == 1:
+        sizes_differ = groups is not None and len({len(group) for group in groups}) > 1  # `ranks` is the first's
+        if ranks == 1 and not sizes_differ:
             return _ring_of_one(lax_op, lambda: accumulation.mean(x, 1) if op == "mean" else x)
         if x.size == 0:
             return lax_op()
+        if sizes_differ:
+            return _within_groups_of_different_sizes(x, names, groups, op, timeout_ms)
         total = _ring(x.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction,
                       groups=groups).reshape(x.shape)
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _within_groups_of_different_sizes(x, names, groups, op, timeout_ms):
+    """allreduce of `x` within each of `groups` where they differ in size: one ring holds a row per
+    group, no longer one ring per group. Each device puts `x` in its group's row and the reduction's
+    identity in the others (-0.0 for a float sum, which leaves every sum's bits as they were), the
+    whole axis reduces every row at once, and each device keeps its group's row."""
+    reduction = "sum" if op == "mean" else op
+    mine = _own_group(names, groups)
+    rows = jnp.arange(len(groups)).reshape((-1,) + (1,) * x.ndim) == mine
+    stacked = jnp.where(rows, x[None], _identity(x.dtype, reduction))
+    total = _ring(stacked.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction)
+    own = jax.lax.dynamic_index_in_dim(total.reshape(stacked.shape), mine, keepdims=False)
+    return accumulation.mean(own, _devices_in_mean(names, None, groups, None)) if op == "mean" else own
+
+
+def _own_group(names, groups):
+    """This device's index among `groups` (traced)."""
+    group_of = np.zeros(sum(map(len, groups)), np.int32)
+    for index, group in enumerate(groups):
+        group_of[list(group)] = index
+    return jnp.asarray(group_of)[jax.lax.axis_index(names)]
+
+
+def _devices_in_mean(names, ranks, groups, communicator):
+    """What allreduce(op="mean") divides by: the devices of the ring (a group's, traced where the
+    groups differ in size) times the processes of `communicator` (None: this one)."""
+    if groups is not None and len({len(group) for group in groups}) > 1:
+        return jnp.asarray([len(group) for group in groups], np.int32)[_own_group(names, groups)]
+    return ranks * (1 if communicator is None else communicator.size)
+
+
+def _identity(dtype, reduction):
+    """The value that leaves `reduction` ("sum", "max", "min") unchanged, in `dtype`."""
+    if reduction == "sum":
+        return jnp.array(-0.0 if jnp.issubdtype(dtype, jnp.inexact) else 0, dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf if reduction == "max" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype) if dtype != jnp.bool_ else None
+    if info is None:
+        return jnp.array(reduction == "min", dtype)
+    return jnp.array(info.min if reduction == "max" else info.max, dtype)
 
 
 WIRE_DTYPES = ("bfloat16", "float16", "float32")
@@ -312,8 +378,8 @@ def _processes(processes):
 
 def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype):
     """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
-    the MPI leg over `communicator`'s processes (in `wire_dtype` where narrower than a float leaf's
-    accumulation type), the local ring's all-gather (mpi.py)."""
+    the MPI leg over `communicator`'s processes (in `wire_dtype`: mpi.reduce_over_processes says where),
+    the local ring's all-gather (mpi.py)."""
     from jaxring.collectives import mpi
 
     if jax.process_count() > 1 and ranks > jax.local_device_count():
@@ -332,9 +398,6 @@ def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype)
             functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
             functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
         )
-        if wire_dtype is not None and not (jnp.issubdtype(x.dtype, jnp.floating) and
-                                           wire_dtype.itemsize < accumulation.accumulation_dtype(x.dtype).itemsize):
-            wire_dtype = None
         total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
     return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
 
@@ -371,6 +434,9 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None,
                                axis_index_groups=groups)
     if x.dtype == jnp.bool_:
         lax_op()  # lax.psum_scatter refuses bools (lax.add does not take them): the same TypeError
+    if (wide := _wider_type(x.dtype)) is not None:
+        return reduce_scatter(x.astype(wide), names, scatter_dimension=dim, axis_index_groups=groups, tiled=tiled,
+                              timeout=timeout).astype(x.dtype)
     x = _as_supported_array(x, "reduce_scatter")
     timeout_ms = _timeout_ms(timeout)
     size = x.shape[dim]
@@ -399,9 +465,10 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     Tiled, the blocks are concatenated along the existing `axis` instead.
     `all_gather(reduce_scatter(x, a, tiled=True), a, tiled=True)` equals `allreduce(x, a)`.
     With `axis_index_groups`, the devices of each group gather each other's `x`.
-    `to="invarying"` is `to="varying"` except under shard_map(check_vma=True), which
-    refuses it, as it refuses `to="reduced"` everywhere (docs/USAGE.md). A pytree is
-    gathered leaf by leaf.
+    `to="invarying"` is the same value; under shard_map(check_vma=True) it is typed
+    invariant over the axes and its transpose hands each device its own block of the
+    cotangent, as lax's. `to="reduced"` is refused (docs/USAGE.md). A pytree is gathered
+    leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     _check_all_gather_to(to, axis_index_groups)
@@ -411,22 +478,60 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
                                     to=to, timeout=timeout), x)
     if _not_numbers(x):
         return jax.lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to)
+    if _wider_type(narrow := jnp.asarray(x).dtype) is not None:
+        # Moved, not computed: 8-bit floats as their bits (a NaN's payload kept), 4-bit types widened.
+        bits = jnp.issubdtype(narrow, jnp.floating) and jnp.finfo(narrow).bits == 8
+        wide = jnp.uint8 if bits else _wider_type(narrow)
+        moved = jax.lax.bitcast_convert_type(x, wide) if bits else jnp.asarray(x).astype(wide)
+        gathered = all_gather(moved, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to,
+                              timeout=timeout)
+        return jax.lax.bitcast_convert_type(gathered, narrow) if bits else gathered.astype(narrow)
     x = _as_supported_array(x, "all_gather")
     timeout_ms = _timeout_ms(timeout)
     names, ranks, groups = _checked_axes(axis_name, ALL_GATHER, axis_index_groups)
     if tiled and x.ndim == 0:
         raise ValueError("all_gather(tiled=True) concatenates along an axis of x; x is a scalar")
     axis = _canonical_axis(axis, x.ndim if tiled else x.ndim + 1, "axis")
-    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled, axis_index_groups=groups)
+    lax_op = functools.partial(jax.lax.all_gather, x, names, axis=axis, tiled=tiled, axis_index_groups=groups, to=to)
     if ranks == 1:
         return _ring_of_one(lax_op, lambda: x if tiled else jnp.expand_dims(x, axis))
     if x.size == 0:
         return lax_op()
+    gather = functools.partial(_gathered, names=names, ranks=ranks, groups=groups, timeout_ms=timeout_ms, axis=axis,
+                               tiled=tiled)
+    if to == "invarying" and _jax_compat.checking_varying_axes():
+        return _gathered_invariant(gather, x, names, axis, tiled)
+    return gather(x)
+
+
+def _gathered(x, *, names, ranks, groups, timeout_ms, axis, tiled):
     flat = _ring(x.reshape(-1), kind=ALL_GATHER, names=names, timeout_ms=timeout_ms, groups=groups)
     stacked = jnp.moveaxis(flat.reshape((ranks,) + x.shape), 0, axis)
     if not tiled:
         return stacked
     return stacked.reshape(x.shape[:axis] + (ranks * x.shape[axis],) + x.shape[axis + 1 :])
+
+
+def _gathered_invariant(gather, x, names, axis, tiled):
+    """gather(x) typed invariant over `names` (lax.all_gather(to="invarying") under check_vma).
+
+    The gathered value is the same on every device, so its cotangent is too, and each device's
+    `x` owns one block of it: the transpose slices that block out, with no communication.
+    (kinds.invariant_p's own transpose would hand each device the whole cotangent, as a sum's.)
+    """
+    x = kinds.typed_input(x, names, ALL_GATHER)  # varying over `names`, as the cotangent's slice will be
+    block = x.shape[axis] if tiled else 1
+
+    @jax.custom_vjp
+    def gathered(x):
+        return kinds.invariant_p.bind(gather(x), names=names)
+
+    def own_block(_, cotangent):
+        mine = jax.lax.dynamic_slice_in_dim(cotangent, jax.lax.axis_index(names) * block, block, axis)
+        return (mine if tiled else jnp.squeeze(mine, axis),)
+
+    gathered.defvjp(lambda x: (gathered(x), None), own_block)
+    return gathered(x)
 
 
 def _check_all_gather_to(to, groups):
@@ -439,10 +544,10 @@ def _check_all_gather_to(to, groups):
         return
     if groups is not None:
         raise NotImplementedError(f"jaxring.all_gather(..., to={to!r}) with axis_index_groups: lax refuses it too")
-    if to == "reduced" or _jax_compat.checking_varying_axes():
+    if to == "reduced":
         raise NotImplementedError(
-            f"jaxring.all_gather(..., to={to!r}): jaxring types the gathered value varying over the axes, as "
-            f"to='varying' (the same where shard_map does not check types); use jax.lax.all_gather(..., to={to!r})"
+            "jaxring.all_gather(..., to='reduced'): a reduced value is explicit sharding, which jaxring leaves to "
+            "lax; use jax.lax.all_gather(..., to='reduced')"
         )
 
 

@@ -49,9 +49,11 @@ class Sync:
 
         return mpi.mean_over_processes_with_lax(flat, AXIS, self.wire_dtype)
 
-    def pmap_step(self, local: Local, finish: Finish):
-        """(state, device batch) -> finish(state, mean of local(state, batch)); `state` is donated."""
-        return jax.pmap(lambda state, batch: finish(state, self.mean(local(state, batch))), axis_name=AXIS, donate_argnums=0)
+    def pmap_step(self, local: Local, finish: Finish, devices=None):
+        """(state, device batch) -> finish(state, mean of local(state, batch)) on `devices` (None: pmap's
+        default, every device of the job under jax.distributed, so a process passes its own); `state` is donated."""
+        return jax.pmap(lambda state, batch: finish(state, self.mean(local(state, batch))), axis_name=AXIS,
+                        devices=devices, donate_argnums=0)
 
     def time_mean(self, tree, repeats: int, warmup: int = 1) -> float:
         """Seconds of the mean of `tree` (replicated over the local devices) as a step pays it:

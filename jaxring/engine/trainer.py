@@ -175,7 +175,7 @@ class Trainer:
         self.schedule_plan = plan
         self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
         self.optimizer = make_optimizer(self.config.optim, self.schedule)
-        self._step = self.sync.pmap_step(self._local, self._finish)
+        self._step = self.sync.pmap_step(self._local, self._finish, self.devices)
 
     def _local(self, state: TrainState, batch: dict):
         """What the sync averages over every replica: (gradients, new model state, loss) of one device's

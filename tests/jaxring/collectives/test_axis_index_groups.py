@@ -95,12 +95,65 @@ def test_groups_that_do_not_cover_the_axis_once_are_refused_as_lax_refuses(op):
 
 
 def test_groups_lax_passes_to_xla_unchecked_are_refused_at_trace_time():
-    # Indices 0..1 only of an axis of 4: lax fails inside XLA; uneven groups: lax's CPU sum takes them
-    # (TPU refuses them), jaxring's rings are all of one size.
-    for groups, message in (([[0, 1]], "cover all indices exactly once"), ([[0], [1, 2, 3]], "all be the same size")):
-        with pytest.raises(ValueError, match=message):
-            jax.pmap(lambda v: jaxring.allreduce(v, "i", axis_index_groups=groups), "i",  # noqa: B023
+    # Indices 0..1 only of an axis of 4: lax fails inside XLA; groups of different sizes for an op whose
+    # output shape is a group's size: lax sizes it by the first group's.
+    with pytest.raises(ValueError, match="cover all indices exactly once"):
+        jax.pmap(lambda v: jaxring.allreduce(v, "i", axis_index_groups=[[0, 1]]), "i",
+                 devices=jax.devices()[:4])(jnp.ones((4, 3)))
+    for op in (jaxring.reduce_scatter, jaxring.all_gather):
+        with pytest.raises(ValueError, match="all be the same size"):
+            jax.pmap(lambda v: op(v, "i", axis_index_groups=[[0], [1, 2, 3]]), "i",  # noqa: B023
                      devices=jax.devices()[:4])(jnp.ones((4, 3)))
+
+
+LAX_REDUCTIONS = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+# Of sizes 1, 2 and 5 (the first of one: not a ring of one), neither contiguous nor in axis order;
+# lax's CPU all-reduce takes them (TPU refuses them).
+UNEVEN = [[3], [5, 1], [0, 2, 7, 4, 6]]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64],
+                         ids=lambda d: jnp.dtype(d).name)
+def test_allreduce_within_groups_of_different_sizes_is_lax_s_sum_max_and_min(dtype):
+    rng = np.random.default_rng(23)
+    if dtype == jnp.bool_:
+        x = rng.random((8, 3, 5)) > 0.5
+    elif dtype == jnp.uint8:
+        x = rng.integers(0, 256, (8, 3, 5)).astype(np.uint8)  # sums wrap, as lax's
+    elif dtype == jnp.complex64:
+        x = (random_array(rng, (8, 3, 5), jnp.float32) + 1j * random_array(rng, (8, 3, 5), jnp.float32)).astype(dtype)
+    else:
+        x = random_array(rng, (8, 3, 5), dtype)
+    if dtype == jnp.float32:
+        x[3, 0, 0], x[1, 1, 1] = -0.0, np.nan  # a group of one keeps -0.0; max/min skip NaN as lax's
+    ops = ("sum",) if dtype == jnp.complex64 else ("sum", "max", "min")
+    for op in ops:
+        ring, lax = (jax.pmap(lambda v: reduce(v, "i", axis_index_groups=UNEVEN), "i")(x)  # noqa: B023
+                     for reduce in (functools.partial(jaxring.allreduce, op=op), LAX_REDUCTIONS[op]))
+        assert ring.dtype == lax.dtype
+        if op == "sum" and jnp.issubdtype(dtype, jnp.inexact):  # added in the axis' order, lax's in the group's
+            scale = np.nanmax(np.abs(np.asarray(lax)))
+            np.testing.assert_allclose(np.asarray(ring), np.asarray(lax), rtol=0, atol=4 * 8 * 2 ** -23 * scale)
+            assert np.signbit(np.asarray(ring)[3, 0, 0]) if dtype == jnp.float32 else True  # -0.0 alone stays -0.0
+        else:  # integers wrap alike, max and min pick the same element
+            np.testing.assert_array_equal(np.asarray(ring), np.asarray(lax), err_msg=op)
+
+
+def test_mean_within_groups_of_different_sizes_divides_each_by_its_own_size():
+    """lax.pmean divides every group's sum by the first group's size (jax 0.10.2 takes the size
+    from psum(1), which it computes as len(axis_index_groups[0])); jaxring by each group's."""
+    x = random_array(np.random.default_rng(29), (8, 4), jnp.float32)
+    mean = jax.pmap(lambda v: jaxring.allreduce(v, "i", "mean", axis_index_groups=UNEVEN), "i")(x)
+    for group in UNEVEN:
+        expected = x[group].astype(np.float64).mean(axis=0)
+        for device in group:
+            np.testing.assert_allclose(np.asarray(mean[device]), expected, rtol=2e-6)
+    lax_mean = jax.pmap(lambda v: jax.lax.pmean(v, "i", axis_index_groups=UNEVEN), "i")(x)
+    np.testing.assert_allclose(np.asarray(lax_mean[0]), x[UNEVEN[2]].sum(0) / len(UNEVEN[0]), rtol=1e-6)  # as described
+
+    def gradient(reduce):  # a sum's: each device gets its group's cotangents, summed
+        return jax.pmap(jax.grad(lambda v: jnp.sum(jnp.sin(reduce(v, "i", axis_index_groups=UNEVEN)) * v)), "i")(x)
+    np.testing.assert_allclose(np.asarray(gradient(jaxring.allreduce)), np.asarray(gradient(jax.lax.psum)), rtol=1e-5)
 
 
 def test_groups_where_lax_or_jaxring_take_none_are_refused_at_trace_time():
@@ -128,7 +181,29 @@ def test_all_gather_to_is_lax_s_or_refused_by_name():
     for refused in (lambda ops, v: ops.all_gather(v, "i", to="reduced"),
                     lambda ops, v: ops.all_gather(v, "i", to="invarying", axis_index_groups=[[0, 1], [2, 3]])):
         assert isinstance(refusal(Ring, refused), NotImplementedError)
-    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
-    with pytest.raises(NotImplementedError, match="to='invarying'"):
-        jax.jit(jax.shard_map(lambda v: jaxring.all_gather(v, "i", to="invarying"), mesh=mesh, in_specs=P("i"),
-                              out_specs=P()))(jnp.ones(8))
+
+
+@pytest.mark.parametrize("names", ["i", ("a", "i")], ids=["one_axis", "two_axes"])
+@pytest.mark.parametrize("tiled,axis", [(True, 0), (False, 1), (True, 1)])
+def test_all_gather_to_invarying_under_check_vma_is_lax_s_values_types_and_gradients(names, tiled, axis):
+    """Typed invariant over the gathered axes (out_specs may drop them) and differentiated as
+    lax's: each device's input gets its own block of the (invariant) cotangent."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "i"))
+    rng = np.random.default_rng(17)
+    x = random_array(rng, (2 * 3, 4 * 5), jnp.float32)
+    kept = P() if names == ("a", "i") else P("a")
+
+    def gathered_by(gather):
+        return jax.shard_map(lambda v: gather(v, names, to="invarying", tiled=tiled, axis=axis), mesh=mesh,
+                             in_specs=P("a", "i"), out_specs=kept)
+
+    def loss(gather, v):
+        g = gathered_by(gather)(v)
+        return jnp.sum(jnp.sin(g) * jnp.cos(g).sum())
+
+    values = [jax.jit(gathered_by(gather))(x) for gather in (jaxring.all_gather, jax.lax.all_gather)]
+    np.testing.assert_array_equal(*map(np.asarray, values))  # a gather: exact
+    ring, lax = (jax.jit(jax.grad(functools.partial(loss, gather)))(x) for gather in (jaxring.all_gather, jax.lax.all_gather))
+    assert ring.shape == lax.shape == x.shape and ring.dtype == lax.dtype
+    # the same slices of the same cotangent, which XLA sums (cos(g).sum()) in a program-dependent order
+    np.testing.assert_allclose(np.asarray(ring), np.asarray(lax), rtol=1e-5, atol=1e-5 * float(np.abs(lax).max()))

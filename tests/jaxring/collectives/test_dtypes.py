@@ -207,3 +207,46 @@ def test_float0_and_object_arrays_get_lax_s_refusal(const):
         outcomes = [outcome(lambda: jax.pmap(lambda v: (v, f(const)), axis_name="i", devices=jax.devices()[:2])(x))
                     for f in (mine, lax)]
         assert outcomes[0] == outcomes[1]
+
+
+# Narrower than any type the handlers take: each crosses the ring in a wider type that holds its values
+# (ring.py's _wider_type) and lands back in its own.
+NARROW = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float4_e2m1fn", "int4", "uint4")
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_every_op_of_the_narrow_types_is_lax_s_or_the_exact_sum_rounded_once(dtype):
+    """Integers (sums wrapped), max and min bit for bit as lax's, all_gather the rows' bits; float
+    sums are the exact sum rounded once to the type (float32 holds a sum of 5 of them exactly; lax's
+    own may round at every step), and the mean that sum divided in the type, as lax.pmean divides."""
+    ranks, rng, integer = 5, np.random.default_rng([5, NARROW.index(dtype)]), jnp.issubdtype(dtype, jnp.integer)
+    if integer:
+        info = jnp.iinfo(jnp.dtype(dtype))
+        xs = tuple(rng.integers(int(info.min), int(info.max), (ranks, ranks * n), endpoint=True).astype(dtype)
+                   for n in SIZES)
+        sum_xs = xs
+    else:  # float4_e2m1fn holds at most 6 (no inf, no NaN): its values stay within 1, their sums within 5
+        scale = 1 if dtype == "float4_e2m1fn" else 3
+        xs = tuple(np.clip(rng.standard_normal((ranks, ranks * n)) * scale, -5 * scale, 5 * scale) for n in SIZES)
+        xs = tuple(np.clip(x, -1, 1) if dtype == "float4_e2m1fn" else x for x in xs)
+        xs = tuple(x.astype(dtype) for x in xs)
+        if dtype != "float4_e2m1fn":
+            xs = tuple(np.where(rng.random(x.shape) < 0.1, np.asarray(np.nan, x.dtype), x) for x in xs)
+        sum_xs = tuple(finite(x) for x in xs)
+    mine = jax.tree.map(np.asarray, ops(JAXRING_OPS, ranks)(xs, sum_xs))
+    lax = jax.tree.map(np.asarray, ops(LAX_OPS, ranks)(xs, sum_xs))
+    for x, s, mine_ops, lax_ops in zip(xs, sum_xs, mine, lax):
+        assert [a.dtype for a in mine_ops] == [b.dtype for b in lax_ops]
+        total, mean, *ordered, scattered, gathered = mine_ops
+        if integer:
+            for a, b in zip(mine_ops, lax_ops):
+                assert same_bits(a, b), dtype
+            continue
+        exact = s.astype(np.float64).sum(0).astype(dtype)
+        assert same_bits(total, np.broadcast_to(exact, total.shape))
+        assert same_bits(scattered.reshape(-1), exact)
+        assert same_bits(mean, np.asarray(jnp.asarray(total) / ranks))
+        for a, b in zip(ordered, lax_ops[2:4]):
+            assert same_bits(a, b), f"{dtype} max or min differ from lax's"
+        # every device gets every row, bits and all (lax's all_gather of float8_e5m2 may alter a NaN's payload)
+        assert same_bits(gathered, np.broadcast_to(x[None], (ranks,) + x.shape))
