@@ -19,7 +19,8 @@ from tests.docs.markdown import ROOT, blocks
 DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*.md"))]
 BENCH = ROOT / "docs" / "bench"
 INDEX = "docs/bench/README.md"
-LINE_BUDGETS = {"README.md": 110, "docs/PERFORMANCE.md": 450, "docs/TRAINING.md": 450}
+# PERFORMANCE.md grew by the training step across hosts (issue 46), a table no other page holds.
+LINE_BUDGETS = {"README.md": 110, "docs/PERFORMANCE.md": 485, "docs/TRAINING.md": 450}
 README_PARAGRAPH_LINES, SCREEN_COLUMNS = 6, 80
 
 _FENCE = re.compile(r"^( *)```.*?^\1```", re.S | re.M)
