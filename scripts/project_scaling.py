@@ -268,18 +268,21 @@ def emulation_of(network, rate_bps) -> tuple[float, int]:
     return float(shape[shape.index("burst") + 1]), int(network["machine"].split("-core")[0])
 
 
+# The buckets of training records that do not say theirs (docs/bench/network-cpu2-2026-11-25.json's):
+# 1 MiB, the CPU default when they ran (fusion.py's is 256 KiB since 2026-11-28).
+UNRECORDED_BUCKET_BYTES = 1 << 20
+
+
 def weak_scaling_checks(network, rate_bps, link: EmulatedLink, leaf_bytes: list[int]) -> list[dict]:
     """ds2_tiny over the emulated nodes: its sync (each bucket's leg, one after another) and its
     step. Weak scaling keeps each node's compute, but here the n nodes' compute shares the one
     machine that a single process already keeps busy: n times the one-node compute, plus the sync."""
-    from jaxring.collectives.fusion import default_bucket_bytes
-
     runs = {r["nodes"]: r for r in network["train"] if r["rate_bps"] == rate_bps}
     checks = []
     for n, record in sorted(runs.items()):
         if n == 1 or 1 not in runs:
             continue
-        buckets = bucket_sizes(leaf_bytes, record.get("bucket_bytes") or default_bucket_bytes("cpu"))
+        buckets = bucket_sizes(leaf_bytes, record.get("bucket_bytes", UNRECORDED_BUCKET_BYTES))
         sync = sum(link.time(b, n) for b in buckets)
         step = n * (runs[1]["step_s"] - runs[1]["allreduce_s"]) + sync
         for what, measured, predicted in (("sync", record["allreduce_s"], sync), ("step", record["step_s"], step)):
