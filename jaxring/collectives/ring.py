@@ -106,7 +106,7 @@ def _checked_groups(groups, names, ring, op_name, sizes_may_differ=False):
             f"axis_index_groups must cover all indices exactly once: jaxring.{op_name} over {names} "
             f"({ring} devices) got {groups}; list each of 0..{ring - 1} in exactly one group"
         )
-    if len({len(group) for group in groups}) > 1 and not sizes_may_differ:
+    if _sizes_differ(groups) and not sizes_may_differ:
         raise ValueError(
             f"axis_index_groups must all be the same size: jaxring.{op_name} runs one ring per group, "
             f"all of one size, got groups of sizes {[len(group) for group in groups]}"
@@ -117,6 +117,11 @@ def _checked_groups(groups, names, ring, op_name, sizes_may_differ=False):
             "where jaxring runs whole axes only. Map the axis over each process' own devices, or use jax.lax's op"
         )
     return groups
+
+
+def _sizes_differ(groups) -> bool:
+    """Whether lax's axis_index_groups `groups` (or None) hold groups of different sizes."""
+    return groups is not None and len({len(group) for group in groups}) > 1
 
 
 def _is_pytree(x) -> bool:
@@ -271,7 +276,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
             # to lax's type (a Python scalar stays one).
             return lax_reduce(leaf, names, axis_index_groups=groups)
         lax_op = functools.partial(lax_reduce, x, names, axis_index_groups=groups)
-        sizes_differ = groups is not None and len({len(group) for group in groups}) > 1  # `ranks` is the first's
+        sizes_differ = _sizes_differ(groups)  # then `ranks` is the first group's size only
         if ranks == 1 and not sizes_differ:
             return _ring_of_one(lax_op, lambda: accumulation.mean(x, 1) if op == "mean" else x)
         if x.size == 0:
@@ -310,7 +315,7 @@ def _own_group(names, groups):
 def _devices_in_mean(names, ranks, groups, communicator):
     """What allreduce(op="mean") divides by: the devices of the ring (a group's, traced where the
     groups differ in size) times the processes of `communicator` (None: this one)."""
-    if groups is not None and len({len(group) for group in groups}) > 1:
+    if _sizes_differ(groups):
         return jnp.asarray([len(group) for group in groups], np.int32)[_own_group(names, groups)]
     return ranks * (1 if communicator is None else communicator.size)
 
@@ -399,7 +404,7 @@ def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype)
             functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
         )
         total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
-    return accumulation.mean(total, ranks * communicator.size) if op == "mean" else total
+    return accumulation.mean(total, _devices_in_mean(names, ranks, None, communicator)) if op == "mean" else total
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, timeout=None):
@@ -478,11 +483,11 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
                                     to=to, timeout=timeout), x)
     if _not_numbers(x):
         return jax.lax.all_gather(x, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to)
-    if _wider_type(narrow := jnp.asarray(x).dtype) is not None:
+    x = jnp.asarray(x)
+    if (wide := _wider_type(x.dtype)) is not None:
         # Moved, not computed: 8-bit floats as their bits (a NaN's payload kept), 4-bit types widened.
-        bits = jnp.issubdtype(narrow, jnp.floating) and jnp.finfo(narrow).bits == 8
-        wide = jnp.uint8 if bits else _wider_type(narrow)
-        moved = jax.lax.bitcast_convert_type(x, wide) if bits else jnp.asarray(x).astype(wide)
+        narrow, bits = x.dtype, jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits == 8
+        moved = jax.lax.bitcast_convert_type(x, jnp.uint8) if bits else x.astype(wide)
         gathered = all_gather(moved, axis_name, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to,
                               timeout=timeout)
         return jax.lax.bitcast_convert_type(gathered, narrow) if bits else gathered.astype(narrow)
