@@ -54,23 +54,44 @@ LIMIT_S = 300
 # and their checks that nothing is left behind hold. (pytest-xdist's --dist loadgroup would do it,
 # but its groups are lost with pytest 9.2: it renames items through an attribute 9.2 no longer reads.)
 CLUSTER_LOCK = Path(tempfile.gettempdir()) / "jaxring-tests-emulated-clusters.lock"
-_held = {"depth": 0, "file": None}
+# Every cluster test of a run takes 3-4 minutes in all; a wait past this is a holder that hangs.
+CLUSTER_LOCK_WAIT_S = 900
+_held: dict = {}  # lock path -> [depth, open file] of this process
 
 
 @contextlib.contextmanager
-def one_cluster_at_a_time():
-    """Holds CLUSTER_LOCK; re-entrant within a process (a module's cluster may be up while the same
-    worker runs another module's test, which then needs no second lock)."""
-    if _held["depth"] == 0:
-        _held["file"] = open(CLUSTER_LOCK, "a")
-        fcntl.flock(_held["file"], fcntl.LOCK_EX)
-    _held["depth"] += 1
+def one_cluster_at_a_time(lock: Path = CLUSTER_LOCK, wait_s: float = CLUSTER_LOCK_WAIT_S):
+    """Holds `lock`; re-entrant within a process (a module's cluster may be up while the same
+    worker runs another module's test, which then needs no second lock). TimeoutError after
+    `wait_s` seconds of another process holding it."""
+    if lock not in _held:
+        file = open(lock, "a")
+        try:
+            _lock_within(file, lock, wait_s)
+        except BaseException:
+            file.close()
+            raise
+        _held[lock] = [0, file]
+    _held[lock][0] += 1
     try:
         yield
     finally:
-        _held["depth"] -= 1
-        if _held["depth"] == 0:
-            _held["file"].close()  # closing the file drops the lock
+        _held[lock][0] -= 1
+        if _held[lock][0] == 0:
+            _held.pop(lock)[1].close()  # closing the file drops the lock
+
+
+def _lock_within(file, lock: Path, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock}: another process has held it for over {wait_s:g} s; `fuser {lock}` "
+                                   "names it (a hung test of an earlier run?): end it, then run the tests again")
+            time.sleep(0.2)
 
 
 @pytest.fixture

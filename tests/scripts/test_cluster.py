@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
 
 import cluster  # noqa: E402
-from tests.faults.network_probes import cluster_lock, skip_reason  # noqa: E402,F401 (a fixture)
+from tests.faults.network_probes import cluster_lock, one_cluster_at_a_time, skip_reason  # noqa: E402,F401
 
 REASON = skip_reason()
 
@@ -122,3 +122,22 @@ def test_a_live_creators_tagged_cluster_is_not_stale():
         cluster.remove_namespaces([live])
     with pytest.raises(ValueError, match="must not start with a digit"):
         cluster.Cluster(1, tag="2nd")
+
+
+def test_a_cluster_lock_held_elsewhere_times_out_naming_the_lock(tmp_path):
+    lock = tmp_path / "clusters.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="clusters.lock: another process has held it for over 0.5 s"):
+            with one_cluster_at_a_time(lock, wait_s=0.5):
+                pass
+        assert time.monotonic() - start < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    with one_cluster_at_a_time(lock, wait_s=5):  # free again: taken at once
+        pass
