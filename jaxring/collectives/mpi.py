@@ -250,9 +250,10 @@ def lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction):
                 f"jaxring.allreduce over {axis_name}, an axis spanning jax.distributed processes: a ring "
                 f"holds the local devices {by_process} of processes 0..{world.size - 1} (positions in "
                 "jax.local_devices(process_index=p)); jaxring needs every process to hold the same number "
-                "of devices of each ring, in the same local order, and every process in every ring. Build "
-                "the mesh from jax.devices() in process order (for example "
-                "np.array(jax.devices()).reshape(jax.process_count(), -1)), or use jax.lax.psum."
+                "of devices of each ring, in the same local order, and every process in every ring (each of "
+                "axis_index_groups is a ring). Build the mesh from jax.devices() in process order (for example "
+                "np.array(jax.devices()).reshape(jax.process_count(), -1)), group devices of every process "
+                "alike, or use jax.lax.psum."
             )
         parts.append(tuple(d for d in devices if d.process_index == world.rank))
     parts = tuple(parts)

@@ -111,11 +111,6 @@ def _checked_groups(groups, names, ring, op_name, sizes_may_differ=False):
             f"axis_index_groups must all be the same size: jaxring.{op_name} runs one ring per group, "
             f"all of one size, got groups of sizes {[len(group) for group in groups]}"
         )
-    if jax.process_count() > 1 and ring > jax.local_device_count():
-        raise ValueError(
-            f"jaxring.{op_name} over {names} with axis_index_groups: the axis spans jax.distributed processes, "
-            "where jaxring runs whole axes only. Map the axis over each process' own devices, or use jax.lax's op"
-        )
     return groups
 
 
@@ -232,7 +227,8 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     the mean divides by the local devices x comm.Get_size(). Every process of
     the communicator must run the same program; the others do not call it (a
     process holding MPI.COMM_NULL is refused). With one process it is
-    processes=False.
+    processes=False. With `axis_index_groups`, each group of this process' devices reduces
+    with the same group of every process.
     wire_dtype="bfloat16" or "float16" (with processes= only) sends a float leaf's chunks
     between processes in 16 bits, half float32's bytes: each hop of the MPI leg adds in
     float32 and rounds the partial result to 16 bits as it crosses; the local rings stay in
@@ -269,7 +265,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
         if communicator is not None:
-            return _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype)
+            return _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype)
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
@@ -291,17 +287,25 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
 
 
 def _within_groups_of_different_sizes(x, names, groups, op, timeout_ms):
-    """allreduce of `x` within each of `groups` where they differ in size: one ring holds a row per
-    group, no longer one ring per group. Each device puts `x` in its group's row and the reduction's
-    identity in the others (-0.0 for a float sum, which leaves every sum's bits as they were), the
-    whole axis reduces every row at once, and each device keeps its group's row."""
+    """allreduce of `x` within each of `groups` where they differ in size (_in_rows_by_group), over
+    this process' devices."""
     reduction = "sum" if op == "mean" else op
+    own = _in_rows_by_group(x, names, groups, reduction, functools.partial(
+        _ring, kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction))
+    return accumulation.mean(own, _devices_in_mean(names, None, groups, None)) if op == "mean" else own
+
+
+def _in_rows_by_group(x, names, groups, reduction, reduce_whole_axis):
+    """`x` reduced within each of `groups` of different sizes by `reduce_whole_axis` (a reduction over
+    the whole axis of a 1-D array): one ring holds a row per group, no longer one ring per group.
+    Each device puts `x` in its group's row and the reduction's identity in the others (-0.0 for a
+    float sum, which leaves every sum's bits as they were), the whole axis reduces every row at once,
+    and each device keeps its group's row."""
     mine = _own_group(names, groups)
     rows = jnp.arange(len(groups)).reshape((-1,) + (1,) * x.ndim) == mine
     stacked = jnp.where(rows, x[None], _identity(x.dtype, reduction))
-    total = _ring(stacked.reshape(-1), kind=ALLREDUCE, names=names, timeout_ms=timeout_ms, reduction=reduction)
-    own = jax.lax.dynamic_index_in_dim(total.reshape(stacked.shape), mine, keepdims=False)
-    return accumulation.mean(own, _devices_in_mean(names, None, groups, None)) if op == "mean" else own
+    total = reduce_whole_axis(stacked.reshape(-1)).reshape(stacked.shape)
+    return jax.lax.dynamic_index_in_dim(total, mine, keepdims=False)
 
 
 def _own_group(names, groups):
@@ -315,9 +319,10 @@ def _own_group(names, groups):
 def _devices_in_mean(names, ranks, groups, communicator):
     """What allreduce(op="mean") divides by: the devices of the ring (a group's, traced where the
     groups differ in size) times the processes of `communicator` (None: this one)."""
+    processes = 1 if communicator is None else communicator.size
     if _sizes_differ(groups):
-        return jnp.asarray([len(group) for group in groups], np.int32)[_own_group(names, groups)]
-    return ranks * (1 if communicator is None else communicator.size)
+        return jnp.asarray([len(group) * processes for group in groups], np.int32)[_own_group(names, groups)]
+    return ranks * processes
 
 
 def _identity(dtype, reduction):
@@ -351,7 +356,7 @@ def _checked_wire_dtype(wire_dtype, processes):
 
 def _check_allreduce_axes(names, groups, processes):
     """What allreduce refuses besides lax's refusals (_checked_axes): groups where lax.psum refuses them
-    (typed), and, across processes, vmap axes and groups."""
+    (typed), and vmap axes across processes."""
     if groups is not None and _jax_compat.checking_varying_axes():
         raise NotImplementedError(
             "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
@@ -361,11 +366,6 @@ def _check_allreduce_axes(names, groups, processes):
         raise NotImplementedError(
             f"jaxring.allreduce(..., processes=True) over {names}, which names a vmap axis: the MPI leg reduces "
             "over device axes; reduce over the vmap axis first with jaxring.allreduce(x, vmap_axis)"
-        )
-    if groups is not None and processes:
-        raise ValueError(
-            "jaxring.allreduce(..., processes=True) with axis_index_groups: the MPI leg reduces over whole axes "
-            "of every process; drop axis_index_groups, or reduce within groups without processes=True"
         )
 
 
@@ -381,30 +381,42 @@ def _processes(processes):
     return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, op, ranks, communicator, timeout_ms, wire_dtype):
+def _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype):
     """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
     the MPI leg over `communicator`'s processes (in `wire_dtype`: mpi.reduce_over_processes says where),
-    the local ring's all-gather (mpi.py)."""
+    the local ring's all-gather (mpi.py). With `groups`, each group's local rings run within it and
+    the leg of a group's k-th device joins the k-th device of the same group in every process (every
+    process runs the same groups); groups of different sizes go as rows (_in_rows_by_group)."""
     from jaxring.collectives import mpi
 
-    if jax.process_count() > 1 and ranks > jax.local_device_count():
+    devices = _ring_size(names)
+    if jax.process_count() > 1 and devices > jax.local_device_count():
         raise ValueError(
-            f"jaxring.allreduce(..., processes=...) over {names}: the axis has {ranks} devices, more than "
+            f"jaxring.allreduce(..., processes=...) over {names}: the axis has {devices} devices, more than "
             f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "
             "over it already reduces over them. Drop processes=, or map the axis over jax.local_devices()."
         )
     reduction = "sum" if op == "mean" else op
-    if x.size == 0:
-        total = x
-    else:
-        what = f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names} x {communicator.size} processes"
+
+    def over_processes(flat, ring_groups):
+        if flat.size == 0:
+            return flat
+        what = (f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names}"
+                f"{'' if groups is None else f' in groups {groups}'} x {communicator.size} processes")
         local_ops = mpi.LocalOps(
-            ranks,
-            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction),
-            functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms),
+            len(ring_groups[0]) if ring_groups else devices,
+            functools.partial(_ring, kind=REDUCE_SCATTER, names=names, timeout_ms=timeout_ms, reduction=reduction,
+                              groups=ring_groups),
+            functools.partial(_ring, kind=ALL_GATHER, names=names, timeout_ms=timeout_ms, groups=ring_groups),
         )
-        total = mpi.reduce_over_processes(x, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
-    return accumulation.mean(total, _devices_in_mean(names, ranks, None, communicator)) if op == "mean" else total
+        return mpi.reduce_over_processes(flat, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
+
+    if _sizes_differ(groups):
+        total = _in_rows_by_group(x, names, groups, reduction, lambda flat: over_processes(flat, None))
+    else:
+        total = over_processes(x, groups)
+    ranks = devices if groups is None else len(groups[0])
+    return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator)) if op == "mean" else total
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, timeout=None):
@@ -597,11 +609,10 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
     if rings.shape[1] != ranks:
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
-        if kind is not ALLREDUCE or groups is not None:
+        if kind is not ALLREDUCE:
             raise ValueError(
                 f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce (sum, mean, max, min) over whole axes "
-                "only. Map the axis over each process' own devices, or use "
+                "jax.distributed processes, where jaxring runs allreduce (sum, mean, max, min) only. Map the axis over each process' own devices, or use "
                 f"jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the global mesh."
             )
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes

@@ -165,9 +165,17 @@ def test_groups_where_lax_or_jaxring_take_none_are_refused_at_trace_time():
     with pytest.raises(NotImplementedError):
         jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]]),
                               mesh=mesh, in_specs=P("i"), out_specs=P("i")))(jnp.ones(8))
-    with pytest.raises(ValueError, match=r"processes=True\) with axis_index_groups"):
-        jax.pmap(lambda v: jaxring.allreduce(v, "i", axis_index_groups=[[0, 1], [2, 3]], processes=True), "i",
-                 devices=jax.devices()[:4])(jnp.ones((4, 3)))
+
+
+def test_groups_with_processes_true_in_a_job_of_one_process_are_the_groups_own_reduction():
+    """Across processes (mpi_workers/communicators.py checks several), processes=True with groups reduces
+    each group of every process; with one process that is the groups' reduction, as lax.psum's."""
+    x = random_array(np.random.default_rng(12), (4, 3), jnp.float32)
+    for groups in ([[0, 2], [1, 3]], [[3], [0, 1, 2]]):
+        both = [jax.pmap(lambda v, p=p, g=groups: reduce(v, "i", axis_index_groups=g, **p), "i",
+                         devices=jax.devices()[:4])(x)
+                for reduce, p in ((jaxring.allreduce, {"processes": True}), (jax.lax.psum, {}))]
+        np.testing.assert_allclose(np.asarray(both[0]), np.asarray(both[1]), rtol=1e-6, err_msg=str(groups))
 
 
 def test_all_gather_to_is_lax_s_or_refused_by_name():

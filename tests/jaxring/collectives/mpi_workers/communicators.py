@@ -203,6 +203,48 @@ def check_with_mpi4jax_queued():
     passed("with_mpi4jax_queued")
 
 
+GROUPS = {"equal": [[0, 2], [1, 3]], "uneven": [[3], [0, 1, 2]]}  # of 4 local devices
+
+
+def check_groups():
+    """allreduce within axis_index_groups of this process' 4 devices and across the processes (True, and
+    the job as a communicator): the group's devices of every process, against numpy on them. Groups of
+    one size run a ring per group and the leg per device; of different sizes, rows of the whole axis.
+    8 steps queued, values changing per step, every leg algorithm, every device of a group the same bits."""
+    assert L == 4, L
+    cases = [case for case in matrix() if np.dtype(case[2]).name in ("float32", "float64", "bfloat16", "int32",
+                                                                   "uint8")]
+    defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
+    try:
+        for (kind, groups), processes in zip(GROUPS.items(), (True, MPI.COMM_WORLD)):
+            for algorithm, settings in {"one-shot": defaults, "ring": (0, 12)}.items():
+                mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = settings
+                tree = {name: data(world.rank, 500 + case, dtype, op in ("max", "min")) for name, case, dtype, op in cases}
+                ops = {name: op for name, _, _, op in cases}
+
+                def step(t, k, groups=groups, processes=processes):
+                    return {name: jaxring.allreduce(v * k.astype(v.dtype), AXIS, ops[name], axis_index_groups=groups,
+                                                    processes=processes) for name, v in t.items()}
+
+                program = jax.pmap(step, AXIS)
+
+                queued = [program(tree, jnp.full(L, k, jnp.int32)) for k in (1, 2, 3, 1, 2, 3, 1, 2)]
+                every = {name: np.stack(MPI.COMM_WORLD.allgather(v)) for name, v in tree.items()}  # [process, device, ...]
+                for k, out in zip((1, 2, 3, 1, 2, 3, 1, 2), queued):
+                    for name, _, dtype, op in cases:
+                        got = np.asarray(out[name])
+                        gathered = np.stack(MPI.COMM_WORLD.allgather(got))
+                        for group in groups:
+                            rows = (every[name][:, group] * np.asarray(k).astype(every[name].dtype)).reshape(-1, *SHAPE)
+                            assert len({gathered[p, d].tobytes() for p in range(world.size) for d in group}) == 1, \
+                                (kind, algorithm, name, group)
+                            assert_close(f"groups {kind} {algorithm} {name} step x{k} {group}", got[group],
+                                         reference(op, dtype, rows), dtype, rows, op)
+    finally:
+        mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+    passed("groups")
+
+
 def check_refusals():
     """Bad communicators and complex max are refused at trace time, naming what to do; a process
     outside a communicator is refused while its members go on (a 3-process leg)."""

@@ -4,11 +4,13 @@ jaxring.allreduce over a mesh axis that spans processes works as lax.psum
 does there: the same sums as float64 numpy, and the same bits on every device
 as allreduce(processes=True) over each process' own devices (which it
 computes), with 500 chained steps queued as a training loop queues them.
+axis_index_groups over it work where each group holds the same local devices
+of every process or lies within one process, and where the groups differ in size.
 What it cannot serve is refused while compiling, at once, saying
 what to do (never a wait for the timeout): reduce_scatter and all_gather over
 such an axis, processes=True over it (which would sum over the processes
-twice), and a mesh whose rings hold each process' devices in different local
-orders. JAX's process index must be the MPI rank.
+twice), and a mesh or groups whose rings hold each process' devices in
+different local orders, or not every process. JAX's process index must be the MPI rank.
 """
 
 import pathlib
@@ -136,6 +138,35 @@ for axes, (out_spec, expected) in expectations.items():
     for shard in f(blocks).addressable_shards:
         np.testing.assert_allclose(np.asarray(shard.data).reshape(4), expected(*position[shard.device]), rtol=1e-5, atol=1e-5)
 print(f"rank {rank}: 2-D mesh over the process axis and over both", flush=True)
+
+# axis_index_groups over the global axis (shard_map unchecked, as lax.psum takes groups): groups
+# holding the same local device of every process (a ring per group), groups within one process (local
+# rings), and groups of different sizes (rows of the whole axis), against float64 numpy.
+S = size * L
+ACROSS = [[p * L + l for p in range(size)] for l in range(L)]
+WITHIN = [list(range(p * L, (p + 1) * L)) for p in range(size)]
+for groups in [ACROSS, WITHIN] + ([[[0], list(range(1, S))]] if S > 2 else []):
+    for op in ("sum", "mean", "max"):
+        rows = rows_of(rank, 257, np.float32)
+        grouped = jax.jit(jax.shard_map(lambda v, g=groups, o=op: jaxring.allreduce(v, "x", o, axis_index_groups=g),
+                                        mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+        out = grouped(jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows))
+        every_row = np.concatenate([rows_of(p, 257, np.float32) for p in range(size)]).astype(np.float64)
+        for shard in out.addressable_shards:
+            index = shard.index[0].start
+            group = next(g for g in groups if index in g)
+            exact = {"sum": every_row[group].sum(0), "mean": every_row[group].mean(0), "max": every_row[group].max(0)}[op]
+            np.testing.assert_allclose(np.asarray(shard.data)[0], exact, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{op} within {groups}, device {index}")
+if L == 2 and size == 3:  # rings over processes 0 and 1, and one within process 2: refused
+    partial = [[0, 2], [1, 3], [4, 5]]
+    alone = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x", axis_index_groups=partial), mesh=mesh,
+                                  in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    message, seconds = refused(alone, jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")),
+                                                                             rows_of(rank, 5, np.float32)))
+    assert "every process in every ring" in message and "axis_index_groups is a ring" in message, message
+    assert seconds < 60, seconds
+print(f"rank {rank}: axis_index_groups over the global axis", flush=True)
 
 # Equal all-reduces of one program: JAX lowers equal equations once unless told
 # not to, and these would then share their rings' op id and their leg's MPI tag,
