@@ -610,16 +610,50 @@ def _lowering(ctx, x, *, kind, axis_name, ranks, op_id, timeout_ms, in_place, re
         raise ValueError(f"axis {axis_name} has {rings.shape[1]} devices in the mesh but {ranks} when traced")
     if any(len({d.process_index for d in ring}) > 1 for ring in rings):
         if kind is not ALLREDUCE:
-            raise ValueError(
-                f"jaxring.{kind.name} over {axis_name} of the mesh {dict(mesh.shape)}: the axis spans "
-                "jax.distributed processes, where jaxring runs allreduce (sum, mean, max, min) only. Map the axis over each process' own devices, or use "
-                f"jax.lax.{kind.lax_twin if reduction == 'sum' else 'p' + reduction} over the global mesh."
-            )
+            through = functools.partial(_through_allreduce, kind=kind, axis_name=axis_name, ranks=ranks,
+                                        timeout_ms=timeout_ms, reduction=reduction, groups=groups)
+            return mlir.lower_fun(through, multiple_results=False)(ctx, x)
         from jaxring.collectives import mpi  # imports mpi4py: only for axes that span processes
 
         return mpi.lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction)
     return _ring_call.emit(ctx, x, kind=kind, ordinals=_ring_call.ordinals(rings), op_id=op_id,
                            timeout_ms=timeout_ms, in_place=in_place, platform=platform, reduction=reduction)
+
+
+def _through_allreduce(flat, *, kind, axis_name, ranks, timeout_ms, reduction, groups):
+    """A reduce-scatter or all-gather over an axis that spans jax.distributed processes, where the MPI
+    leg runs all-reduces only (mpi.lower_across_processes): a reduce-scatter keeps its block of the
+    all-reduce; an all-gather sums a buffer of `ranks` blocks in which each device wrote its own as
+    unsigned integers, zeros elsewhere, so every bit arrives. About twice the bytes of a ring's."""
+    index = jax.lax.axis_index(axis_name)
+    if groups is not None:
+        position_in_group = np.zeros(sum(map(len, groups)), np.int32)
+        for group in groups:
+            position_in_group[list(group)] = np.arange(len(group))
+        index = jnp.asarray(position_in_group)[index]
+    allreduce = functools.partial(ring_p.bind, kind=ALLREDUCE, axis_name=axis_name, ranks=ranks,
+                                  op_id=_ring_call.next_op_id(), timeout_ms=timeout_ms, groups=groups)
+    if kind is REDUCE_SCATTER:
+        block = flat.size // ranks
+        return jax.lax.dynamic_slice_in_dim(allreduce(flat, reduction=reduction), index * block, block)
+    bits, restore = _as_unsigned_bits(flat)
+    buffer = jnp.zeros((ranks, bits.size), bits.dtype)
+    buffer = jax.lax.dynamic_update_index_in_dim(buffer, bits, index, 0)
+    return restore(allreduce(buffer.reshape(-1), reduction="sum"))
+
+
+def _as_unsigned_bits(flat):
+    """`flat` (1-D) as unsigned integers holding its bits, and the function that turns a run of such
+    buffers back into `flat`'s type (complex numbers as pairs of components, bools as bytes)."""
+    dtype = flat.dtype
+    if dtype == jnp.bool_:
+        return flat.astype(jnp.uint8), lambda bits: bits.astype(jnp.bool_)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        parts, restore_parts = _as_unsigned_bits(jnp.stack([flat.real, flat.imag], -1).reshape(-1))
+        return parts, lambda bits: jax.lax.complex(*jnp.moveaxis(restore_parts(bits).reshape(-1, 2), 1, 0))
+    unsigned = jnp.dtype(f"uint{np.dtype(dtype).itemsize * 8}")
+    return (jax.lax.bitcast_convert_type(flat, unsigned),
+            lambda bits: jax.lax.bitcast_convert_type(bits, dtype))
 
 
 def _not_differentiable(reduction, rule):
