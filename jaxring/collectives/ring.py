@@ -265,7 +265,15 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
         if communicator is not None:
-            return _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype)
+            devices = _device_names(names)
+            if devices == names:
+                total = _across_processes(x, names, reduction, groups, communicator, timeout_ms, wire_dtype)
+            else:  # the vmap axes' part first, inside the program (_batch), in the accumulation type: rounded once
+                partial = allreduce(x.astype(accumulation.accumulation_dtype(x.dtype)),
+                                    tuple(name for name in names if name not in devices), reduction, timeout=timeout)
+                total = _across_processes(partial, devices, reduction, groups, communicator, timeout_ms,
+                                          wire_dtype).astype(x.dtype)
+            return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator)) if op == "mean" else total
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,
@@ -356,16 +364,16 @@ def _checked_wire_dtype(wire_dtype, processes):
 
 def _check_allreduce_axes(names, groups, processes):
     """What allreduce refuses besides lax's refusals (_checked_axes): groups where lax.psum refuses them
-    (typed), and vmap axes across processes."""
+    (typed), and processes= over vmap axes alone."""
     if groups is not None and _jax_compat.checking_varying_axes():
         raise NotImplementedError(
             "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
             "there too; pass check_vma=False to jax.shard_map, or drop axis_index_groups"
         )
-    if processes and _device_names(names) != names:
+    if processes and not _device_names(names):
         raise NotImplementedError(
-            f"jaxring.allreduce(..., processes=True) over {names}, which names a vmap axis: the MPI leg reduces "
-            "over device axes; reduce over the vmap axis first with jaxring.allreduce(x, vmap_axis)"
+            f"jaxring.allreduce(..., processes=...) over {names}, vmap axes only: the MPI leg starts from a device "
+            "axis; call it under jax.pmap or jax.shard_map and name that axis too"
         )
 
 
@@ -381,8 +389,8 @@ def _processes(processes):
     return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype):
-    """allreduce(processes=...) of one leaf over several processes: the local ring's reduce-scatter,
+def _across_processes(x, names, reduction, groups, communicator, timeout_ms, wire_dtype):
+    """allreduce(processes=...)'s `reduction` of one leaf over several processes: the local ring's reduce-scatter,
     the MPI leg over `communicator`'s processes (in `wire_dtype`: mpi.reduce_over_processes says where),
     the local ring's all-gather (mpi.py). With `groups`, each group's local rings run within it and
     the leg of a group's k-th device joins the k-th device of the same group in every process (every
@@ -396,12 +404,11 @@ def _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype
             f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "
             "over it already reduces over them. Drop processes=, or map the axis over jax.local_devices()."
         )
-    reduction = "sum" if op == "mean" else op
 
     def over_processes(flat, ring_groups):
         if flat.size == 0:
             return flat
-        what = (f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names}"
+        what = (f"{reduction} of {np.dtype(x.dtype).name}{list(x.shape)} over {names}"
                 f"{'' if groups is None else f' in groups {groups}'} x {communicator.size} processes")
         local_ops = mpi.LocalOps(
             len(ring_groups[0]) if ring_groups else devices,
@@ -412,11 +419,8 @@ def _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype
         return mpi.reduce_over_processes(flat, names, local_ops, timeout_ms, what, communicator, reduction, wire_dtype)
 
     if _sizes_differ(groups):
-        total = _in_rows_by_group(x, names, groups, reduction, lambda flat: over_processes(flat, None))
-    else:
-        total = over_processes(x, groups)
-    ranks = devices if groups is None else len(groups[0])
-    return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator)) if op == "mean" else total
+        return _in_rows_by_group(x, names, groups, reduction, lambda flat: over_processes(flat, None))
+    return over_processes(x, groups)
 
 
 def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False, timeout=None):
@@ -539,15 +543,23 @@ def _gathered_invariant(gather, x, names, axis, tiled):
     x = kinds.typed_input(x, names, ALL_GATHER)  # varying over `names`, as the cotangent's slice will be
     block = x.shape[axis] if tiled else 1
 
-    @jax.custom_vjp
-    def gathered(x):
+    def gather_invariant(_, x):
         return kinds.invariant_p.bind(gather(x), names=names)
 
     def own_block(_, cotangent):
         mine = jax.lax.dynamic_slice_in_dim(cotangent, jax.lax.axis_index(names) * block, block, axis)
-        return (mine if tiled else jnp.squeeze(mine, axis),)
+        return mine if tiled else jnp.squeeze(mine, axis)
 
-    gathered.defvjp(lambda x: (gathered(x), None), own_block)
+    # A custom_jvp whose tangent is a linear_call: forward mode, reverse mode (the tangent's transpose
+    # is own_block) and higher orders, as lax's.
+    @jax.custom_jvp
+    def gathered(x):
+        return gather_invariant(None, x)
+
+    @gathered.defjvp
+    def _(primals, tangents):
+        return gathered(*primals), jax.custom_derivatives.linear_call(gather_invariant, own_block, None, *tangents)
+
     return gathered(x)
 
 

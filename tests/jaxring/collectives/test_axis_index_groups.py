@@ -195,7 +195,8 @@ def test_all_gather_to_is_lax_s_or_refused_by_name():
 @pytest.mark.parametrize("tiled,axis", [(True, 0), (False, 1), (True, 1)])
 def test_all_gather_to_invarying_under_check_vma_is_lax_s_values_types_and_gradients(names, tiled, axis):
     """Typed invariant over the gathered axes (out_specs may drop them) and differentiated as
-    lax's: each device's input gets its own block of the (invariant) cotangent."""
+    lax's: each device's input gets its own block of the (invariant) cotangent; forward mode and
+    second order too."""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "i"))
     rng = np.random.default_rng(17)
     x = random_array(rng, (2 * 3, 4 * 5), jnp.float32)
@@ -215,3 +216,12 @@ def test_all_gather_to_invarying_under_check_vma_is_lax_s_values_types_and_gradi
     assert ring.shape == lax.shape == x.shape and ring.dtype == lax.dtype
     # the same slices of the same cotangent, which XLA sums (cos(g).sum()) in a program-dependent order
     np.testing.assert_allclose(np.asarray(ring), np.asarray(lax), rtol=1e-5, atol=1e-5 * float(np.abs(lax).max()))
+    # Forward mode and second order, as lax's (JAX's own test_all_gather_invariant_basic needs both).
+    t = random_array(rng, x.shape, jnp.float32)
+    tangents = [jax.jit(jax.jvp, static_argnums=0)(gathered_by(gather), (x,), (t,))[1]
+                for gather in (jaxring.all_gather, jax.lax.all_gather)]
+    np.testing.assert_array_equal(*map(np.asarray, tangents))
+    hessian_vector = [jax.jit(lambda v, w, g=gather: jax.jvp(jax.grad(functools.partial(loss, g)), (v,), (w,))[1])(x, t)
+                      for gather in (jaxring.all_gather, jax.lax.all_gather)]
+    scale = float(np.abs(hessian_vector[1]).max())
+    np.testing.assert_allclose(*map(np.asarray, hessian_vector), rtol=1e-4, atol=1e-5 * scale)

@@ -13,7 +13,7 @@ from tests.jaxring.collectives.test_mpi import assert_passed, run_workers
 LAYOUTS = {
     (2, 2): ["matrix", "nans_on_one_device"],
     (4, 1): ["with_mpi4jax_queued", "refusals"],
-    (2, 4): ["groups"],
+    (2, 4): ["groups", "vmap_axes"],
 }
 
 

@@ -251,10 +251,18 @@ def test_an_unbound_axis_raises_lax_s_error_naming_jaxring_s_op(op, where):
         UNBOUND[where](lambda v: ring_op(v, "z"))
 
 
-def test_processes_true_over_a_vmap_axis_is_refused_in_the_call():
-    with pytest.raises(NotImplementedError, match="processes=True.*vmap axis"):
-        jax.pmap(jax.vmap(lambda v: jaxring.allreduce(v, ("i", "j"), processes=True), axis_name="j"), "i",
-                 devices=jax.devices()[:2])(jnp.ones((2, 3, 4)))
+@pytest.mark.parametrize("op", ("sum", "mean", "max"))
+def test_processes_true_over_a_vmap_axis_and_a_device_axis_is_lax_s_in_a_job_of_one_process(op):
+    """Across processes mpi_workers/collectives.py checks it; with one process it is lax's reduction."""
+    x = random_array(np.random.default_rng(16), (2, 3, 4), jnp.float32)
+    both = [jax.pmap(jax.vmap(lambda v, r=reduce: r(v, ("i", "j")), axis_name="j"), "i", devices=jax.devices()[:2])(x)
+            for reduce in (functools.partial(jaxring.allreduce, op=op, processes=True), ring.LAX_OPS[op])]
+    np.testing.assert_allclose(np.asarray(both[0]), np.asarray(both[1]), rtol=1e-6)
+
+
+def test_processes_true_over_vmap_axes_alone_is_refused_in_the_call():
+    with pytest.raises(NotImplementedError, match=r"processes=\.\.\.\) over \('j',\), vmap axes only"):
+        jax.vmap(lambda v: jaxring.allreduce(v, "j", processes=True), axis_name="j")(jnp.ones((3, 4)))
 
 
 def test_pytrees_are_scattered_and_gathered_leaf_by_leaf_as_lax_does():
