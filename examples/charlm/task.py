@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxring.engine.global_batches import GlobalBatches
 from jaxring.engine.task import MetricNames, Shard
 
 from .data import ALPHABET, make_splits, unigram_entropy
@@ -110,34 +111,19 @@ def windows(codes: np.ndarray, starts: np.ndarray, context: int) -> np.ndarray:
     return codes[starts[:, None] + np.arange(context + 1)].astype(np.int32)
 
 
-class WindowBatches:
+class WindowBatches(GlobalBatches):
     """This process's batches of windows of the training text. Every epoch shifts the windows by an offset
-    under `context` and shuffles them (both from the seed and the epoch), and cuts each global batch into
-    one `batch_size` slice per process. Resumable: state() is (epoch, step)."""
-
-    global_order = True  # a slice of each global batch, in an order the process count does not change
+    under `context` and shuffles them (both from the seed and the epoch)."""
 
     def __init__(self, codes: np.ndarray, context: int, batch_size: int, shard: Shard, seed: int):
-        self.codes, self.context, self.batch_size, self.shard, self.seed = codes, context, batch_size, shard, seed
-        self.windows_per_epoch = (len(codes) - context) // context  # each fits at every offset
-        self.steps_per_epoch = self.windows_per_epoch // (batch_size * shard.count)
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"the training text's {self.windows_per_epoch} windows of {context + 1} characters are "
-                             f"fewer than one global batch ({batch_size} x {shard.count} processes): raise data.chars")
-        self.epoch, self.step = 0, 0
+        windows_per_epoch = (len(codes) - context) // context  # each fits at every offset
+        super().__init__(windows_per_epoch, batch_size, shard,
+                         f"the training text's {windows_per_epoch} windows of {context + 1} characters", "data.chars")
+        self.codes, self.context, self.seed, self.windows_per_epoch = codes, context, seed, windows_per_epoch
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step}
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, epoch))
+        return rng.integers(self.context) + self.context * rng.permutation(self.windows_per_epoch)
 
-    def restore(self, state: dict) -> None:
-        self.epoch, self.step = state["epoch"], state["step"]
-
-    def __iter__(self):
-        while True:
-            rng = np.random.default_rng((self.seed, self.epoch))
-            starts = rng.integers(self.context) + self.context * rng.permutation(self.windows_per_epoch)
-            while self.step < self.steps_per_epoch:
-                first = (self.step * self.shard.count + self.shard.index) * self.batch_size
-                self.step += 1
-                yield {"tokens": windows(self.codes, starts[first : first + self.batch_size], self.context)}
-            self.epoch, self.step = self.epoch + 1, 0
+    def batch(self, part: np.ndarray) -> dict:
+        return {"tokens": windows(self.codes, part, self.context)}

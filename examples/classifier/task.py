@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxring.engine.global_batches import GlobalBatches
 from jaxring.engine.task import MetricNames, Shard
 from classifier.data import make_clusters
 from classifier.model import MLP
@@ -79,32 +80,16 @@ class ClassifierTask:
             yield {key: values[start : start + batch_size] for key, values in rows.items()}
 
 
-class ShuffledBatches:
-    """This process's batches: every epoch a new order of the training split (from the seed and the epoch),
-    each global batch cut into one `batch_size` slice per process. Resumable: state() is (epoch, step)."""
-
-    global_order = True  # a slice of each global batch, in an order the process count does not change
+class ShuffledBatches(GlobalBatches):
+    """This process's batches: every epoch a new order of the training split (from the seed and the epoch)."""
 
     def __init__(self, split: dict, batch_size: int, shard: Shard, seed: int):
-        self.split, self.batch_size, self.shard, self.seed = split, batch_size, shard, seed
-        self.steps_per_epoch = len(split["y"]) // (batch_size * shard.count)
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"the training split's {len(split['y'])} examples are fewer than one global batch "
-                             f"({batch_size} x {shard.count} processes): raise data.examples")
-        self.epoch, self.step = 0, 0
+        super().__init__(len(split["y"]), batch_size, shard, f"the training split's {len(split['y'])} examples",
+                         "data.examples")
+        self.split, self.seed = split, seed
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "step": self.step}
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, epoch)).permutation(len(self.split["y"]))
 
-    def restore(self, state: dict) -> None:
-        self.epoch, self.step = state["epoch"], state["step"]
-
-    def __iter__(self):
-        while True:
-            order = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.split["y"]))
-            while self.step < self.steps_per_epoch:
-                start = (self.step * self.shard.count + self.shard.index) * self.batch_size
-                rows = order[start : start + self.batch_size]
-                self.step += 1
-                yield {key: values[rows] for key, values in self.split.items()}
-            self.epoch, self.step = self.epoch + 1, 0
+    def batch(self, part: np.ndarray) -> dict:
+        return {key: values[part] for key, values in self.split.items()}

@@ -8,37 +8,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxring.engine import config as config_lib
+from jaxring.engine.global_batches import GlobalBatches
 from jaxring.engine.task import MetricNames
 
 DIM = 5
 HIDDEN = 8
 
 
-class ToyBatches:
-    """Seeded shuffles of a fixed data set; the position is (epoch, batch index)."""
-
-    global_order = True  # a slice of each global batch, in an order the process count does not change
+class ToyBatches(GlobalBatches):
+    """Seeded shuffles of a fixed data set, each batch `delay` seconds late."""
 
     def __init__(self, x, y, batch_size, shard, seed, delay=0.0):
-        self.x, self.y, self.batch_size, self.shard, self.seed, self.delay = x, y, batch_size, shard, seed, delay
-        self.steps_per_epoch = len(x) // (batch_size * shard.count)
-        self.epoch, self.index = 0, 0
+        super().__init__(len(x), batch_size, shard, f"the toy task's {len(x)} rows", "ToyTask(rows=)")
+        self.x, self.y, self.seed, self.delay = x, y, seed, delay
 
-    def state(self):
-        return {"epoch": self.epoch, "index": self.index}
+    def epoch_order(self, epoch):
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
 
-    def restore(self, state):
-        self.epoch, self.index = state["epoch"], state["index"]
-
-    def __iter__(self):
-        while True:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.x))
-            while self.index < self.steps_per_epoch:
-                rows = order[(self.index * self.shard.count + self.shard.index) * self.batch_size :][: self.batch_size]
-                self.index += 1
-                time.sleep(self.delay)
-                yield {"x": self.x[rows], "y": self.y[rows]}
-            self.epoch, self.index = self.epoch + 1, 0
+    def batch(self, part):
+        time.sleep(self.delay)
+        return {"x": self.x[part], "y": self.y[part]}
 
 
 SPLITS = {"dev": slice(0, 40), "test": slice(40, 75)}  # odd sizes: padding is exercised
