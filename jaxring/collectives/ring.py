@@ -318,10 +318,22 @@ def _in_rows_by_group(x, names, groups, reduction, reduce_whole_axis):
 
 def _own_group(names, groups):
     """This device's index among `groups` (traced)."""
-    group_of = np.zeros(sum(map(len, groups)), np.int32)
+    return _own_place(names, groups, lambda index, group: index)
+
+
+def _position_in_own_group(names, groups):
+    """This device's position in its group of `groups`, or along `names` where `groups` is None (traced)."""
+    if groups is None:
+        return jax.lax.axis_index(names)
+    return _own_place(names, groups, lambda index, group: np.arange(len(group)))
+
+
+def _own_place(names, groups, place):
+    """`place(index, group)` of this device's group (a number, or one per member of the group), traced."""
+    table = np.zeros(sum(map(len, groups)), np.int32)
     for index, group in enumerate(groups):
-        group_of[list(group)] = index
-    return jnp.asarray(group_of)[jax.lax.axis_index(names)]
+        table[list(group)] = place(index, group)
+    return jnp.asarray(table)[jax.lax.axis_index(names)]
 
 
 def _devices_in_mean(names, ranks, groups, communicator):
@@ -637,12 +649,7 @@ def _through_allreduce(flat, *, kind, axis_name, ranks, timeout_ms, reduction, g
     leg runs all-reduces only (mpi.lower_across_processes): a reduce-scatter keeps its block of the
     all-reduce; an all-gather sums a buffer of `ranks` blocks in which each device wrote its own as
     unsigned integers, zeros elsewhere, so every bit arrives. About twice the bytes of a ring's."""
-    index = jax.lax.axis_index(axis_name)
-    if groups is not None:
-        position_in_group = np.zeros(sum(map(len, groups)), np.int32)
-        for group in groups:
-            position_in_group[list(group)] = np.arange(len(group))
-        index = jnp.asarray(position_in_group)[index]
+    index = _position_in_own_group(axis_name, groups)
     allreduce = functools.partial(ring_p.bind, kind=ALLREDUCE, axis_name=axis_name, ranks=ranks,
                                   op_id=_ring_call.next_op_id(), timeout_ms=timeout_ms, groups=groups)
     if kind is REDUCE_SCATTER:
