@@ -267,11 +267,11 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         if communicator is not None:
             devices = _device_names(names)
             if devices == names:
-                total = _across_processes(x, names, reduction, groups, communicator, timeout_ms, wire_dtype)
+                total = _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype)
             else:  # the vmap axes' part first, inside the program (_batch), in the accumulation type: rounded once
                 partial = allreduce(x.astype(accumulation.accumulation_dtype(x.dtype)),
                                     tuple(name for name in names if name not in devices), reduction, timeout=timeout)
-                total = _across_processes(partial, devices, reduction, groups, communicator, timeout_ms,
+                total = _across_processes(partial, devices, op, groups, communicator, timeout_ms,
                                           wire_dtype).astype(x.dtype)
             return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator)) if op == "mean" else total
         if not isinstance(leaf, jax.core.Tracer):
@@ -401,8 +401,9 @@ def _processes(processes):
     return communicator if communicator.size > 1 else None
 
 
-def _across_processes(x, names, reduction, groups, communicator, timeout_ms, wire_dtype):
-    """allreduce(processes=...)'s `reduction` of one leaf over several processes: the local ring's reduce-scatter,
+def _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype):
+    """allreduce(processes=...)'s reduction of one leaf over several processes, a mean's sum (`op` is part of
+    what every process must agree on, so a sum meeting a mean is refused): the local ring's reduce-scatter,
     the MPI leg over `communicator`'s processes (in `wire_dtype`: mpi.reduce_over_processes says where),
     the local ring's all-gather (mpi.py). With `groups`, each group's local rings run within it and
     the leg of a group's k-th device joins the k-th device of the same group in every process (every
@@ -417,10 +418,12 @@ def _across_processes(x, names, reduction, groups, communicator, timeout_ms, wir
             "over it already reduces over them. Drop processes=, or map the axis over jax.local_devices()."
         )
 
+    reduction = "sum" if op == "mean" else op
+
     def over_processes(flat, ring_groups):
         if flat.size == 0:
             return flat
-        what = (f"{reduction} of {np.dtype(x.dtype).name}{list(x.shape)} over {names}"
+        what = (f"{op} of {np.dtype(x.dtype).name}{list(x.shape)} over {names}"
                 f"{'' if groups is None else f' in groups {groups}'} x {communicator.size} processes")
         local_ops = mpi.LocalOps(
             len(ring_groups[0]) if ring_groups else devices,
