@@ -273,7 +273,9 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
                                     tuple(name for name in names if name not in devices), reduction, timeout=timeout)
                 total = _across_processes(partial, devices, op, groups, communicator, timeout_ms,
                                           wire_dtype).astype(x.dtype)
-            return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator)) if op == "mean" else total
+            if op == "mean":
+                return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator))
+            return total
         if not isinstance(leaf, jax.core.Tracer):
             # A value no trace computed (a Python or numpy scalar, a constant) is the same on
             # every device: lax sums it when tracing, with no collective, so jaxring does too,

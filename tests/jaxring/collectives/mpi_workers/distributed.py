@@ -143,6 +143,13 @@ print(f"rank {rank}: 2-D mesh over the process axis and over both", flush=True)
 # holding the same local device of every process (a ring per group), groups within one process (local
 # rings), and groups of different sizes (rows of the whole axis), against float64 numpy.
 S = size * L
+
+
+def own_group(index, groups):
+    """The devices of global index `index`'s group: the whole axis where `groups` is None."""
+    return list(range(S)) if groups is None else next(g for g in groups if index in g)
+
+
 ACROSS = [[p * L + l for p in range(size)] for l in range(L)]
 WITHIN = [list(range(p * L, (p + 1) * L)) for p in range(size)]
 for groups in [ACROSS, WITHIN] + ([[[0], list(range(1, S))]] if S > 2 else []):
@@ -154,8 +161,8 @@ for groups in [ACROSS, WITHIN] + ([[[0], list(range(1, S))]] if S > 2 else []):
         every_row = np.concatenate([rows_of(p, 257, np.float32) for p in range(size)]).astype(np.float64)
         for shard in out.addressable_shards:
             index = shard.index[0].start
-            group = next(g for g in groups if index in g)
-            exact = {"sum": every_row[group].sum(0), "mean": every_row[group].mean(0), "max": every_row[group].max(0)}[op]
+            group = own_group(index, groups)
+            exact = getattr(every_row[group], op)(0)  # numpy's sum, mean or max over the group's rows
             np.testing.assert_allclose(np.asarray(shard.data)[0], exact, rtol=1e-5, atol=1e-5,
                                        err_msg=f"{op} within {groups}, device {index}")
 if L == 2 and size == 3:  # rings over processes 0 and 1, and one within process 2: refused
@@ -216,7 +223,17 @@ def global_rows(rows):
     return jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows)
 
 
-every_block = {}
+def special_rows(p, dtype):
+    """Process `p`'s rows of `dtype` for the gather, holding NaN, -0.0, inf and 0.0 where a float can."""
+    values = rows_of(p, 5, np.float32)
+    values[:, :4] = [np.nan, -0.0, np.inf, 0.0]
+    if dtype == np.complex64:
+        return (values + 1j * values[:, ::-1]).astype(dtype)
+    if dtype == np.bool_:
+        return values > 0
+    return values.astype(dtype) if dtype == np.float32 else np.nan_to_num(values * 20).astype(dtype)
+
+
 for groups in (None, ACROSS):
     ring = S if groups is None else size
     rows = rows_of(rank, 3 * ring, np.float32)
@@ -226,31 +243,24 @@ for groups in (None, ACROSS):
     every_row = np.concatenate([rows_of(p, 3 * ring, np.float32) for p in range(size)]).astype(np.float64)
     for shard, total in zip(got.addressable_shards, whole.addressable_shards):
         index = shard.index[0].start
-        group = list(range(S)) if groups is None else next(g for g in groups if index in g)
+        group = own_group(index, groups)
         position = group.index(index)
         block = np.asarray(shard.data)[0]
         assert block.tobytes() == np.asarray(total.data)[0, 3 * position:3 * position + 3].tobytes(), (groups, index)
         np.testing.assert_allclose(block, every_row[group].sum(0)[3 * position:3 * position + 3], rtol=1e-5,
                                    atol=1e-5, err_msg=f"reduce_scatter within {groups}, device {index}")
     for dtype in (np.float32, np.int8, np.complex64, np.bool_):
-        def local(p, dtype=dtype):
-            values = rows_of(p, 5, np.float32)
-            values[:, :4] = [np.nan, -0.0, np.inf, 0.0]
-            if dtype == np.complex64:
-                return (values + 1j * values[:, ::-1]).astype(dtype)
-            return values.astype(dtype) if dtype == np.float32 else (values > 0 if dtype == np.bool_ else
-                                                                      np.nan_to_num(values * 20).astype(dtype))
         gathered = unchecked(lambda v, g=groups: jaxring.all_gather(v[0], "x", axis_index_groups=g)[None])(
-            global_rows(local(rank)))
-        every_row = np.concatenate([local(p) for p in range(size)])
+            global_rows(special_rows(rank, dtype)))
+        every_row = np.concatenate([special_rows(p, dtype) for p in range(size)])
         for shard in gathered.addressable_shards:
             index = shard.index[0].start
-            group = list(range(S)) if groups is None else next(g for g in groups if index in g)
+            group = own_group(index, groups)
             want = every_row[group]
             assert np.asarray(shard.data)[0].tobytes() == want.tobytes(), (np.dtype(dtype).name, groups, index)
-cotangent_scale = unchecked(lambda v: jaxring.all_gather(v[0], "x")[None])
+gather_whole = unchecked(lambda v: jaxring.all_gather(v[0], "x")[None])
 weights = np.random.default_rng(9).standard_normal((S, 7))
-loss = lambda v: jnp.sum(cotangent_scale(v) * (1 + jnp.arange(S, dtype=jnp.float32))[:, None, None] * weights)
+loss = lambda v: jnp.sum(gather_whole(v) * (1 + jnp.arange(S, dtype=jnp.float32))[:, None, None] * weights)
 gradient = jax.jit(jax.grad(loss))(global_rows(rows_of(rank, 7, np.float32)))
 for shard in gradient.addressable_shards:
     index = shard.index[0].start
