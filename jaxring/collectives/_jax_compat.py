@@ -6,15 +6,16 @@ varying axes of an abstract value, the mesh behind the lowering context,
 whether a traced value was computed by the program being traced,
 re-deciding a primitive's params at every bind, and whether JAX has started
 its backends (XLA's clients) yet, which bound axis names map devices (the
-rest are vmap's), lax's own roofline rules.
+rest are vmap's), lax's own roofline rules, running a primitive outside jit
+(compiled once per shape and params), and whether jit partitions a program itself.
 When JAX changes them, this module is the one to update.
 """
 
 import importlib
 
-from jax._src import config as _config, core as _core, mesh as _mesh, xla_bridge as _xla_bridge
+from jax._src import config as _config, core as _core, dispatch as _dispatch, mesh as _mesh, xla_bridge as _xla_bridge
 from jax._src.interpreters import partial_eval as _pe
-from jax._src.sharding_impls import SPMDAxisContext
+from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
 
 
 def checking_varying_axes() -> bool:
@@ -108,3 +109,15 @@ def lax_roofline_rules() -> dict:
         "all_gather": lambda ctx, *args, axes: rules[_parallel.all_gather_p](ctx, *args, axis_name=axes),
     }
 
+
+def run_eagerly(primitive, *args, **params):
+    """`primitive` applied outside jit: JAX compiles it alone, once per shape and params (its impl rule)."""
+    return _dispatch.apply_primitive(primitive, *args, **params)
+
+
+
+def devices_partitioned_over(lowering_context) -> int:
+    """How many devices jit partitions the program being lowered over by itself (its sharding
+    propagation, outside pmap and shard_map); 1 where it runs on one device or per device."""
+    axis_context = lowering_context.module_context.axis_context
+    return axis_context.num_devices if isinstance(axis_context, ShardingContext) else 1

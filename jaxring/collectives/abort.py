@@ -5,7 +5,9 @@ bad input, a bug) while the others wait for it in a collective leaves them
 waiting, and cannot exit itself: MPI_Finalize waits for them too. `python -m
 mpi4py script.py` aborts the job on an uncaught exception;
 `abort_on_uncaught_exception` gives a script started as `python script.py`
-under mpirun the same behaviour. MPI_Init itself waits for every process of
+under mpirun the same behaviour; topology.initialize_jax_distributed installs
+it, as under jax.distributed even mpi4py's abort comes too late (at exit,
+after JAX's shutdown barrier has waited for the peers). MPI_Init itself waits for every process of
 the job, with no limit: `start_mpi` bounds that wait.
 
 Under Open MPI's fault tolerance (`mpirun --with-ft ulfm`) a process that
@@ -49,7 +51,7 @@ def abort_on_uncaught_exception() -> None:
     """After the usual traceback, an uncaught exception aborts every process of the job (if there are several)."""
     from mpi4py import MPI
 
-    if MPI.COMM_WORLD.Get_size() == 1:
+    if MPI.COMM_WORLD.Get_size() == 1 or getattr(sys.excepthook, "ends_the_job", False):
         return
     report = sys.excepthook
 
@@ -59,6 +61,7 @@ def abort_on_uncaught_exception() -> None:
             print(failure, file=sys.stderr)
         end_job()
 
+    abort.ends_the_job = True  # installed once, however often it is called
     sys.excepthook = abort
 
 

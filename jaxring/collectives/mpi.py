@@ -4,7 +4,8 @@
 shard_map reduces `x` (sum, mean, max or min) over the devices of `axis_name`
 (this process' devices) and over every process of the MPI job, in one
 compiled program; `processes=comm` (an mpi4py communicator) over the
-processes of `comm` only:
+processes of `comm` only. Naming no device axis (in jit on one device, or outside
+jit) it is step 2 alone:
 
 1. local ring reduce-scatter (ring.py's, or lax's: `LocalOps`): local device i holds
    chunk i of this process' reduction, in the accumulation type (float32 for 16-bit floats);
@@ -183,7 +184,8 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     """The reduction ("sum", "max" or "min": csrc/core/reduction.h) of `x` over the devices of
     `names` and the processes of `communicator` (None: the job's), bitwise equal everywhere.
 
-    Inside pmap or shard_map; `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
+    Inside pmap or shard_map, or with no `names` anywhere (the leg alone, from whichever devices run it);
+    `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
     (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None):
@@ -192,13 +194,14 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     """
     communicator = _job() if communicator is None else communicator
     flat = x.reshape(-1).astype(accumulation.accumulation_dtype(x.dtype))
-    if _jax_compat.checking_varying_axes():
+    typed = bool(names) and _jax_compat.checking_varying_axes()  # no names: x's type stays as it is
+    if typed:
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
     narrower = (wire_dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
                 and jnp.dtype(wire_dtype).itemsize < flat.dtype.itemsize)
     total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
                              jnp.dtype(wire_dtype) if narrower else flat.dtype)
-    if _jax_compat.checking_varying_axes():
+    if typed:
         total = kinds.invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
 
@@ -289,6 +292,13 @@ def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what):
 
 def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
     (aval,) = ctx.avals_in
+    if (partitioned := _jax_compat.devices_partitioned_over(ctx)) > 1:
+        # XLA's partitioner (Shardy) places no op with side effects but JAX's own callbacks.
+        raise NotImplementedError(
+            f"jaxring.allreduce(..., processes=...) with no device axis ({what}) in a jit program that JAX "
+            f"partitions over {partitioned} devices: call it under jax.shard_map over those devices and name "
+            "the mesh axis, or jit over one device"
+        )
     communicator = _communicators[comm_id]
     # MPI attaches the largest tag to MPI.COMM_WORLD only; it holds for every communicator.
     tag = next(communicator.tags) % MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
@@ -346,6 +356,9 @@ def _batch(args, dims, **params):
     return mpi_ring_p.bind(x.reshape(-1), **params).reshape(x.shape), dim
 
 
+# Outside jit (allreduce(x, (), processes=True) on a concrete array) the leg is compiled alone,
+# once per shape: lowering it is collective (the agreement), and every process runs the same calls.
+mpi_ring_p.def_impl(functools.partial(_jax_compat.run_eagerly, mpi_ring_p))
 mpi_ring_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[mpi_ring_p] = _jvp
 ad.primitive_transposes[mpi_ring_p] = _transpose

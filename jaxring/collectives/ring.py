@@ -228,7 +228,10 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     the communicator must run the same program; the others do not call it (a
     process holding MPI.COMM_NULL is refused). With one process it is
     processes=False. With `axis_index_groups`, each group of this process' devices reduces
-    with the same group of every process.
+    with the same group of every process. Naming no device axis (axis_name=(), or vmap
+    axes only) it reduces over the processes alone, as mpi4jax.allreduce: in jit on one
+    device, outside jit, or under pmap/shard_map per device (each meeting the same device of
+    every process).
     wire_dtype="bfloat16" or "float16" (with processes= only) sends a float leaf's chunks
     between processes in 16 bits, half float32's bytes: each hop of the MPI leg adds in
     float32 and rounds the partial result to 16 bits as it crosses; the local rings stay in
@@ -239,9 +242,9 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     names, ranks, groups = _checked_axes(axis_name, ALLREDUCE, axis_index_groups)
-    _check_allreduce_axes(names, groups, processes)
     timeout_ms = _timeout_ms(timeout)
     communicator = _processes(processes)
+    _check_allreduce_axes(names, groups, communicator)
     wire_dtype = _checked_wire_dtype(wire_dtype, processes)
 
     lax_reduce = LAX_OPS[op]
@@ -266,13 +269,13 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
                             "imaginary parts, or their absolute values, instead")
         if communicator is not None:
             devices = _device_names(names)
-            if devices == names:
-                total = _across_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype)
-            else:  # the vmap axes' part first, inside the program (_batch), in the accumulation type: rounded once
-                partial = allreduce(x.astype(accumulation.accumulation_dtype(x.dtype)),
-                                    tuple(name for name in names if name not in devices), reduction, timeout=timeout)
-                total = _across_processes(partial, devices, op, groups, communicator, timeout_ms,
-                                          wire_dtype).astype(x.dtype)
+            vmapped = tuple(name for name in names if name not in devices)
+            partial = x
+            if vmapped:  # the vmap axes' part first, inside the program (_batch), in the accumulation type: rounded once
+                partial = allreduce(x.astype(accumulation.accumulation_dtype(x.dtype)), vmapped, reduction,
+                                    timeout=timeout)
+            total = _across_processes(partial, devices, op, groups, communicator, timeout_ms,
+                                      wire_dtype).astype(x.dtype)
             if op == "mean":
                 return accumulation.mean(total, _devices_in_mean(names, ranks, groups, communicator))
             return total
@@ -376,18 +379,21 @@ def _checked_wire_dtype(wire_dtype, processes):
     return np.dtype(jnp.dtype(name))
 
 
-def _check_allreduce_axes(names, groups, processes):
+def _check_allreduce_axes(names, groups, communicator):
     """What allreduce refuses besides lax's refusals (_checked_axes): groups where lax.psum refuses them
-    (typed), and processes= over vmap axes alone."""
+    (typed), and processes= outside pmap and shard_map under jax.distributed."""
     if groups is not None and _jax_compat.checking_varying_axes():
         raise NotImplementedError(
             "jaxring.allreduce with axis_index_groups under jax.shard_map(check_vma=True): lax.psum refuses it "
             "there too; pass check_vma=False to jax.shard_map, or drop axis_index_groups"
         )
-    if processes and not _device_names(names):
-        raise NotImplementedError(
-            f"jaxring.allreduce(..., processes=...) over {names}, vmap axes only: the MPI leg starts from a device "
-            "axis; call it under jax.pmap or jax.shard_map and name that axis too"
+    if communicator is not None and not _jax_compat.device_axes() and jax.process_count() > 1:
+        raise ValueError(
+            f"jaxring.allreduce(..., processes=...) over {names} outside jax.pmap and jax.shard_map under "
+            f"jax.distributed ({jax.process_count()} processes): there a jit program's arrays span the processes, "
+            "so no value is one process' own to reduce across them. Call it under jax.shard_map over jax.devices() "
+            "and name the mesh axis (that reduces over the processes, without processes=), or leave jax.distributed "
+            "uninitialised to reduce each process' own values."
         )
 
 

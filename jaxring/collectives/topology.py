@@ -24,7 +24,7 @@ import socket
 import jax
 from mpi4py import MPI
 
-from jaxring.collectives import agreement
+from jaxring.collectives import abort, agreement
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,6 +102,10 @@ def initialize_jax_distributed(host: str | None = None, port: int = 0, **options
     host name, on `port`, default a free one), the world size and this rank.
     Collective: every process calls it, before anything uses JAX's devices;
     `options` go to jax.distributed.initialize.
+
+    It also makes an uncaught exception end the whole job at once (abort.py):
+    otherwise the failing process would wait at exit in JAX's shutdown barrier
+    for peers that wait in a collective for it, until both timeouts expired.
     """
     world = MPI.COMM_WORLD
     agreement.agree(world, "jaxring.initialize_jax_distributed", "joining")
@@ -115,3 +119,4 @@ def initialize_jax_distributed(host: str | None = None, port: int = 0, **options
         address = f"{host}:{port}"
     jax.distributed.initialize(world.bcast(address), num_processes=world.Get_size(), process_id=world.Get_rank(),
                                **options)
+    abort.abort_on_uncaught_exception()

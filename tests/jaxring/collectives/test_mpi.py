@@ -5,6 +5,7 @@ launch (start-up costs seconds) running all of them.
 """
 
 import pathlib
+import time
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +124,18 @@ def test_jax_distributed_axis_spanning_processes_works_as_processes_true(n_procs
 def test_jax_distributed_process_ids_other_than_mpi_ranks_are_refused():
     output = run_workers("distributed.py", ["swapped"], 2, 2)
     assert_passed(output, ["distributed-swapped"], range(2))
+
+
+@pytest.mark.parametrize("with_mpi4py", [False, True], ids=["python", "python -m mpi4py"])
+def test_a_process_failing_under_jax_distributed_ends_the_job_at_once(with_mpi4py):
+    """initialize_jax_distributed makes an uncaught exception end the job (abort.py). Before, the failing
+    process waited at exit in JAX's shutdown barrier while the other waited in a leg for it (300 s each)."""
+    start = time.monotonic()
+    launch = mpirun(2, [WORKERS / "distributed.py", "failing"], {"JAXRING_TIMEOUT_S": "600"}, with_mpi4py, 2)
+    code, output = finish(launch, timeout_s=240)
+    assert code not in (None, 0), output
+    assert "rank 1 fails on purpose" in output and "was not ended" not in output, output
+    assert time.monotonic() - start < 120, output
 
 
 def test_a_world_of_one_reports_no_failed_process():

@@ -253,16 +253,23 @@ def test_an_unbound_axis_raises_lax_s_error_naming_jaxring_s_op(op, where):
 
 @pytest.mark.parametrize("op", ("sum", "mean", "max"))
 def test_processes_true_over_a_vmap_axis_and_a_device_axis_is_lax_s_in_a_job_of_one_process(op):
-    """Across processes mpi_workers/collectives.py checks it; with one process it is lax's reduction."""
+    """Across processes mpi_workers/communicators.py checks it; with one process it is lax's reduction."""
     x = random_array(np.random.default_rng(16), (2, 3, 4), jnp.float32)
     both = [jax.pmap(jax.vmap(lambda v, r=reduce: r(v, ("i", "j")), axis_name="j"), "i", devices=jax.devices()[:2])(x)
             for reduce in (functools.partial(jaxring.allreduce, op=op, processes=True), ring.LAX_OPS[op])]
     np.testing.assert_allclose(np.asarray(both[0]), np.asarray(both[1]), rtol=1e-6)
 
 
-def test_processes_true_over_vmap_axes_alone_is_refused_in_the_call():
-    with pytest.raises(NotImplementedError, match=r"processes=\.\.\.\) over \('j',\), vmap axes only"):
-        jax.vmap(lambda v: jaxring.allreduce(v, "j", processes=True), axis_name="j")(jnp.ones((3, 4)))
+@pytest.mark.parametrize("op", ("sum", "mean", "min"))
+def test_processes_true_over_vmap_axes_alone_or_none_is_lax_s_in_a_job_of_one_process(op):
+    """Across processes mpi_workers/communicators.py checks both (check_without_device_axes)."""
+    x = random_array(np.random.default_rng(17), (3, 5), jnp.float32)
+    over_vmap = [jax.jit(jax.vmap(lambda v, r=reduce: r(v, "j"), axis_name="j"))(x)
+                 for reduce in (functools.partial(jaxring.allreduce, op=op, processes=True), ring.LAX_OPS[op])]
+    np.testing.assert_allclose(np.asarray(over_vmap[0]), np.asarray(over_vmap[1]), rtol=1e-6)
+    for call in (jax.jit(lambda v: jaxring.allreduce(v, (), op, processes=True)),
+                 lambda v: jaxring.allreduce(v, (), op, processes=True)):
+        np.testing.assert_array_equal(np.asarray(call(x)), np.asarray(ring.LAX_OPS[op](x, ())))
 
 
 def test_pytrees_are_scattered_and_gathered_leaf_by_leaf_as_lax_does():

@@ -269,6 +269,116 @@ def check_vmap_axes():
     passed("vmap_axes")
 
 
+def check_without_device_axes():
+    """processes= naming no device axis, as mpi4jax's users call MPI inside jit: every dtype x op in a jit
+    program on one device (both leg algorithms, lax's types), outside jit, over vmap axes alone, under
+    shard_map naming none of its axes (each device meets the same device of every process), its
+    gradient, next to mpi4jax in one program with 16 steps queued; against numpy on every process'
+    values. A jit that JAX partitions over several devices is refused when compiled."""
+    defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
+    cases = matrix()
+    ops = {name: op for name, _, _, op in cases}
+    try:
+        for algorithm, settings in {"one-shot": defaults, "ring": (0, 12)}.items():
+            mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = settings
+            tree = {name: data(world.rank, 300 + case, dtype, op in ("max", "min"), devices=1)[0]
+                    for name, case, dtype, op in cases}
+            out = jax.jit(lambda t: {k: jaxring.allreduce(v, (), ops[k], processes=True) for k, v in t.items()})(tree)
+            # lax's types over an axis (over none, lax.psum keeps a bool a bool: it sums nothing)
+            lax_types = jax.eval_shape(jax.vmap(lambda t: {k: LAX[ops[k]](v, "j") for k, v in t.items()},
+                                                axis_name="j"), jax.tree.map(lambda v: v[None], tree))
+            for name, _, dtype, op in cases:
+                rows = np.stack(MPI.COMM_WORLD.allgather(tree[name]))
+                got = np.asarray(out[name])
+                assert got.dtype == lax_types[name].dtype and got.shape == SHAPE, (algorithm, name, got.dtype)
+                assert len(set(MPI.COMM_WORLD.allgather(got.tobytes()))) == 1, (algorithm, name)
+                assert_close(f"no device axis {algorithm} {name}", got, reference(op, dtype, rows), dtype, rows, op)
+    finally:
+        mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+
+    # Outside jit: compiled alone, once per shape.
+    for case, dtype, op in ((310, jnp.float64, "sum"), (311, jnp.int8, "max"), (312, jnp.complex64, "mean")):
+        x = data(world.rank, case, dtype, False, devices=1)[0]
+        rows = np.stack(MPI.COMM_WORLD.allgather(x))
+        for _ in range(2):
+            got = jaxring.allreduce(jnp.asarray(x), (), op, processes=True)
+            assert_close(f"eager {op} {np.dtype(dtype).name}", got, reference(op, dtype, rows), dtype, rows, op)
+
+    # Over vmap axes alone, one and two: the vmap part inside the program, then the leg.
+    vmapped = [case for case in cases if np.dtype(case[2]).name in ("float32", "int32", "bfloat16")]
+    tree = {name: data(world.rank, 320 + case, dtype, op in ("max", "min"), shape=(2, 3, *SHAPE), devices=1)[0]
+            for name, case, dtype, op in vmapped}
+
+    def over(axes):  # x: [j, k, ...]
+        return jax.jit(jax.vmap(jax.vmap(lambda t: {k: jaxring.allreduce(v, axes, ops[k], processes=True)
+                                                    for k, v in t.items()}, axis_name="k"), axis_name="j"))
+
+    for axes, program in (("k", over("k")), (("j", "k"), over(("j", "k")))):
+        out = program(tree)
+        for name, _, dtype, op in vmapped:
+            every = np.stack(MPI.COMM_WORLD.allgather(tree[name]))  # [process, j, k, ...]
+            for j in range(2):
+                # The rows one result reduces: every process' k's (of this j, or of every j).
+                group = every[:, j:j + 1] if axes == "k" else every
+                rows = group.reshape(-1, *SHAPE)
+                want = reference(op, dtype, rows)
+                if op in ("max", "min") and is_float(dtype):
+                    # As lax's: the vmap axes' part is XLA's max (a NaN wins), the processes' part lax's CPU rule.
+                    want = reference(op, dtype, getattr(np, op)(group.astype(np.float64), axis=(1, 2)))
+                assert_close(f"vmap {axes} {name} j={j}", np.asarray(out[name])[j], want, dtype, rows, op)
+
+    # Under shard_map over this process' devices, naming none: device d meets device d of every process.
+    mesh = Mesh(np.array(world.local_devices), (AXIS,))
+    x = data(world.rank, 330, jnp.float32, False, devices=L)
+    every = np.stack(MPI.COMM_WORLD.allgather(x)).astype(np.float64)  # [process, device, ...]
+    for check_vma in (True, False):
+        f = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, (), processes=True), mesh=mesh, in_specs=P(AXIS),
+                                  out_specs=P(AXIS), check_vma=check_vma))
+        np.testing.assert_allclose(np.asarray(f(x), np.float64), every.sum(0), rtol=1e-5, atol=1e-5)
+
+    # The gradient of a sum across processes is the sum of the cotangents.
+    w = data(world.rank, 331, jnp.float32, False, devices=1)[0]
+    weights = np.stack(MPI.COMM_WORLD.allgather(w)).astype(np.float64)
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(jaxring.allreduce(v, (), processes=True) * w)))(jnp.ones(SHAPE))
+    np.testing.assert_allclose(np.asarray(grad, np.float64), weights.sum(0), rtol=1e-5, atol=1e-5)
+
+    # Next to mpi4jax over the same communicator, steps queued, values changing per step.
+    import mpi4jax
+
+    @jax.jit
+    def step(p, v, k):
+        mean = jaxring.allreduce(v * k, (), "mean", processes=MPI.COMM_WORLD)
+        total = mpi4jax.allreduce(v + k, op=MPI.SUM, comm=MPI.COMM_WORLD)
+        top = jaxring.allreduce(v - k, (), "max", processes=True)
+        return p - 0.01 * (mean + top) + 0.001 * total, (mean, total, top)
+
+    v = data(world.rank, 332, jnp.float32, False, (4, 9), devices=1)[0]
+    p = jnp.zeros_like(v)
+    queued = []
+    for k in range(1, 17):
+        p, parts = step(p, v, jnp.float32(k))
+        queued.append(parts)
+    every = np.stack(MPI.COMM_WORLD.allgather(v)).astype(np.float64)
+    want_p = np.zeros(v.shape)
+    for k, (mean, total, top) in enumerate(queued, start=1):
+        wants = every.mean(0) * k, every.sum(0) + world.size * k, every.max(0) - k
+        for label, got, want in zip(("mean", "mpi4jax sum", "max"), (mean, total, top), wants):
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5 * k,
+                                       err_msg=f"step {k} {label}")
+        want_p = want_p - 0.01 * (wants[0] + wants[2]) + 0.001 * wants[1]
+    np.testing.assert_allclose(np.asarray(p, np.float64), want_p, rtol=1e-4, atol=1e-4)
+
+    # A jit that JAX partitions over this process' devices: refused when compiled, naming shard_map.
+    spread = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(AXIS)))
+    try:
+        jax.jit(lambda v: jaxring.allreduce(v, (), processes=True))(spread)
+    except NotImplementedError as e:
+        assert f"partitions over {L} devices" in str(e) and "jax.shard_map" in str(e), str(e)
+    else:
+        raise AssertionError("a jit partitioned over several devices was not refused")
+    passed("without_device_axes")
+
+
 def check_refusals():
     """Bad communicators and complex max are refused at trace time, naming what to do; a process
     outside a communicator is refused while its members go on (a 3-process leg)."""

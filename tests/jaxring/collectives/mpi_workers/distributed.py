@@ -66,6 +66,17 @@ if swapped:
     print(f"PASS rank {rank} distributed-swapped", flush=True)
     sys.exit(0)
 assert jax.process_index() == rank and jax.process_count() == size, (jax.process_index(), rank)
+if sys.argv[1:] == ["failing"]:
+    # Rank 1 fails while rank 0 waits in a leg for it: the job must end at once (abort.py), not after the
+    # leg's timeout and JAX's shutdown barrier.
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), np.ones((L, 3), np.float32))
+    step = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+    step(x).block_until_ready()
+    if rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    step(x).block_until_ready()
+    print(f"rank {rank} was not ended", flush=True)
+    sys.exit(0)
 
 
 def rows_of(process, n, dtype):
@@ -280,5 +291,8 @@ if L > 1:
 twice = jax.jit(jax.shard_map(lambda v: jaxring.allreduce(v, "x", processes=True), mesh=mesh, in_specs=P("x"), out_specs=P()))
 message, seconds = refused(twice, jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), rows_of(rank, 5, np.float32)))
 assert "already reduces over them" in message and "Drop processes=" in message, message
+# Outside shard_map a jit program's arrays are global: no value is one process' own.
+message, seconds = refused(jax.jit(lambda v: jaxring.allreduce(v, (), processes=True)), rows_of(rank, 5, np.float32))
+assert "under jax.distributed" in message and "jax.shard_map" in message, message
 print(f"rank {rank}: refusals at compile time", flush=True)
 print(f"PASS rank {rank} distributed", flush=True)
