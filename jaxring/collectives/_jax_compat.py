@@ -38,6 +38,19 @@ def unreduced_or_reduced_axes(aval) -> frozenset:
     return aval.mat.unreduced | aval.mat.reduced
 
 
+def unreduced_axes(aval) -> frozenset:
+    """The mesh axes over which `aval` is typed unreduced: each device holds a part of a sum over them."""
+    return aval.mat.unreduced
+
+
+def with_axes_moved(aval, names, from_state, to_state):
+    """`aval` with the axes `names` moved from one of its states ("varying", "reduced", "unreduced") to another."""
+    states = {state: getattr(aval.mat, state) for state in ("varying", "reduced", "unreduced")}
+    states[from_state] = states[from_state] - frozenset(names)
+    states[to_state] = states[to_state] | frozenset(names)
+    return aval.update(manual_axis_type=aval.mat.update(**states))
+
+
 def with_shape_and_varying(aval, shape, varying):
     """`aval` with a new shape and set of varying axes."""
     return aval.update(shape=shape, manual_axis_type=aval.mat.update(varying=frozenset(varying)))

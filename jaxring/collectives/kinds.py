@@ -17,6 +17,10 @@ from jaxring.collectives import _ffi, _jax_compat
 # mpi.py's leg, ring.py's invariant all_gather) as invariant over them, as lax.psum types
 # its result; it moves nothing.
 invariant_p = core.Primitive("jaxring_invariant")
+# Moves axes between the states of explicit sharding's types (jax.lax.pcast's), moving nothing: an
+# unreduced value's parts become the varying input of a ring's sum, a gathered value becomes reduced.
+# Its transpose is the same move between the cotangents' states (a reduced value's is unreduced).
+retyped_p = core.Primitive("jaxring_retyped")
 
 
 # Compared and hashed by identity: each kind is one row of KINDS, and a primitive's params are hashed at every bind.
@@ -132,3 +136,30 @@ invariant_p.def_abstract_eval(_invariant_abstract_eval)
 ad.deflinear2(invariant_p, _invariant_transpose)
 batching.primitive_batchers[invariant_p] = lambda args, dims, names: (invariant_p.bind(*args, names=names), dims[0])
 mlir.register_lowering(invariant_p, lambda ctx, x, **_: [x])
+
+
+def retyped(x, names, from_state, to_state):
+    """`x` with the axes `names` moved from type state `from_state` to `to_state` (retyped_p)."""
+    return retyped_p.bind(x, names=tuple(names), from_state=from_state, to_state=to_state)
+
+
+_COTANGENT_STATE = {"varying": "varying", "reduced": "unreduced", "unreduced": "reduced"}
+
+
+def _retyped_abstract_eval(x, *, names, from_state, to_state):
+    held = getattr(x.mat, from_state)
+    if not held.issuperset(names):
+        raise ValueError(f"jaxring: a value typed {x.str_short(True)} is not {from_state} over {names}")
+    return _jax_compat.with_axes_moved(x, names, from_state, to_state)
+
+
+def _retyped_transpose(cotangent, x, *, names, from_state, to_state):
+    if type(cotangent) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [retyped(cotangent, names, _COTANGENT_STATE[to_state], _COTANGENT_STATE[from_state])]
+
+
+retyped_p.def_abstract_eval(_retyped_abstract_eval)
+ad.deflinear2(retyped_p, _retyped_transpose)
+batching.primitive_batchers[retyped_p] = lambda args, dims, **params: (retyped_p.bind(*args, **params), dims[0])
+mlir.register_lowering(retyped_p, lambda ctx, x, **_: [x])

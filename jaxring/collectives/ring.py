@@ -267,6 +267,8 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
             raise TypeError(f"jaxring.allreduce(op={op!r}) of {x.dtype}: complex numbers have no order, and "
                             f"lax.p{op} refuses them too (XLA has no such reduction); reduce their real and "
                             "imaginary parts, or their absolute values, instead")
+        if reduction == "sum":
+            x = _unreduced_as_varying(x, names, "allreduce", groups)
         if communicator is not None:
             devices = _device_names(names)
             vmapped = tuple(name for name in names if name not in devices)
@@ -297,6 +299,20 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
         return accumulation.mean(total, ranks) if op == "mean" else total
 
     return jax.tree_util.tree_map(reduce_leaf, x)
+
+
+def _unreduced_as_varying(x, names, op_name, groups):
+    """`x` typed unreduced over all of `names` (explicit sharding: each device holds a part of a sum)
+    as the varying input of the ring's sum, as lax.psum and psum_scatter take one (their
+    unreduced_psum and unreduced_psum_scatter); the transpose types the cotangent reduced. Any other
+    value as it is (kinds.typed_input refuses one unreduced over some of `names` only)."""
+    if not names or not _jax_compat.checking_varying_axes():
+        return x
+    if not _jax_compat.unreduced_axes(jax.typeof(x)).issuperset(names):
+        return x
+    if groups is not None:
+        raise NotImplementedError(f"jaxring.{op_name} of an unreduced value with axis_index_groups: lax refuses it too")
+    return kinds.retyped(x, names, "unreduced", "varying")
 
 
 def _within_groups_of_different_sizes(x, names, groups, op, timeout_ms):
@@ -474,6 +490,7 @@ def reduce_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None,
         )
     dim = _canonical_axis(scatter_dimension, x.ndim, "scatter_dimension", np.exceptions.AxisError)
     names, ranks, groups = _checked_axes(axis_name, REDUCE_SCATTER, axis_index_groups)
+    x = _unreduced_as_varying(x, names, "reduce_scatter", groups)
     lax_op = functools.partial(jax.lax.psum_scatter, x, names, scatter_dimension=dim, tiled=tiled,
                                axis_index_groups=groups)
     if x.dtype == jnp.bool_:
@@ -511,7 +528,8 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     With `axis_index_groups`, the devices of each group gather each other's `x`.
     `to="invarying"` is the same value; under shard_map(check_vma=True) it is typed
     invariant over the axes and its transpose hands each device its own block of the
-    cotangent, as lax's. `to="reduced"` is refused (docs/USAGE.md). A pytree is gathered
+    cotangent, as lax's. `to="reduced"` (explicit sharding, under check_vma) types it reduced
+    over the axes; its transpose reduce-scatters the unreduced cotangent. A pytree is gathered
     leaf by leaf.
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
@@ -545,6 +563,12 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
                                tiled=tiled)
     if to == "invarying" and _jax_compat.checking_varying_axes():
         return _gathered_invariant(gather, x, names, axis, tiled)
+    if to == "reduced":
+        if not _jax_compat.checking_varying_axes():
+            return lax_op()  # lax refuses it, on a value no type calls varying
+        # Varying -> reduced, as lax's all_gather_reduced: the transpose is the ring's reduce-scatter of
+        # the (unreduced) cotangent.
+        return kinds.retyped(gather(x), names, "varying", "reduced")
     return gather(x)
 
 
@@ -596,11 +620,6 @@ def _check_all_gather_to(to, groups):
         return
     if groups is not None:
         raise NotImplementedError(f"jaxring.all_gather(..., to={to!r}) with axis_index_groups: lax refuses it too")
-    if to == "reduced":
-        raise NotImplementedError(
-            "jaxring.all_gather(..., to='reduced'): a reduced value is explicit sharding, which jaxring leaves to "
-            "lax; use jax.lax.all_gather(..., to='reduced')"
-        )
 
 
 # --- the primitive's rules -------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
+from jaxring.collectives import ring
 from tests.jaxring.collectives.random_inputs import random_array
 
 
@@ -28,7 +29,7 @@ class Lax:
 
     @staticmethod
     def allreduce(x, axis_name, op="sum", *, axis_index_groups=None):
-        return (jax.lax.psum if op == "sum" else jax.lax.pmean)(x, axis_name, axis_index_groups=axis_index_groups)
+        return ring.LAX_OPS[op](x, axis_name, axis_index_groups=axis_index_groups)
 
     tree_allreduce = allreduce
     reduce_scatter = staticmethod(jax.lax.psum_scatter)
