@@ -71,11 +71,10 @@ REBOUND = {
 REFUSALS = (
     (TypeError, r"takes arrays of .*, got (\w+)", "dtype {0}"),
     (ValueError, r"op must be one of .*, got '(\w+)'", "reduction {0}"),
-    (ValueError, r"of an unreduced or reduced value .*explicit-sharding reductions", "unreduced or reduced value"),
     (ValueError, r"jaxring collectives run inside jax\.pmap or jax\.shard_map", "not under pmap or shard_map"),
-    (ValueError, r"spans jax\.distributed processes, where jaxring runs allreduce", "axis across processes"),
     (NotImplementedError, r"jaxring\.all_gather\(\.\.\., to='(\w+)'\)", "argument to={0}"),
     # Refused by lax too, each in its own words: jaxring says so in the call, lax's op then raises its own.
+    (ValueError, r"reduced or unreduced over some of them", "value reduced, or unreduced over some axes"),
     ((AssertionError, ValueError), r"is a vmap axis, which no value's type varies over", "vmap axis under check_vma"),
     (NotImplementedError, r"of which \[.*\] is a vmap axis", "vmap axis in a tuple of a gather or scatter"),
     (NotImplementedError, r"axis_index_groups (under jax\.shard_map|not supported in vmap)", "axis_index_groups"),

@@ -84,9 +84,12 @@ def typed_input(flat, names, kind: Kind):
     missing = tuple(n for n in names if n not in _jax_compat.varying_axes(aval))
     if kind.sums:
         if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
+            # A sum of a value unreduced over all of `names` came typed varying (ring.py's _unreduced_as_varying).
             raise ValueError(
-                f"jaxring.{kind.name} over {names} of an unreduced or reduced value ({aval}): "
-                f"use jax.lax.{kind.lax_twin} for explicit-sharding reductions"
+                f"jaxring.{kind.name} over {names} of a value typed {aval}, reduced or unreduced over some of "
+                f"them: as lax.{kind.lax_twin}, it takes one varying over them, or (a sum) unreduced over all of "
+                "them. A reduced value is already whole on every device; use it as it is, or mark it with "
+                "jax.lax.pcast(x, axis_name, to='varying')"
             )
         if len(missing) not in (0, len(names)):
             raise ValueError(

@@ -186,9 +186,13 @@ def test_all_gather_to_is_lax_s_or_refused_by_name():
     call = lambda ops, v: ops.all_gather(v, "i", to="replicated")  # noqa: E731
     lax_refusal, ring_refusal = refusal(Lax, call), refusal(Ring, call)
     assert type(lax_refusal) is type(ring_refusal) is ValueError and "Allowed `to` values" in str(ring_refusal)
-    for refused in (lambda ops, v: ops.all_gather(v, "i", to="reduced"),
-                    lambda ops, v: ops.all_gather(v, "i", to="invarying", axis_index_groups=[[0, 1], [2, 3]])):
-        assert isinstance(refusal(Ring, refused), NotImplementedError)
+    # Untyped (pmap), to="reduced" is lax's refusal (tests/jaxring/collectives/test_explicit_sharding.py types it).
+    untyped_reduced = lambda ops, v: ops.all_gather(v, "i", to="reduced")  # noqa: E731
+    lax_refusal, ring_refusal = refusal(Lax, untyped_reduced), refusal(Ring, untyped_reduced)
+    assert type(lax_refusal) is type(ring_refusal) and str(lax_refusal) == str(ring_refusal), (lax_refusal, ring_refusal)
+    grouped = lambda ops, v: ops.all_gather(v, "i", to="invarying", axis_index_groups=[[0, 1], [2, 3]])  # noqa: E731
+    assert isinstance(refusal(Ring, grouped), NotImplementedError) and isinstance(refusal(Lax, grouped),
+                                                                                   NotImplementedError)
 
 
 @pytest.mark.parametrize("names", ["i", ("a", "i")], ids=["one_axis", "two_axes"])
