@@ -296,6 +296,16 @@ def check_without_device_axes():
     finally:
         mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
 
+    # In 16 bits on the wire: each hop adds in float32 and rounds to float16 (mpi.py).
+    x = data(world.rank, 309, jnp.float32, False, devices=1)[0]
+    rows = np.stack(MPI.COMM_WORLD.allgather(x)).astype(np.float64)
+    got = jax.jit(lambda v: jaxring.allreduce(v, (), processes=True, wire_dtype="float16"))(x)
+    scale = np.abs(rows).sum(0)
+    assert (np.abs(np.asarray(got, np.float64) - rows.sum(0)) <= 2 * 2.0 ** -11 * scale + 6e-8 * len(rows)).all()
+    assert len(set(MPI.COMM_WORLD.allgather(np.asarray(got).tobytes()))) == 1
+    in_float32 = jax.jit(lambda v: jaxring.allreduce(v, (), processes=True))(x)
+    assert (np.asarray(got) != np.asarray(in_float32)).any(), "float16 on the wire rounded nothing"
+
     # Outside jit: compiled alone, once per shape.
     for case, dtype, op in ((310, jnp.float64, "sum"), (311, jnp.int8, "max"), (312, jnp.complex64, "mean")):
         x = data(world.rank, case, dtype, False, devices=1)[0]
