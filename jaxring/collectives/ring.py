@@ -807,4 +807,4 @@ ad.primitive_jvps[ring_p] = _jvp
 batching.fancy_primitive_batchers[ring_p] = _batch
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cpu", **p), platform="cpu")
 mlir.register_lowering(ring_p, lambda ctx, x, **p: _lowering(ctx, x, platform="cuda", **p), platform="cuda")
-jax_tools.register(ring_p)
+jax_tools.register(ring_p, kinds.invariant_p, kinds.retyped_p)

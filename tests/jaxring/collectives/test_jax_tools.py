@@ -57,3 +57,20 @@ def test_checkpoint_policies_recompute_ring_collectives_as_lax_s(policy):
         collectives_in_the_gradient(ops, getattr(jax.checkpoint_policies, policy), x) for ops in (Ring, Lax))
     assert ring_count == lax_count >= 2
     np.testing.assert_allclose(ring_grad, lax_grad, rtol=1e-5, atol=1e-5)
+
+
+def test_roofline_costs_the_typing_primitives_as_lax_s_pvary(caplog):
+    """all_gather(to="invarying") under check_vma types its result with kinds.invariant_p: roofline has a
+    rule for it (no "No roofline rule" warning) and the op's bytes are those of lax's gather to "varying",
+    which moves the same bytes (roofline has no rule for lax's all_gather_invariant: it counts none)."""
+    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    x = jax.ShapeDtypeStruct((4 * 3, 5), jnp.float32)
+
+    def cost(ops, to):
+        gather = lambda v: ops.all_gather(v, "i", tiled=True, to=to)  # noqa: E731
+        return roofline.roofline(gather, mesh=mesh, in_specs=P("i"), out_specs=P() if to == "invarying" else P("i"))(x)[1]
+
+    with caplog.at_level("WARNING"):
+        ring_cost = cost(Ring, "invarying")
+    assert not [r for r in caplog.records if "No roofline rule for jaxring" in r.getMessage()], caplog.text
+    assert ring_cost.ici_bytes == cost(Lax, "varying").ici_bytes and sum(ring_cost.ici_bytes.values()) > 0
