@@ -128,7 +128,6 @@ def run_eagerly(primitive, *args, **params):
     return _dispatch.apply_primitive(primitive, *args, **params)
 
 
-
 def devices_partitioned_over(lowering_context) -> int:
     """How many devices jit partitions the program being lowered over by itself (its sharding
     propagation, outside pmap and shard_map); 1 where it runs on one device or per device."""
