@@ -135,6 +135,37 @@ def test_fsdp_weights_gathered_reduced_train_as_on_one_device(mesh):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_fsdp_training_steps_queued_are_lax_s(mesh):
+    """Eight SGD steps of the FSDP layer above, queued before any is read, the data changing per step:
+    the weights after each step as lax's trains them."""
+    rng = np.random.default_rng(6)
+    xs = [jax.device_put(random_array(rng, (4, 6, 6), jnp.float32), P("data", "seq", None)) for _ in range(8)]
+    w0 = jax.device_put(random_array(rng, (6, 4), jnp.float32) / 4, P("seq", None))
+
+    def trained(ops):
+        as_reduced = jax.shard_map(lambda a: jax.lax.pcast(a, "data", to="reduced"), in_specs=P("seq", None),
+                                   out_specs=P("seq", None, reduced={"data"}))
+        gathered = jax.shard_map(lambda a: ops.all_gather(a, "seq", tiled=True, to="reduced"),
+                                 in_specs=P("seq", None, reduced={"data"}),
+                                 out_specs=P(None, None, reduced={"seq", "data"}))
+
+        @jax.jit
+        def step(w, x):
+            loss = lambda w: jnp.mean(jnp.tanh(jnp.einsum("btd,df->btf", x, gathered(as_reduced(w)))) ** 2)  # noqa: E731
+            return w - 0.5 * jax.grad(loss)(w)
+
+        weights, w = [], w0
+        for x in xs:
+            w = step(w, x)
+            weights.append(w)
+        return weights
+
+    for want, got in zip(trained(Lax), trained(Ring), strict=True):
+        assert got.sharding == want.sharding
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(got), np.asarray(w0))
+
+
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_max_and_min_of_an_unreduced_value_are_refused_as_by_lax(mesh, op):
     x = jax.device_put(random_array(np.random.default_rng(5), (2 * 2, 3 * 2), jnp.float32), P("data", "seq"))
