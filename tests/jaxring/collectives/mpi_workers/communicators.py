@@ -273,8 +273,9 @@ def check_without_device_axes():
     """processes= naming no device axis, as mpi4jax's users call MPI inside jit: every dtype x op in a jit
     program on one device (both leg algorithms, lax's types), outside jit, over vmap axes alone, under
     shard_map naming none of its axes (each device meets the same device of every process), its
-    gradient, next to mpi4jax in one program with 16 steps queued; against numpy on every process'
-    values. A jit that JAX partitions over several devices is refused when compiled."""
+    gradient, tree_allreduce, float16 on the wire, next to mpi4jax in one program with 16 steps queued;
+    against numpy on every process' values. A jit that JAX partitions over several devices is refused
+    when compiled."""
     defaults = mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES
     cases = matrix()
     ops = {name: op for name, _, _, op in cases}
@@ -295,6 +296,14 @@ def check_without_device_axes():
                 assert_close(f"no device axis {algorithm} {name}", got, reference(op, dtype, rows), dtype, rows, op)
     finally:
         mpi.ONE_SHOT_MAX_BYTES, mpi.PIECE_BYTES = defaults
+
+    # tree_allreduce: the leaves fused into buckets of 64 bytes, then the leg per bucket.
+    tree = {"f": data(world.rank, 305, jnp.float32, False, devices=1)[0], "i": data(world.rank, 306, jnp.int16, False,
+                                                                                  devices=1)[0]}
+    out = jax.jit(lambda t: jaxring.tree_allreduce(t, (), processes=True, bucket_bytes=64))(tree)
+    for name, dtype in (("f", jnp.float32), ("i", jnp.int16)):
+        rows = np.stack(MPI.COMM_WORLD.allgather(tree[name]))
+        assert_close(f"tree_allreduce {name}", out[name], reference("sum", dtype, rows), dtype, rows, "sum")
 
     # In 16 bits on the wire: each hop adds in float32 and rounds to float16 (mpi.py).
     x = data(world.rank, 309, jnp.float32, False, devices=1)[0]
