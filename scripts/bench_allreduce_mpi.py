@@ -3,9 +3,10 @@
 Run it without mpirun; it launches the mpirun jobs itself:
 
     python scripts/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
-        [--max-bytes 64M] [--json OUT]
+        [--max-bytes 64M] [--dtype float32] [--json OUT]
 
-For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it times
+For each process count, buffers of --dtype (float32, or float64 as scientific codes sum)
+of 4 KiB .. --max-bytes per device, it times
 
     jaxring   K chained jaxring.allreduce(processes=True) in one pmapped jit (local
               ring, MPI ring of processes, local ring), per op: the program's time
@@ -15,6 +16,8 @@ For each process count, float32 buffers of 4 KiB .. --max-bytes per device, it t
               cross-process part alone)
     mpi4jax   K chained mpi4jax.allreduce in one jit, one device per process,
               per op as for jaxring
+    jaxring_jit  the same program with jaxring.allreduce(a, (), processes=True) in place of
+              mpi4jax's: the MPI leg alone, in plain jit, as mpi4jax's users call it
     jax_gloo  K chained jax.lax.psum over the global mesh (jax.distributed, gloo CPU
               collectives) in one jit, per op as for jaxring, in a job of its own
     jaxring_global  the same program with jaxring.allreduce in place of lax.psum
@@ -51,9 +54,9 @@ import numpy as np
 from byte_sizes import parse_bytes
 from ops_in_program import BASE_OPS, chained, ops_per_program, per_op, time_in_steady_state
 
-OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax")
+OUR_IMPLS = ("jaxring", "mpi_bare", "mpi4jax", "jaxring_jit")
 DISTRIBUTED_IMPLS = ("jax_gloo", "jaxring_global")  # in a jax.distributed job of their own
-ONE_DEVICE_IMPLS = ("mpi4jax",)  # it moves one device's buffer per process
+ONE_DEVICE_IMPLS = ("mpi4jax", "jaxring_jit")  # they move one device's buffer per process
 
 
 def sizes(max_bytes):
@@ -70,6 +73,10 @@ def run_job(args):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    if args.dtype == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
     if set(args.impls) <= set(DISTRIBUTED_IMPLS):
         start_jax_distributed(args.coordinator_host)
     from jaxring.collectives import mpi, topology
@@ -91,7 +98,7 @@ def run_job(args):
         k = ops_per_program(nbytes)
         steps = {}
         for impl in impls:
-            steps.update(make_steps(impl, nbytes // 4, k, world))
+            steps.update(make_steps(impl, nbytes // np.dtype(args.dtype).itemsize, k, world, args.dtype))
         rounds = time_steps(steps, comm, args.min_time)
         per_round = {impl: per_op(rounds[impl, k], rounds[impl, BASE_OPS], k) for impl in impls}
         for impl in impls:
@@ -99,7 +106,7 @@ def run_job(args):
             # round by round: the bare call's time over this impl's under the same load
             paired = float(np.median(per_round["mpi_bare"] / per_round[impl])) if "mpi_bare" in per_round else None
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
-                                dtype="float32", ops_per_program=k, median_s=float(seconds),
+                                dtype=args.dtype, ops_per_program=k, median_s=float(seconds),
                                 paired_speedup_vs_mpi_allreduce=paired, **(leg if impl == "jaxring" else {})))
             if world.rank == 0:
                 print(f"  {impl:14s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
@@ -117,7 +124,7 @@ def start_jax_distributed(host):
     topology.initialize_jax_distributed(host=host)
 
 
-def make_steps(impl, elements, k, world):
+def make_steps(impl, elements, k, world, dtype):
     """{(impl, ops): function of no arguments running a program of `ops` all-reduces and waiting}, ops in (BASE_OPS, k).
 
     The programs chain their ops so that they run one after another, as a
@@ -130,7 +137,7 @@ def make_steps(impl, elements, k, world):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from mpi4py import MPI
 
-    rows = np.random.default_rng(world.rank).standard_normal((len(world.local_devices), elements), np.float32)
+    rows = np.random.default_rng(world.rank).standard_normal((len(world.local_devices), elements)).astype(dtype)
 
     if impl == "mpi_bare":
         send, receive = rows[0], np.empty_like(rows[0])
@@ -146,10 +153,13 @@ def make_steps(impl, elements, k, world):
         x = jax.device_put(rows, NamedSharding(Mesh(world.local_devices, ("d",)), P("d")))
         reduce = lambda a: jaxring.allreduce(a, "d", processes=True)  # noqa: E731
         programs = {ops: jax.jit(jax.pmap(chained(reduce, ops), "d", devices=world.local_devices)) for ops in (BASE_OPS, k)}
-    elif impl == "mpi4jax":
+    elif impl in ONE_DEVICE_IMPLS:
         x = jax.device_put(rows[0], world.local_devices[0])
         comm = MPI.COMM_WORLD.Clone()
-        reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
+        if impl == "mpi4jax":
+            reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
+        else:
+            reduce = lambda a: jaxring.allreduce(a, (), processes=True)  # noqa: E731
         programs = {ops: jax.jit(chained(reduce, ops)) for ops in (BASE_OPS, k)}
     else:  # over the global mesh: jax_gloo or jaxring_global
         mesh = Mesh(np.array(jax.devices()), ("d",))
@@ -212,6 +222,7 @@ def run_mpirun(args, n_procs, impls):
             command += ["-x", name]
         command += [sys.executable, "-m", "mpi4py", __file__, "--job-json", str(job_json)]
         command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
+                    "--dtype", args.dtype,
                     "--coordinator-host", args.coordinator_host]
         command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes", "leg-patience-us")
                     if getattr(args, name.replace("-", "_")) is not None]
@@ -249,6 +260,7 @@ def parse_args(argv=None):
     parser.add_argument("--impls", nargs="+", default=[*OUR_IMPLS, *DISTRIBUTED_IMPLS],
                         choices=[*OUR_IMPLS, *DISTRIBUTED_IMPLS])
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="the buffers' element type")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--mpirun-args", default="", help="more options for mpirun, e.g. '--mca btl tcp,self'")
