@@ -108,6 +108,16 @@ def test_a_scatter_of_an_unreduced_value_is_lax_s_unreduced_psum_scatter(mesh, t
     assert_same(pairs)
 
 
+def whole_weights(ops, w):
+    """FSDP's weights: `w` sharded over "seq" typed reduced over "data" (lax's no-op cast), then all-gathered
+    to reduced over "seq" by `ops`, whole on every device for a computation outside shard_map."""
+    as_reduced = jax.shard_map(lambda a: jax.lax.pcast(a, "data", to="reduced"), in_specs=P("seq", None),
+                               out_specs=P("seq", None, reduced={"data"}))
+    gathered = jax.shard_map(lambda a: ops.all_gather(a, "seq", tiled=True, to="reduced"),
+                             in_specs=P("seq", None, reduced={"data"}), out_specs=P(None, None, reduced={"seq", "data"}))
+    return gathered(as_reduced(w))
+
+
 def test_fsdp_weights_gathered_reduced_train_as_on_one_device(mesh):
     """Weights sharded over "seq", typed reduced over "data" (lax's no-op cast), all-gathered to reduced
     over "seq" and used outside shard_map: the weights' gradient comes back through the ring's
@@ -118,12 +128,7 @@ def test_fsdp_weights_gathered_reduced_train_as_on_one_device(mesh):
     x, w = jax.device_put(x_np, P("data", "seq", None)), jax.device_put(w_np, P("seq", None))
 
     def program(ops):
-        as_reduced = jax.shard_map(lambda a: jax.lax.pcast(a, "data", to="reduced"), in_specs=P("seq", None),
-                                   out_specs=P("seq", None, reduced={"data"}))
-        gathered = jax.shard_map(lambda a: ops.all_gather(a, "seq", tiled=True, to="reduced"),
-                                 in_specs=P("seq", None, reduced={"data"}),
-                                 out_specs=P(None, None, reduced={"seq", "data"}))
-        return lambda x, w: jnp.einsum("btd,df->btf", x[..., :5] @ np.ones((5, 6), np.float32), gathered(as_reduced(w)))
+        return lambda x, w: jnp.einsum("btd,df->btf", x[..., :5] @ np.ones((5, 6), np.float32), whole_weights(ops, w))
 
     pairs = by_both(program, x, w, lax_s_own=("unreduced_psum", "psum"))
     assert_same(pairs, rtol=1e-4)
@@ -143,15 +148,9 @@ def test_fsdp_training_steps_queued_are_lax_s(mesh):
     w0 = jax.device_put(random_array(rng, (6, 4), jnp.float32) / 4, P("seq", None))
 
     def trained(ops):
-        as_reduced = jax.shard_map(lambda a: jax.lax.pcast(a, "data", to="reduced"), in_specs=P("seq", None),
-                                   out_specs=P("seq", None, reduced={"data"}))
-        gathered = jax.shard_map(lambda a: ops.all_gather(a, "seq", tiled=True, to="reduced"),
-                                 in_specs=P("seq", None, reduced={"data"}),
-                                 out_specs=P(None, None, reduced={"seq", "data"}))
-
         @jax.jit
         def step(w, x):
-            loss = lambda w: jnp.mean(jnp.tanh(jnp.einsum("btd,df->btf", x, gathered(as_reduced(w)))) ** 2)  # noqa: E731
+            loss = lambda w: jnp.mean(jnp.tanh(jnp.einsum("btd,df->btf", x, whole_weights(ops, w))) ** 2)  # noqa: E731
             return w - 0.5 * jax.grad(loss)(w)
 
         weights, w = [], w0
