@@ -155,8 +155,8 @@ def make_steps(impl, elements, k, world, dtype):
         programs = {ops: jax.jit(jax.pmap(chained(reduce, ops), "d", devices=world.local_devices)) for ops in (BASE_OPS, k)}
     elif impl in ONE_DEVICE_IMPLS:
         x = jax.device_put(rows[0], world.local_devices[0])
-        comm = MPI.COMM_WORLD.Clone()
         if impl == "mpi4jax":
+            comm = MPI.COMM_WORLD.Clone()
             reduce = lambda a: mpi4jax.allreduce(a, op=MPI.SUM, comm=comm)  # noqa: E731
         else:
             reduce = lambda a: jaxring.allreduce(a, (), processes=True)  # noqa: E731

@@ -30,22 +30,23 @@ def auto_pcast() -> bool:
 
 def varying_axes(aval) -> frozenset:
     """The mesh axes over which `aval`'s value differs between devices."""
-    return aval.mat.varying
+    return axes_in_state(aval, "varying")
 
 
 def unreduced_or_reduced_axes(aval) -> frozenset:
     """The mesh axes over which `aval` is typed unreduced or reduced (explicit sharding)."""
-    return aval.mat.unreduced | aval.mat.reduced
+    return axes_in_state(aval, "unreduced") | axes_in_state(aval, "reduced")
 
 
-def unreduced_axes(aval) -> frozenset:
-    """The mesh axes over which `aval` is typed unreduced: each device holds a part of a sum over them."""
-    return aval.mat.unreduced
+def axes_in_state(aval, state) -> frozenset:
+    """The mesh axes over which `aval` is typed `state`: "varying", "reduced" or "unreduced" (each device
+    holds a part of a sum over them)."""
+    return getattr(aval.mat, state)
 
 
 def with_axes_moved(aval, names, from_state, to_state):
     """`aval` with the axes `names` moved from one of its states ("varying", "reduced", "unreduced") to another."""
-    states = {state: getattr(aval.mat, state) for state in ("varying", "reduced", "unreduced")}
+    states = {state: axes_in_state(aval, state) for state in ("varying", "reduced", "unreduced")}
     states[from_state] = states[from_state] - frozenset(names)
     states[to_state] = states[to_state] | frozenset(names)
     return aval.update(manual_axis_type=aval.mat.update(**states))

@@ -150,8 +150,7 @@ _COTANGENT_STATE = {"varying": "varying", "reduced": "unreduced", "unreduced": "
 
 
 def _retyped_abstract_eval(x, *, names, from_state, to_state):
-    held = getattr(x.mat, from_state)
-    if not held.issuperset(names):
+    if not _jax_compat.axes_in_state(x, from_state).issuperset(names):
         raise ValueError(f"jaxring: a value typed {x.str_short(True)} is not {from_state} over {names}")
     return _jax_compat.with_axes_moved(x, names, from_state, to_state)
 

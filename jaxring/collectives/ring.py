@@ -308,7 +308,7 @@ def _unreduced_as_varying(x, names, op_name, groups):
     value as it is (kinds.typed_input refuses one unreduced over some of `names` only)."""
     if not names or not _jax_compat.checking_varying_axes():
         return x
-    if not _jax_compat.unreduced_axes(jax.typeof(x)).issuperset(names):
+    if not _jax_compat.axes_in_state(jax.typeof(x), "unreduced").issuperset(names):
         return x
     if groups is not None:
         raise NotImplementedError(f"jaxring.{op_name} of an unreduced value with axis_index_groups: lax refuses it too")
