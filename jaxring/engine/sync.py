@@ -6,7 +6,8 @@ over the local devices and, with several MPI processes, over every process,
 in the same compiled program (jaxring.tree_allreduce(processes=True): local
 ring, MPI ring of processes, local ring). `train.allreduce: psum` does the
 local part with jax.lax's collectives instead of jaxring's ring
-(tree_allreduce(local="lax")); across processes it still needs jaxring's MPI leg. See docs/ARCHITECTURE.md, "Data flow of one step".
+(tree_allreduce(local="lax")); across processes it still needs jaxring's MPI
+leg. See docs/ARCHITECTURE.md, "Data flow of one step".
 """
 
 from __future__ import annotations
