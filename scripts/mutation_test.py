@@ -66,7 +66,8 @@ TESTS: dict[str, list[str]] = {
     "jaxring/engine/report.py": [f"{ENGINE_TESTS}/test_report.py"],
     "jaxring/engine/timing.py": [f"{ENGINE_TESTS}/test_timing.py"],
     "jaxring/collectives/fusion.py": ["tests/jaxring/collectives/test_fusion.py"],
-    **{f"jaxring/collectives/{name}.py": OPS_TESTS for name in ("allreduce", "reduce_scatter", "all_gather", "arguments")},
+    **{f"jaxring/collectives/{name}.py": OPS_TESTS
+       for name in ("allreduce", "reduce_scatter", "all_gather", "arguments")},
     "jaxring/collectives/ring_primitive.py": [*OPS_TESTS, "tests/jaxring/collectives/test_vmap_axes.py"],
     "jaxring/collectives/index_groups.py": ["tests/jaxring/collectives/test_axis_index_groups.py"],
     "jaxring/collectives/across_processes.py": ["tests/jaxring/collectives/test_mpi.py",
