@@ -3,7 +3,9 @@
 import importlib
 
 from jaxring.collectives.fusion import tree_allreduce
-from jaxring.collectives.ring import all_gather, allreduce, reduce_scatter
+from jaxring.collectives.all_gather import all_gather
+from jaxring.collectives.allreduce import allreduce
+from jaxring.collectives.reduce_scatter import reduce_scatter
 from jaxring.collectives.timeout import default_timeout, set_default_timeout
 from jaxring.collectives.xla_threads import reserve_client_threads
 
@@ -11,8 +13,7 @@ from jaxring.collectives.xla_threads import reserve_client_threads
 # would make (xla_threads.py).
 reserve_client_threads()
 
-# Importing mpi4py starts MPI and mpi4jax takes seconds to load, so the
-# cross-process names load on first use.
+# Importing mpi4py starts MPI, so the cross-process names load on first use.
 _LAZY = {
     "World": "jaxring.collectives.topology",
     "init": "jaxring.collectives.topology",

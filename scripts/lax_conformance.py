@@ -1,8 +1,9 @@
 """Runs JAX's own tests with jax.lax's collectives rebound to jaxring's, and counts what jaxring takes.
 
-jaxring's ops are meant as a drop-in for jax.lax's (jaxring/collectives/ring.py): psum, pmean, pmax
-and pmin are jaxring.allreduce with op="sum", "mean", "max", "min"; psum_scatter is
-jaxring.reduce_scatter; all_gather is jaxring.all_gather. This script runs a set of JAX's test files
+jaxring's ops are meant as a drop-in for jax.lax's (jaxring/collectives/allreduce.py,
+reduce_scatter.py, all_gather.py): psum, pmean, pmax and pmin are jaxring.allreduce with
+op="sum", "mean", "max", "min"; psum_scatter is jaxring.reduce_scatter; all_gather is
+jaxring.all_gather. This script runs a set of JAX's test files
 twice under pytest, from a checkout of JAX at the installed jax's tag:
 
   git clone --depth 1 --branch jax-v$(python -c 'import jax; print(jax.__version__)') \\
@@ -65,7 +66,7 @@ REBOUND = {
     "all_gather": ("all_gather", {}),
 }
 
-# What jaxring raises for what it does not take (jaxring/collectives/ring.py, kinds.py), as (exception type,
+# What jaxring raises for what it does not take (jaxring/collectives/arguments.py, kinds.py and the ops' modules), as (exception type,
 # message pattern, reason); the reason is a format string over the pattern's groups. Anything else
 # jaxring raises propagates: a new refusal shows up as failing tests until it is listed here.
 REFUSALS = (

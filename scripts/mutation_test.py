@@ -49,6 +49,9 @@ TOY_RUNS = [f"{ENGINE_TESTS}/test_trainer.py::{name}" for name in (
     "test_summary_throughput_is_the_whole_training_loop_and_since_the_resume",
     "test_replicas_match_one_device_with_the_whole_batch[2-ring]",
 )]
+# The three ops and the rules they share: their results against lax's, in one process and across two.
+OPS_TESTS = ["tests/jaxring/collectives/test_ring.py", "tests/jaxring/collectives/test_lax_parity.py",
+             "tests/jaxring/collectives/test_mpi.py::test_collectives_across_processes[2-1]"]
 TESTS: dict[str, list[str]] = {
     "jaxring/engine/checkpoint.py": [f"{ENGINE_TESTS}/test_checkpoint.py"],
     "jaxring/engine/config.py": [f"{ENGINE_TESTS}/test_config.py"],
@@ -63,8 +66,12 @@ TESTS: dict[str, list[str]] = {
     "jaxring/engine/report.py": [f"{ENGINE_TESTS}/test_report.py"],
     "jaxring/engine/timing.py": [f"{ENGINE_TESTS}/test_timing.py"],
     "jaxring/collectives/fusion.py": ["tests/jaxring/collectives/test_fusion.py"],
-    "jaxring/collectives/ring.py": ["tests/jaxring/collectives/test_ring.py", "tests/jaxring/collectives/test_lax_parity.py",
-                                    "tests/jaxring/collectives/test_mpi.py::test_collectives_across_processes[2-1]"],
+    **{f"jaxring/collectives/{name}.py": OPS_TESTS
+       for name in ("allreduce", "reduce_scatter", "all_gather", "arguments")},
+    "jaxring/collectives/ring_primitive.py": [*OPS_TESTS, "tests/jaxring/collectives/test_vmap_axes.py"],
+    "jaxring/collectives/index_groups.py": ["tests/jaxring/collectives/test_axis_index_groups.py"],
+    "jaxring/collectives/across_processes.py": ["tests/jaxring/collectives/test_mpi.py",
+                                                f"{ENGINE_TESTS}/test_sync.py::test_mean_over_two_processes_matches_numpy"],
     "jaxring/collectives/accumulation.py": ["tests/jaxring/collectives/test_accumulation.py",
                                             "tests/jaxring/collectives/test_ring.py",
                                             "tests/jaxring/collectives/test_lax_parity.py"],

@@ -1,10 +1,10 @@
-"""The ring's XLA custom call over explicit rings of devices, for ring.py's op and the MPI path.
+"""The ring's XLA custom call over explicit rings of devices, for ring_primitive.py and the MPI path.
 
 `emit` lowers one ring op to the handlers' custom call (jaxring/collectives/csrc); the
 devices of each ring, in axis order, are a static attribute, so a handler learns its
 rank without reading device memory. `device_rings_p` is the same op over rings given
-as devices rather than a mesh axis: mpi.py binds it while it lowers an allreduce over
-an axis that spans jax.distributed processes, where each process runs its part of every ring.
+as devices rather than a mesh axis: across_processes.py binds it while it lowers an allreduce
+over an axis that spans jax.distributed processes, where each process runs its part of every ring.
 """
 
 import functools

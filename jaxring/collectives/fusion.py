@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring.collectives import ring
+from jaxring.collectives import across_processes, arguments
+from jaxring.collectives.allreduce import allreduce
 
 # Small leaves (biases, norms) are fused; leaves of a bucket's size or more
 # travel alone, uncopied. The best size depends on the platform, so the
@@ -103,21 +104,42 @@ def fused(fn, tree, bucket_bytes):
     return unpack([fn(flat) for flat in flats], layout)
 
 
+LOCAL = ("ring", "lax")  # tree_allreduce's `local`: whose collectives reduce over this process' devices
+
+
 def tree_allreduce(tree, axis_name, op="sum", *, axis_index_groups=None, bucket_bytes=None, processes=False,
-                   timeout=None):
-    """ring.allreduce of every leaf of `tree` over `axis_name` (op "sum", "mean", "max" or "min";
-    `axis_index_groups`, `processes` and `timeout` as there), one collective per fused bucket of
-    at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
+                   timeout=None, wire_dtype=None, local="ring"):
+    """allreduce of every leaf of `tree` over `axis_name` (op "sum", "mean", "max" or "min";
+    `axis_index_groups`, `processes`, `timeout` and `wire_dtype` as there), one collective per fused
+    bucket of at most `bucket_bytes` (default_bucket_bytes() of the default backend when None).
+
+    local="lax" reduces over this process' devices with lax's collectives instead of jaxring's
+    ring (lax.psum and pmean; with processes=, lax's psum_scatter and all_gather around jaxring's
+    MPI leg): the engine's train.allreduce "psum", op "sum" or "mean" without axis_index_groups.
     """
-    allreduce = functools.partial(ring.allreduce, axis_name=axis_name, op=op, axis_index_groups=axis_index_groups,
-                                  processes=processes, timeout=timeout)
+    if local not in LOCAL:
+        raise ValueError(f"tree_allreduce(local={local!r}): the collectives among this process' devices are "
+                         f"one of {LOCAL}")
+    if local == "ring":
+        reduce = functools.partial(allreduce, axis_name=axis_name, op=op, axis_index_groups=axis_index_groups,
+                                   processes=processes, timeout=timeout, wire_dtype=wire_dtype)
+    elif op not in ("sum", "mean") or axis_index_groups is not None:
+        raise ValueError(f"tree_allreduce(local='lax') sums or averages over whole axes: got op={op!r} and "
+                         f"axis_index_groups={axis_index_groups!r}; pass local='ring' for those")
+    else:
+        wire_dtype, timeout_ms = arguments.checked_wire_dtype(wire_dtype, processes), arguments.timeout_ms(timeout)
+
+        def reduce(subtree):
+            return jax.tree_util.tree_map(lambda leaf: across_processes.allreduce_with_lax_locally(
+                leaf, axis_name, op, processes, wire_dtype, timeout_ms), subtree)
+
     if jax.lax.axis_size(axis_name) == 1 and processes is False:  # nothing moves, so packing would only copy
-        return allreduce(tree)
+        return reduce(tree)
     bucket_bytes = bucket_bytes or default_bucket_bytes()
     # Leaves no trace computed (Python scalars, constants) take no bucket: allreduce sums
     # them as lax does, when traced, to lax's types.
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     traced = [isinstance(leaf, jax.core.Tracer) for leaf in leaves]
-    summed = iter(fused(allreduce, [leaf for leaf, t in zip(leaves, traced) if t], bucket_bytes))
-    constants = iter(allreduce([leaf for leaf, t in zip(leaves, traced) if not t]))
+    summed = iter(fused(reduce, [leaf for leaf, t in zip(leaves, traced) if t], bucket_bytes))
+    constants = iter(reduce([leaf for leaf, t in zip(leaves, traced) if not t]))
     return jax.tree_util.tree_unflatten(treedef, [next(summed) if t else next(constants) for t in traced])

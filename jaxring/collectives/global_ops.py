@@ -1,6 +1,6 @@
 """The all-reduce over every local device of every MPI process, called from outside pmap.
 
-A pmap of ring.allreduce(processes=True) over this process' devices (topology.World);
+A pmap of allreduce(processes=True) over this process' devices (topology.World);
 importing this module imports mpi4py, which starts MPI.
 """
 
@@ -8,7 +8,8 @@ import functools
 
 import jax
 
-from jaxring.collectives import ring, topology
+from jaxring.collectives import topology
+from jaxring.collectives.allreduce import allreduce
 
 _AXIS = "jaxring_local"
 
@@ -34,4 +35,4 @@ def global_allreduce(x, op: str = "sum", *, timeout: float | None = None):
 
 @functools.cache
 def _global_allreduce(devices, op, timeout):
-    return jax.pmap(lambda v: ring.allreduce(v, _AXIS, op, processes=True, timeout=timeout), _AXIS, devices=devices)
+    return jax.pmap(lambda v: allreduce(v, _AXIS, op, processes=True, timeout=timeout), _AXIS, devices=devices)

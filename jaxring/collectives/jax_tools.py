@@ -17,9 +17,9 @@ import jax.experimental.roofline as roofline
 from jaxring.collectives import _jax_compat
 
 
-def _roofline(ctx, *args, kind, axis_name, **_):
-    # A vmap axis never reaches the program roofline reads: _batch took it out of axis_name.
-    return _jax_compat.lax_roofline_rules()[kind.lax_twin](ctx, *args, axes=tuple(axis_name))
+def _roofline(ctx, *args, params):
+    # A vmap axis never reaches the program roofline reads: ring_primitive.py's batching rule took it out.
+    return _jax_compat.lax_roofline_rules()[params.kind.lax_twin](ctx, *args, axes=tuple(params.axis_name))
 
 
 def register(ring_p, *typing_primitives):

@@ -14,7 +14,7 @@ from jax.interpreters import ad, batching, mlir
 from jaxring.collectives import _ffi, _jax_compat
 
 # Types a value that is bitwise equal on every device of `names` (the all-gathered sum of
-# mpi.py's leg, ring.py's invariant all_gather) as invariant over them, as lax.psum types
+# mpi.py's leg, all_gather.py's invariant all_gather) as invariant over them, as lax.psum types
 # its result; it moves nothing.
 invariant_p = core.Primitive("jaxring_invariant")
 # Moves axes between the states of explicit sharding's types (jax.lax.pcast's), moving nothing: an
@@ -84,7 +84,7 @@ def typed_input(flat, names, kind: Kind):
     missing = tuple(n for n in names if n not in _jax_compat.varying_axes(aval))
     if kind.sums:
         if _jax_compat.unreduced_or_reduced_axes(aval).intersection(names):
-            # A sum of a value unreduced over all of `names` came typed varying (ring.py's _unreduced_as_varying).
+            # A sum of a value unreduced over all of `names` came typed varying (arguments.unreduced_as_varying).
             raise ValueError(
                 f"jaxring.{kind.name} over {names} of a value typed {aval}, reduced or unreduced over some of "
                 f"them: as lax.{kind.lax_twin}, it takes one varying over them, or (a sum) unreduced over all of "

@@ -7,7 +7,7 @@ compiled program; `processes=comm` (an mpi4py communicator) over the
 processes of `comm` only. Naming no device axis (in jit on one device, or outside
 jit) it is step 2 alone:
 
-1. local ring reduce-scatter (ring.py's, or lax's: `LocalOps`): local device i holds
+1. local ring reduce-scatter (jaxring's ring, or lax's: `LocalOps`): local device i holds
    chunk i of this process' reduction, in the accumulation type (float32 for 16-bit floats);
 2. the cross-process leg, `mpi_ring_p`, on the chunk in the accumulation type, or in 16 bits
    with allreduce's wire_dtype (each hop adding in float32): an XLA custom call
@@ -24,9 +24,9 @@ same collective (shape, dtype, op) run once, when the leg is lowered
 (agreement.agree on the communicator), not per call; each leg then carries a
 tag fixed at lowering, the same in every process of its communicator.
 
-This module imports mpi4py (which starts MPI) and the compiled MPI leg: ring.py
-imports it only for processes= other than False and for axes that span processes. It never imports
-ring.py: the ring's custom call it lowers is _ring_call.py's, and callers pass the local ops.
+This module imports mpi4py (which starts MPI) and the compiled MPI leg: the ops reach it only
+through across_processes.py, which imports it on first use and chooses the local ops each caller
+hands reduce_over_processes. It imports no op: callers pass the local ops.
 """
 
 import dataclasses
@@ -185,10 +185,10 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     `names` and the processes of `communicator` (None: the job's), bitwise equal everywhere.
 
     Inside pmap or shard_map, or with no `names` anywhere (the leg alone, from whichever devices run it);
-    `x` of a dtype and reduction the ring takes (ring.py checks), not empty. Under
+    `x` of a dtype and reduction the ring takes (arguments.py checks), not empty. Under
     check_vma the result is typed invariant over `names`, as lax.psum's. `local_ops`:
     the reduce-scatter (by `reduction`) and all-gather among this process' devices of `names`
-    (ring.py's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None):
+    (jaxring's ring, or lax's: lax_local_ops, sum only). `wire_dtype` (a 16-bit float, or None):
     what a float `x`'s chunks cross in where it is narrower than their accumulation type; any other
     `x` crosses in its accumulation type.
     """
@@ -223,18 +223,15 @@ def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reductio
     return flat
 
 
-def lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction):
-    """ring.py's lowering of jaxring.allreduce over a mesh axis that spans jax.distributed processes.
+def own_devices_of_rings(rings, axis_name):
+    """This process' devices of each ring of `rings` ([rings, ring size]: an axis spanning
+    jax.distributed processes), in ring order, for across_processes.lower_over_spanning_axis.
 
-    `rings`: the devices of each ring of the axis ([rings, ring size]). Each
-    process reduces its own devices of a ring with jaxring's ring, the MPI leg
-    of each of them joins the processes, and the ring all-gathers: the
-    computation of allreduce(processes=True) over those devices, so the same
-    bits. Checked here, in every process alike, so that a layout the leg
-    cannot serve fails at once: JAX's process index must be the MPI rank, every
-    ring must hold the same number of devices of every process, and the k-th
-    device of a ring in each process must be the same local device (it is that
-    device's MPI communicator that carries the k-th chunk).
+    Checked here, in every process alike, so that a layout the leg cannot serve
+    fails at once: JAX's process index must be the MPI rank, every ring must hold
+    the same number of devices of every process, and the k-th device of a ring in
+    each process must be the same local device (it is that device's MPI
+    communicator that carries the k-th chunk).
     """
     world = topology.init()
     if (jax.process_index(), jax.process_count()) != (world.rank, world.size):
@@ -259,28 +256,7 @@ def lower_across_processes(ctx, x, rings, axis_name, timeout_ms, reduction):
                 "alike, or use jax.lax.psum."
             )
         parts.append(tuple(d for d in devices if d.process_index == world.rank))
-    parts = tuple(parts)
-    (aval,) = ctx.avals_in
-    what = f"{reduction} of {np.dtype(aval.dtype).name}[{aval.shape[0]}] over {axis_name} across {world.size} processes"
-
-    ring_op = functools.partial(_ring_call.device_rings_p.bind, rings=parts, timeout_ms=timeout_ms)
-    local_ops = LocalOps(len(parts[0]), functools.partial(ring_op, kind=kinds.REDUCE_SCATTER, reduction=reduction),
-                         functools.partial(ring_op, kind=kinds.ALL_GATHER))
-
-    def reduce(flat):
-        acc = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        return _through_the_leg(acc, flat.dtype, local_ops, timeout_ms, what, _job().id, reduction, acc.dtype)
-
-    return mlir.lower_fun(reduce, multiple_results=False)(ctx, x)
-
-
-def mean_over_processes_with_lax(x, axis_name, wire_dtype=None):
-    """The mean of `x` over `axis_name` and every process: lax's collectives locally, the MPI leg
-    across (in `wire_dtype` for a float `x`, as ring.allreduce's)."""
-    n_procs = processes()
-    what = f"mean of {np.dtype(x.dtype).name}{list(x.shape)} over {axis_name} x {n_procs} processes, local lax"
-    total = reduce_over_processes(x, (axis_name,), lax_local_ops((axis_name,)), 0, what, wire_dtype=wire_dtype)
-    return accumulation.mean(total, jax.lax.axis_size(axis_name) * n_procs)
+    return tuple(parts)
 
 
 # --- the leg's primitive ------------------------------------------------------

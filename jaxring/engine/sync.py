@@ -1,13 +1,13 @@
 """Gradient sync: the one place where a step's per-device results become their mean over every replica.
 
 One path for one process or many: inside the pmapped step, the leaves are
-packed into buckets of at most `bucket_bytes` (tensor fusion,
-jaxring.collectives.fusion) and each bucket is averaged over the local
-devices and, with several MPI processes, over every process, in the same
-compiled program (jaxring.allreduce(processes=True): local ring, MPI ring of
-processes, local ring). `train.allreduce: psum` does the local part with
-jax.lax's collectives instead of jaxring's ring; across processes it still
-needs jaxring's MPI leg. See docs/ARCHITECTURE.md, "Data flow of one step".
+packed into buckets of at most `bucket_bytes` and each bucket is averaged
+over the local devices and, with several MPI processes, over every process,
+in the same compiled program (jaxring.tree_allreduce(processes=True): local
+ring, MPI ring of processes, local ring). `train.allreduce: psum` does the
+local part with jax.lax's collectives instead of jaxring's ring
+(tree_allreduce(local="lax")); across processes it still needs jaxring's MPI
+leg. See docs/ARCHITECTURE.md, "Data flow of one step".
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import jax
 
-from jaxring.collectives import fusion, ring
+import jaxring
 from jaxring.engine.task import AXIS
 from jaxring.engine.timing import median_seconds
 
@@ -38,16 +38,9 @@ class Sync:
 
     def mean(self, tree):
         """Mean of every leaf over AXIS and every process, inside pmap; one collective per fused bucket."""
-        return fusion.fused(self._bucket_mean, tree, self.bucket_bytes)
-
-    def _bucket_mean(self, flat):
-        if self.method == "ring":
-            return ring.allreduce(flat, AXIS, op="mean", processes=self.world_size > 1, wire_dtype=self.wire_dtype)
-        if self.world_size == 1:
-            return jax.lax.pmean(flat, AXIS)
-        from jaxring.collectives import mpi  # imports mpi4py: only with several processes
-
-        return mpi.mean_over_processes_with_lax(flat, AXIS, self.wire_dtype)
+        local = "ring" if self.method == "ring" else "lax"
+        return jaxring.tree_allreduce(tree, AXIS, "mean", bucket_bytes=self.bucket_bytes,
+                                      processes=self.world_size > 1, wire_dtype=self.wire_dtype, local=local)
 
     def pmap_step(self, local: Local, finish: Finish, devices=None):
         """(state, device batch) -> finish(state, mean of local(state, batch)) on `devices` (None: pmap's

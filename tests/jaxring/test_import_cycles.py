@@ -70,9 +70,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_imports_inside_functions_and_submodules_named_by_from():
     graph = import_graph()
-    assert "jaxring.collectives.ring" in graph["jaxring"]  # from jaxring.collectives.ring import allreduce
-    assert "jaxring.collectives.mpi" in graph["jaxring.collectives.ring"]  # inside allreduce: processes=True
-    assert "jaxring.collectives.kinds" in graph["jaxring.collectives.ring"]  # from jaxring.collectives import kinds
+    assert "jaxring.collectives.allreduce" in graph["jaxring"]  # from jaxring.collectives.allreduce import allreduce
+    assert "jaxring.collectives.mpi" in graph["jaxring.collectives.across_processes"]  # inside _mpi: processes=True
+    assert "jaxring.collectives.kinds" in graph["jaxring.collectives.ring_primitive"]  # from jaxring.collectives import kinds
 
 
 def test_no_module_imports_itself_back():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from jaxring.collectives import ring
+from jaxring.collectives import ring_primitive as ring
 from tests.jaxring.collectives.random_inputs import random_array
 from tests.jaxring.collectives.test_lax_parity import Lax, Ring
 

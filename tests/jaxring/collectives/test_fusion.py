@@ -104,3 +104,32 @@ def test_tree_allreduce_fuses_into_buckets_of_the_platform_default():
     expected = len(plan_buckets([leaf[0] for leaf in leaves], default_bucket_bytes("cpu")))
     assert expected == 3
     assert str(jaxpr).count(" jaxring_ring[") == expected, str(jaxpr)
+
+
+def test_tree_allreduce_refuses_a_wire_dtype_as_allreduce_does():
+    leaves = {"w": np.ones((2, 3), np.float32)}
+    for local in ("ring", "lax"):
+        with pytest.raises(ValueError, match="is the dtype of what crosses processes; pass processes=True"):
+            jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", "mean", wire_dtype="bfloat16", local=local), "i",
+                     devices=jax.devices()[:2])(leaves)
+        with pytest.raises(ValueError, match=r"the chunks cross processes as one of \('bfloat16'"):
+            jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", "mean", wire_dtype="int8", processes=True, local=local),
+                     "i", devices=jax.devices()[:2])(leaves)
+
+
+def test_tree_allreduce_with_lax_locally_is_lax_per_bucket_and_refuses_what_it_does_not_take():
+    """local="lax" (the engine's train.allreduce "psum"): in one process, lax.pmean of each fused bucket."""
+    rng = np.random.default_rng(7)
+    tree = {"w": rng.standard_normal((3, 4, 5)).astype(np.float32), "b": rng.standard_normal((3, 7)).astype(np.float32)}
+    jaxpr = jax.make_jaxpr(jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", "mean", bucket_bytes=1 << 20, local="lax"),
+                                    axis_name="i", devices=jax.devices()[:3]))(tree)
+    assert str(jaxpr).count(" psum[") == 1 and "jaxring_ring" not in str(jaxpr), str(jaxpr)
+    got = jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", "mean", bucket_bytes=1, local="lax"), "i",
+                   devices=jax.devices()[:3])(tree)
+    want = jax.pmap(lambda t: jax.lax.pmean(t, "i"), "i", devices=jax.devices()[:3])(tree)
+    for name in tree:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+    for options, refused in (({"local": "nccl"}, r"local='nccl'"), ({"op": "max", "local": "lax"}, "op='max'"),
+                             ({"axis_index_groups": [[0], [1], [2]], "local": "lax"}, "axis_index_groups")):
+        with pytest.raises(ValueError, match=refused):
+            jax.pmap(lambda t: jaxring.tree_allreduce(t, "i", **options), "i", devices=jax.devices()[:3])(tree)

@@ -9,7 +9,7 @@ import pytest
 from jax.experimental import roofline
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxring.collectives import ring
+from jaxring.collectives import ring_primitive as ring
 from tests.jaxring.collectives.test_lax_parity import Lax, Ring
 
 

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
-from jaxring.collectives import ring
+from jaxring.collectives import arguments as ring
 from tests.jaxring.collectives.random_inputs import random_array
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxring
-from jaxring.collectives import ring
+from jaxring.collectives import ring_primitive as ring
 from jaxring.collectives.kinds import REDUCE_SCATTER
 from tests.jaxring.collectives.test_cpu_engine import path  # noqa: F401 (the fixture that forces a path)
 from tests.jaxring.collectives.test_dtypes import random_values, same_bits
@@ -62,7 +62,7 @@ def test_the_reduce_scatter_kind_reduces_by_max_and_min(op, dtype):
     """What the MPI engineer's local leg runs: each device gets its block of lax.pmax's result."""
     ranks, block = 3, 7
     x = random_values(np.random.default_rng(3), (ranks, ranks * block), dtype)
-    mine = pmapped(lambda v: ring._ring(v, kind=REDUCE_SCATTER, names=("i",), timeout_ms=0, reduction=op), ranks)(x)
+    mine = pmapped(lambda v: ring.bind(v, kind=REDUCE_SCATTER, names=("i",), timeout_ms=0, reduction=op), ranks)(x)
     full = np.asarray(pmapped(lambda v: LAX[op](v, "i"), ranks)(x))[0]
     for r in range(ranks):
         assert same_bits(mine[r], full[r * block:(r + 1) * block])
@@ -146,5 +146,5 @@ def test_the_handler_refuses_what_ring_py_refuses_first(dtype, reduction, error)
     """The handlers' own refusal (csrc/core/ring_handler_common.h), for a primitive bound past ring.py's checks."""
     x = np.ones((2, 4), dtype)
     with pytest.raises(Exception, match=error):
-        np.asarray(pmapped(lambda v: ring._ring(v, kind=ring.ALLREDUCE, names=("i",), timeout_ms=0,
+        np.asarray(pmapped(lambda v: ring.bind(v, kind=ring.ALLREDUCE, names=("i",), timeout_ms=0,
                                                 reduction=reduction), 2)(x))

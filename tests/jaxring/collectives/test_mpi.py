@@ -49,6 +49,11 @@ def test_queued_steps_across_processes(n_procs, devices_per_proc):
     assert_passed(output, ["queued"], range(n_procs))
 
 
+def test_tree_allreduce_crosses_in_the_wire_dtype_as_allreduce_does():
+    output = run_workers("collectives.py", ["tree_wire_dtype"], 2, 2)
+    assert_passed(output, ["tree_wire_dtype"], range(2))
+
+
 def test_a_process_that_never_arrives_times_out_the_others():
     output = run_workers("straggler.py", [], 3, 1, env={"JAXRING_TIMEOUT_S": "2"})
     assert_passed(output, ["straggler"], [0, 2])

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxring
-from jaxring.collectives import kinds, ring
+from jaxring.collectives import arguments as ring, kinds, ring_primitive
 from tests.jaxring.collectives.random_inputs import random_array
 from tests.jaxring.collectives.test_lax_parity import Lax, Ring, assert_same
 
@@ -189,8 +189,8 @@ def test_the_batch_reduction_follows_the_reduction(reduction):
     lax_op = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[reduction]
 
     def bound(v):
-        return ring.ring_p.bind(v, kind=kinds.ALLREDUCE, axis_name=("j",), ranks=BATCH, op_id=0, timeout_ms=0,
-                                reduction=reduction, groups=None)
+        return ring_primitive.ring_p.bind(v, params=ring_primitive.RingParams(
+            kind=kinds.ALLREDUCE, axis_name=("j",), ranks=BATCH, op_id=0, timeout_ms=0, reduction=reduction, groups=None))
 
     for in_axes in (0, None):
         got = jax.vmap(bound, in_axes=in_axes, axis_name="j", axis_size=BATCH)(x if in_axes == 0 else x[0])

@@ -170,6 +170,26 @@ def check_sync():
     passed("sync")
 
 
+def check_tree_wire_dtype():
+    """tree_allreduce(wire_dtype=...) is allreduce(wire_dtype=...) leaf by leaf, bit for bit, where each
+    leaf is a bucket of its own; fused, every bucket's leg crosses in the wire dtype too."""
+    tree = {name: data(world.rank, case, shape, dtype) for name, (case, shape, dtype) in cases().items()}
+    for op, wire in (("sum", "bfloat16"), ("mean", "float16")):
+        leafwise = jax.pmap(lambda t: jaxring.tree_allreduce(t, AXIS, op, bucket_bytes=1, processes=True,
+                                                             wire_dtype=wire), AXIS)(tree)
+        alone = jax.pmap(lambda t: {k: jaxring.allreduce(v, AXIS, op, processes=True, wire_dtype=wire)
+                                    for k, v in t.items()}, AXIS)(tree)
+        for name in tree:
+            assert np.asarray(leafwise[name]).tobytes() == np.asarray(alone[name]).tobytes(), (op, wire, name)
+        floats = {k: v for k, v in tree.items() if np.dtype(v.dtype) == np.float32}
+        fused = jax.pmap(lambda t: jaxring.tree_allreduce(t, AXIS, op, bucket_bytes=1 << 20, processes=True,
+                                                          wire_dtype=wire), AXIS)
+        legs = [line for line in fused.lower(floats).as_text().splitlines() if "jaxring_mpi_ring" in line]
+        short = "bf16" if wire == "bfloat16" else "f16"
+        assert len(legs) == 1 and f"x{short}>" in legs[0], (op, wire, legs)  # one bucket, crossing in 16 bits
+    passed("tree_wire_dtype")
+
+
 def check_mismatch():
     odd_one = world.size - 1
     length = 11 if world.rank == odd_one else 10
