@@ -109,11 +109,12 @@ def wheel_files() -> set[str]:
     return {path for path in inside if not written.match_file(path)}
 
 
-def test_the_wheel_carries_the_python_package_without_any_cpp_source(monkeypatch):
+def test_the_wheel_carries_the_python_package_and_stubs_without_any_cpp_source(monkeypatch):
     monkeypatch.chdir(ROOT)  # scikit-build-core walks the project from its root
     files = wheel_files()
-    sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "jaxring").rglob("*.py")
-               if "__pycache__" not in path.parts}
+    sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "jaxring").rglob("*.py*")
+               if path.suffix in (".py", ".pyi") and "__pycache__" not in path.parts}
+    assert any(path.endswith(".pyi") for path in sources)
     assert sources <= files, sorted(sources - files)
     cpp = sorted(path for path in files if "csrc" in path.split("/") or Path(path).suffix in CPP_SUFFIXES)
     assert not cpp, cpp
