@@ -98,7 +98,7 @@ def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def persistent_recurrence(cell: str, relu_clip: float, kernels, biases, projected, mask):
-    """scan.scan_recurrence by the persistent layer's split: [D, B, T, H]."""
+    """scan.scan_recurrence by the persistent layer's split, on a CUDA GPU: [D, B, T, H]."""
     return _forward(cell, relu_clip, kernels, biases, projected, mask)[0]
 
 
