@@ -111,7 +111,8 @@ def parity_case(cell, directions, batch, frames, hidden, dtype_name, seed) -> di
     if not chosen:
         return dict(record, ok=False, error=f"the persistent layer was not chosen: {why}")
     lowered = jax.jit(persistent).lower(*(jnp.asarray(a, dtype) for a in (kernels, biases, projected))).as_text()
-    # On CUDA the kernel, elsewhere the host mirror (a CPU run of this check tests the check).
+    # Whether the program calls the kernel: a test puts the host mirror in its place
+    # (tests/scripts/test_check_persistent_rnn.py).
     on_cuda = layer.platform() == "cuda"
     record["kernel_called"] = on_cuda and layer.cuda_module().FORWARD_TARGET in lowered
     with jax.default_matmul_precision("highest"):  # full float32, not the GPU's TF32 default

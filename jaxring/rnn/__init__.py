@@ -1,6 +1,7 @@
-"""A persistent recurrent layer: each direction's whole sequence in one kernel, weights kept on chip.
+"""A persistent recurrent layer: each direction's whole sequence in one CUDA kernel, weights kept on chip.
 
 plan.py decides whether a layer fits and how its units are split over thread
-blocks; host_mirror.py runs that split and its grid barrier on the host, step
-for step as the kernel would; layer.py wires it into JAX (docs/PERSISTENT_RNN.md).
+blocks; layer.py wires the kernel into JAX and picks it or the scan (scan.py);
+the tests hold both to a numpy mirror of the split and its grid barrier
+(tests/jaxring/rnn/host_mirror.py; docs/PERSISTENT_RNN.md).
 """

@@ -1,12 +1,11 @@
 """The choice of a recurrent layer's implementation (the scan of scan.py or the persistent layer), and the
 persistent layer as a JAX op.
 
-On CUDA the persistent layer is the kernel of csrc/persistent_rnn.cu, called through
-the XLA FFI handlers of csrc/module_rnn_cuda.cc, with a custom VJP running the
-backward kernel; its split is planned for the device it runs on. On CPU it is the
-host mirror (host_mirror.py) called back from the compiled program, with the
-mirror's backward pass: it proves the kernel's split and barriers inside the real
-model, far slower than the scan, so `auto` keeps the scan there.
+The persistent layer is the kernel of csrc/persistent_rnn.cu, called through the XLA FFI
+handlers of csrc/module_rnn_cuda.cc, with a custom VJP running the backward kernel; its
+split is planned for the GPU it runs on. It runs on CUDA only: elsewhere `persistent`
+and `auto` choose the scan, saying why. The tests prove the split and its barriers
+against the scan on a numpy mirror of the kernel (tests/jaxring/rnn/host_mirror.py).
 """
 
 from __future__ import annotations
@@ -17,14 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring.rnn import host_mirror
-from jaxring.rnn.plan import H100, DeviceBudget, Plan, plan_layer
+from jaxring.rnn.plan import DeviceBudget, Plan, plan_layer
 
 # "auto": the persistent layer where its kernel runs and the layer fits, else the scan.
 IMPLEMENTATIONS = ("scan", "persistent", "auto")
 GATES = {"gru": 3, "rnn": 1}
-# The split the host mirror runs: the one the kernel would use on an H100.
-MIRRORED_DEVICE = H100
 # The CUDA kernel's storage types (csrc/persistent_rnn.h's Storage); it accumulates in float32.
 KERNEL_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
 _REBUILD = "rebuild jaxring where nvcc is on the PATH (pip install --no-build-isolation -e .)"
@@ -63,15 +59,19 @@ def cuda_budget() -> DeviceBudget | str:
 
 
 def layer_plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Plan | str:
-    """The split of a layer on this platform's device (the mirrored H100 on CPU), or why none fits."""
-    budget = MIRRORED_DEVICE
-    if platform() == "cuda":
-        if np.dtype(dtype) not in KERNEL_DTYPES:
-            return f"the CUDA kernel computes in float32 or bfloat16, not {np.dtype(dtype).name}"
-        budget = cuda_budget()
-        if isinstance(budget, str):
-            return budget
+    """The split of a layer on this CUDA device, or why none fits."""
+    if np.dtype(dtype) not in KERNEL_DTYPES:
+        return f"the CUDA kernel computes in float32 or bfloat16, not {np.dtype(dtype).name}"
+    budget = cuda_budget()
+    if isinstance(budget, str):
+        return budget
     return plan_layer(hidden, GATES[cell], batch, directions, np.dtype(dtype).itemsize, budget)
+
+
+def saved_width(cell: str, hidden: int) -> int:
+    """Values per frame the forward kernel keeps for the backward one: r, z, n and the candidate's
+    recurrent term for a GRU, the pre-activation for a plain RNN."""
+    return 4 * hidden if cell == "gru" else hidden
 
 
 def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
@@ -84,11 +84,9 @@ def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
     if impl == "scan":
         return False, None
     here = platform()
-    if here == "cpu" and impl == "auto":
-        return False, "auto: the scan on cpu, where the persistent layer is the slow host mirror"
-    if here not in ("cpu", "cuda"):
-        return False, f"{impl}: the scan on {here}, the persistent layer's kernel is for CUDA"
-    if here == "cuda" and impl == "persistent" and cuda_module() is None:
+    if here != "cuda":
+        return False, f"{impl}: the scan on {here}, the persistent layer's kernel runs on CUDA GPUs only"
+    if impl == "persistent" and cuda_module() is None:
         raise RuntimeError(f"persistent on CUDA: jaxring was built without the persistent layer's "
                            f"CUDA handlers (jaxring/rnn/_jaxring_rnn_cuda); {_REBUILD}, or choose auto")
     directions, hidden = kernels.shape[:2]
@@ -98,21 +96,16 @@ def choose(impl: str, cell: str, kernels, projected) -> tuple[bool, str | None]:
     return True, None
 
 
-def _callback(function, results, *args):
-    return jax.pure_callback(function, results, *args, vmap_method="sequential")
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def persistent_recurrence(cell: str, relu_clip: float, kernels, biases, projected, mask):
-    """scan.scan_recurrence by the persistent layer's split: [D, B, T, H]."""
+    """scan.scan_recurrence by the persistent layer's split, on a CUDA GPU: [D, B, T, H]."""
     return _forward(cell, relu_clip, kernels, biases, projected, mask)[0]
 
 
-def _accumulator_dtype(dtype):
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
-
-
 def _plan(cell: str, hidden: int, directions: int, batch: int, dtype) -> Plan:
+    if platform() != "cuda":
+        raise RuntimeError(f"persistent_recurrence: the kernel runs on CUDA GPUs only, not on {platform()}; use the "
+                         "scan (scan.scan_recurrence; `choose` picks it there)")
     plan = layer_plan(cell, hidden, directions, batch, dtype)
     if isinstance(plan, str):
         raise ValueError(f"persistent_recurrence: {plan}; use the scan (the implementation auto falls back to it)")
@@ -126,22 +119,26 @@ def _forward(cell, relu_clip, kernels, biases, projected, mask):
     results = (
         jax.ShapeDtypeStruct((directions, batch, frames, hidden), dtype),
         jax.ShapeDtypeStruct((directions, frames + 1, batch, hidden), dtype),
-        jax.ShapeDtypeStruct((directions, frames, batch, host_mirror.saved_width(cell, hidden)),
-                             _accumulator_dtype(dtype)),
+        jax.ShapeDtypeStruct((directions, frames, batch, saved_width(cell, hidden)), jnp.float32),
     )
     mask = mask.astype(jnp.bool_)
-    if platform() == "cuda":
-        outputs, states, saved = jax.ffi.ffi_call(cuda_module().FORWARD_TARGET, results)(
-            kernels, biases, projected, mask, unit_groups=np.int64(plan.unit_groups),
-            batch_rows=np.int64(plan.batch_rows),
-            chunk=np.int64(plan.forward_chunk), relu_clip=np.float32(relu_clip))
-    else:
-        def run(kernels, biases, projected, mask):
-            return host_mirror.forward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(biases),
-                                       np.asarray(projected), np.asarray(mask), np.random.default_rng(0))
-
-        outputs, states, saved = _callback(run, results, kernels, biases, projected, mask)
+    outputs, states, saved = forward_kernel(relu_clip, plan, results, kernels, biases, projected, mask)
     return outputs, (kernels, biases, mask, states, saved)
+
+
+def forward_kernel(relu_clip, plan, results, kernels, biases, projected, mask):
+    """The forward kernel's custom call: (outputs [D, B, T, H], states [D, T + 1, B, H], saved [D, T, B, S]);
+    the handler tells a GRU from a plain RNN by the kernels' width."""
+    return jax.ffi.ffi_call(cuda_module().FORWARD_TARGET, results)(
+        kernels, biases, projected, mask, unit_groups=np.int64(plan.unit_groups), batch_rows=np.int64(plan.batch_rows),
+        chunk=np.int64(plan.forward_chunk), relu_clip=np.float32(relu_clip))
+
+
+def backward_kernel(relu_clip, plan, results, kernels, mask, states, saved, d_outputs):
+    """The backward kernel's custom call: (d_recurrent [D, T, B, W], d_projected [D, B, T, W])."""
+    return jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, results)(
+        kernels, mask, states, saved, d_outputs, unit_groups=np.int64(plan.unit_groups),
+        batch_rows=np.int64(plan.batch_rows), chunk=np.int64(plan.backward_chunk), relu_clip=np.float32(relu_clip))
 
 
 def weight_gradients(states, d_recurrent, accumulator):
@@ -161,19 +158,8 @@ def _backward(cell, relu_clip, residuals, d_outputs):
         jax.ShapeDtypeStruct((directions, frames, batch, width), dtype),
         jax.ShapeDtypeStruct((directions, batch, frames, width), dtype),
     )
-    if platform() == "cuda":
-        d_recurrent, d_projected = jax.ffi.ffi_call(cuda_module().BACKWARD_TARGET, results)(
-            kernels, mask, states, saved, d_outputs, unit_groups=np.int64(plan.unit_groups),
-            batch_rows=np.int64(plan.batch_rows),
-            chunk=np.int64(plan.backward_chunk), relu_clip=np.float32(relu_clip))
-    else:
-        def run(kernels, mask, states, saved, d_outputs):
-            return host_mirror.backward(cell, relu_clip, plan, np.asarray(kernels), np.asarray(mask),
-                                        np.asarray(states), np.asarray(saved), np.asarray(d_outputs),
-                                        np.random.default_rng(0))
-
-        d_recurrent, d_projected = _callback(run, results, kernels, mask, states, saved, d_outputs)
-    d_kernels, d_biases = weight_gradients(states, d_recurrent, _accumulator_dtype(dtype))
+    d_recurrent, d_projected = backward_kernel(relu_clip, plan, results, kernels, mask, states, saved, d_outputs)
+    d_kernels, d_biases = weight_gradients(states, d_recurrent, jnp.float32)
     return d_kernels.astype(kernels.dtype), d_biases.astype(biases.dtype), d_projected, None
 
 

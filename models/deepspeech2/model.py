@@ -53,8 +53,9 @@ class ModelConfig:
     batch_norm_epsilon: float = 1e-5  # added to the batch variance before its square root
     dtype: str = "float32"  # compute dtype; parameters stay float32
     scan_unroll: int = 1  # time steps per iteration of the recurrent loop
-    # "scan": jax.lax.scan; "persistent": one kernel per layer with the weights on chip
-    # (docs/PERSISTENT_RNN.md); "auto": persistent where it runs and fits, else the scan.
+    # "scan": jax.lax.scan; "persistent": one kernel per layer with the weights on chip, on CUDA
+    # GPUs (docs/PERSISTENT_RNN.md), elsewhere the scan with a warning; "auto": persistent where it
+    # runs and fits, else the scan.
     rnn_impl: str = "scan"
 
     def __post_init__(self):
@@ -266,9 +267,9 @@ class RecurrentWeights(nn.Module):
 
 
 @functools.cache
-def _log_once(line: str) -> None:
+def _log_once(line: str, level: int) -> None:
     """Logs `line` the first time only: the model is traced once per layer, and again per compiled shape."""
-    log.info(line)
+    log.log(level, line)
 
 
 def recurrence(config: ModelConfig, kernels, biases, projected, mask):
@@ -283,7 +284,8 @@ def recurrence(config: ModelConfig, kernels, biases, projected, mask):
     projected = projected.astype(config.compute_dtype)
     persistent, fallback = rnn_layer.choose(config.rnn_impl, config.rnn_cell, kernels, projected)
     if fallback:
-        _log_once(f"model.rnn_impl={fallback}")
+        # The scan where the persistent layer was asked for by name is a warning; where auto chose it, news.
+        _log_once(f"model.rnn_impl={fallback}", logging.WARNING if config.rnn_impl == "persistent" else logging.INFO)
     if persistent:
         return rnn_layer.persistent_recurrence(config.rnn_cell, config.relu_clip, kernels, biases, projected, mask)
     return scan_recurrence(config.rnn_cell, config.relu_clip, config.scan_unroll, kernels, biases, projected, mask)

@@ -4,7 +4,10 @@ is laid out by role, and the test modules are not part of it."""
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import pytest
 
 SPEECH_EXTRA = ("jiwer", "soundfile", "soxr", "scipy", "espeakng_loader", "tensorboardX", "matplotlib")
 
@@ -73,3 +76,45 @@ def test_the_test_modules_build_only_when_asked():
     assert re.search(r'option\(JAXRING_BUILD_TESTING "[^"]*" OFF\)', cmake)
     for turns_it_on in ("Makefile", "scripts/gpu_check.sh"):
         assert "cmake.define.JAXRING_BUILD_TESTING=ON" in (ROOT / turns_it_on).read_text(), turns_it_on
+
+
+SCIKIT_BUILD_CORE_READ_WITH = "1.1.2"  # the version whose (private) file selection wheel_files() calls
+PLATLIB = Path("/platlib-of-the-wheel")  # not on disk: scikit-build-core skips sources CMake already installed there
+CPP_SUFFIXES = {".cc", ".cu", ".h", ".cuh", ".cpp", ".hpp"}
+
+
+def wheel_files() -> set[str]:
+    """The checkout's files `pip install .` puts in the wheel, as scikit-build-core selects them with pyproject.toml's
+    settings (the compiled modules come from CMake's install instead)."""
+    from importlib.metadata import version
+
+    import pathspec
+
+    try:
+        from scikit_build_core.build._editable import get_packages
+        from scikit_build_core.build._pathutil import packages_to_file_mapping
+        from scikit_build_core.settings.skbuild_read_settings import SettingsReader
+
+        settings = SettingsReader(tomllib.loads((ROOT / "pyproject.toml").read_text()), {}, state="wheel").settings
+        selected = packages_to_file_mapping(
+            packages=get_packages(packages=settings.wheel.packages, name="jaxring"), platlib_dir=PLATLIB,
+            include=settings.sdist.include, src_exclude=settings.sdist.exclude,
+            target_exclude=settings.wheel.exclude, build_dir=settings.build_dir, mode=settings.sdist.inclusion_mode)
+    except (ImportError, TypeError, AttributeError) as error:
+        pytest.fail(f"scikit-build-core {version('scikit-build-core')} selects a wheel's files otherwise than "
+                    f"{SCIKIT_BUILD_CORE_READ_WITH} did ({error!r}): update wheel_files() to its new helpers")
+    # The wheel's writer applies wheel.exclude once more, to the paths inside the wheel.
+    written = pathspec.GitIgnoreSpec.from_lines(settings.wheel.exclude)
+    inside = {Path(target).relative_to(PLATLIB).as_posix() for target in selected.values()}
+    return {path for path in inside if not written.match_file(path)}
+
+
+def test_the_wheel_carries_the_python_package_and_stubs_without_any_cpp_source(monkeypatch):
+    monkeypatch.chdir(ROOT)  # scikit-build-core walks the project from its root
+    files = wheel_files()
+    sources = {path.relative_to(ROOT).as_posix() for path in (ROOT / "jaxring").rglob("*.py*")
+               if path.suffix in (".py", ".pyi") and "__pycache__" not in path.parts}
+    assert any(path.endswith(".pyi") for path in sources)
+    assert sources <= files, sorted(sources - files)
+    cpp = sorted(path for path in files if "csrc" in path.split("/") or Path(path).suffix in CPP_SUFFIXES)
+    assert not cpp, cpp

@@ -1,13 +1,15 @@
-"""The host mirror of the persistent kernel against the reference scan (jaxring/rnn/scan.py) computed in float64."""
+"""The host mirror of the persistent kernel (tests/jaxring/rnn/host_mirror.py) against the reference scan
+(jaxring/rnn/scan.py) computed in float64."""
 
 import jax
 import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxring.rnn import host_mirror, layer
+from jaxring.rnn import layer
 from jaxring.rnn.plan import DeviceBudget, plan_layer
 from jaxring.rnn.scan import scan_recurrence
+from tests.jaxring.rnn import host_mirror
 
 GATES = {"gru": 3, "rnn": 1}
 RELU_CLIP = 1.5  # low, so random pre-activations land on both sides of the clip

@@ -17,8 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxring.rnn import host_mirror
-from jaxring.rnn.layer import weight_gradients
+from jaxring.rnn.layer import saved_width, weight_gradients
 from jaxring.rnn.plan import DeviceBudget, plan_layer
 from tests.jaxring.rnn.test_host_mirror import GATES, RELU_CLIP, float64_scan, mirror, random_layer, plan_over_blocks
 from tests.testing_modules import BUILD_WITH_THEM
@@ -54,7 +53,7 @@ def run_kernels(cell, dtype, plan, kernels, biases, projected, mask, d_outputs, 
              plan.backward_chunk)
     outputs = np.empty((directions, batch, frames, hidden), dtype)
     states = np.empty((directions, frames + 1, batch, hidden), dtype)
-    saved = np.empty((directions, frames, batch, host_mirror.saved_width(cell, hidden)), np.float32)
+    saved = np.empty((directions, frames, batch, saved_width(cell, hidden)), np.float32)
     host.forward(storage, shape, RELU_CLIP, device_array(kernels, dtype), device_array(biases, dtype),
                  device_array(projected, dtype), np.ascontiguousarray(mask), device_array(outputs, dtype),
                  device_array(states, dtype), saved, seed)

@@ -9,31 +9,38 @@ import numpy as np
 import pytest
 
 from jaxring.rnn import layer
-from jaxring.rnn.plan import A100
+from jaxring.rnn.plan import A100, H100
 
 
-def test_auto_keeps_the_scan_on_cpu_and_says_why():
+def test_on_cpu_persistent_and_auto_keep_the_scan_saying_why():
     kernels, projected = jnp.zeros((2, 7, 21)), jnp.zeros((2, 3, 5, 21))
     assert layer.choose("scan", "gru", kernels, projected) == (False, None)
-    assert layer.choose("persistent", "gru", kernels, projected) == (True, None)
-    persistent, reason = layer.choose("auto", "gru", kernels, projected)
-    assert not persistent and "scan on cpu" in reason
+    for impl in ("persistent", "auto"):
+        persistent, reason = layer.choose(impl, "gru", kernels, projected)
+        assert not persistent and reason.startswith(f"{impl}: the scan on cpu") and "CUDA GPUs only" in reason
 
 
-def test_a_layer_that_does_not_fit_falls_back_to_the_scan_saying_why():
-    kernels, projected = jnp.zeros((2, 4096, 3 * 4096)), jnp.zeros((2, 256, 2, 3 * 4096))
-    persistent, reason = layer.choose("persistent", "gru", kernels, projected)
-    assert not persistent and "does not fit" in reason and "4096" in reason
+def test_on_cpu_the_persistent_op_is_refused_naming_the_scan():
+    kernels, projected = jnp.zeros((1, 7, 7)), jnp.zeros((1, 3, 5, 7))
+    with pytest.raises(RuntimeError, match=r"CUDA GPUs only, not on cpu; use the scan \(scan.scan_recurrence"):
+        layer.persistent_recurrence("rnn", 20.0, kernels, jnp.zeros((1, 7)), projected, jnp.ones((1, 3, 5), bool))
 
 
 # On CUDA (faked here: no GPU on the test machines), the choice by the device's own budget.
 ds2_paper_layer = dict(kernels=jnp.zeros((2, 620, 3 * 620)), projected=jnp.zeros((2, 32, 5, 3 * 620)))
 
 
-def on_cuda(monkeypatch, budget=layer.H100, module=object()):
+def on_cuda(monkeypatch, budget=H100, module=object()):
     monkeypatch.setattr(layer, "platform", lambda: "cuda")
     monkeypatch.setattr(layer, "cuda_module", lambda: module)
     monkeypatch.setattr(layer, "cuda_budget", lambda: budget)
+
+
+def test_a_layer_that_does_not_fit_falls_back_to_the_scan_saying_why(monkeypatch):
+    on_cuda(monkeypatch)
+    kernels, projected = jnp.zeros((2, 4096, 3 * 4096)), jnp.zeros((2, 256, 2, 3 * 4096))
+    persistent, reason = layer.choose("persistent", "gru", kernels, projected)
+    assert not persistent and "does not fit" in reason and "4096" in reason
 
 
 def test_auto_picks_the_kernel_on_cuda_where_the_layer_fits(monkeypatch):

@@ -1,5 +1,6 @@
 """Deep Speech 2 trained under pmap over this process's host devices, batch norm's statistics
-across the replicas, with each `rnn_impl` (scan, persistent): STEPS steps queued as a training
+across the replicas, with each `rnn_impl` (scan, persistent, the host mirror in place of the
+persistent layer's kernels: tests/jaxring/rnn/mirrored_layer.py): STEPS steps queued as a training
 loop queues them (no block between), each on its own batch; prints each one's losses and last
 gradients as JSON.
 
@@ -15,6 +16,7 @@ import numpy as np
 
 import jaxring  # noqa: F401  (sizes XLA's CPU thread pool for the host devices, as scripts/train.py does)
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables
+from tests.jaxring.rnn.mirrored_layer import stand_in_for_the_kernels
 
 
 STEPS = 3
@@ -56,4 +58,5 @@ def train(rnn_impl: str) -> dict:
 
 
 if __name__ == "__main__":
+    stand_in_for_the_kernels()
     print(json.dumps({rnn_impl: train(rnn_impl) for rnn_impl in ("scan", "persistent")}))

@@ -1,4 +1,5 @@
-"""model.rnn_impl: the persistent layer (on CPU, the host mirror) inside Deep Speech 2 against the scan."""
+"""model.rnn_impl: the persistent layer inside Deep Speech 2 against the scan, the host mirror in place of its
+kernels (tests/jaxring/rnn/mirrored_layer.py); on a CPU, the scan with one warning."""
 
 import json
 import logging
@@ -12,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.deepspeech2 import model as model_lib
 from models.deepspeech2.model import DeepSpeech2, ModelConfig, init_variables
+from tests.jaxring.rnn.mirrored_layer import stand_in_for_the_kernels
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,7 +35,8 @@ def loss_and_gradients(config, variables, features, lengths, weights):
 
 
 @pytest.mark.parametrize("cell, bidirectional", [("gru", True), ("rnn", False)])
-def test_persistent_model_equals_the_scan_in_value_and_gradients(cell, bidirectional):
+def test_persistent_model_equals_the_scan_in_value_and_gradients(monkeypatch, cell, bidirectional):
+    stand_in_for_the_kernels(monkeypatch.setattr)
     rng = np.random.default_rng(5)
     scan = tiny(rnn_cell=cell, bidirectional=bidirectional, lookahead=2)
     persistent = tiny(rnn_cell=cell, bidirectional=bidirectional, lookahead=2, rnn_impl="persistent")
@@ -42,11 +46,25 @@ def test_persistent_model_equals_the_scan_in_value_and_gradients(cell, bidirecti
     weights = jnp.asarray(rng.normal(size=(3, 10, 29)), jnp.float32)
     want_loss, want = loss_and_gradients(scan, variables, features, lengths, weights)
     got_loss, got = loss_and_gradients(persistent, variables, features, lengths, weights)
+    forward = jax.jit(lambda params: DeepSpeech2(persistent).apply(
+        {**variables, "params": params}, features, lengths, train=True, mutable=("batch_stats",)))
+    assert "callback" in forward.lower(variables["params"]).as_text()  # the mirror ran, not the scan
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
     for path, g in jax.tree_util.tree_leaves_with_path(got):
         w = dict(jax.tree_util.tree_leaves_with_path(want))[path]
         assert np.abs(w).max() > 0, path
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5 * np.abs(w).max(), err_msg=str(path))
+
+def test_persistent_on_a_cpu_runs_the_scan_with_one_warning(caplog):
+    model_lib._log_once.cache_clear()  # an earlier test may have logged the line already
+    config = tiny(rnn_impl="persistent", bidirectional=True)
+    with caplog.at_level(logging.INFO, logger="models.deepspeech2.model"):
+        for frames in (9, 13):  # traced again for each shape
+            init_variables(config, jax.random.key(0), frames=frames)
+    said = [(r.levelno, r.message) for r in caplog.records]
+    assert said == [(logging.WARNING, "model.rnn_impl=persistent: the scan on cpu, the persistent layer's kernel "
+                                      "runs on CUDA GPUs only")]
+
 
 def test_a_layer_that_does_not_fit_is_logged_naming_the_setting(caplog):
     config = tiny(rnn_impl="auto", rnn_layers=1)

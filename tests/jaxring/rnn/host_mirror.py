@@ -1,4 +1,6 @@
-"""The persistent recurrent kernel's work split and grid barrier, run on the host in numpy.
+"""The persistent recurrent kernel's work split and grid barrier, run on the host in numpy: the tests' oracle.
+test_host_mirror.py proves it equal to the scan, test_kernels_on_host.py holds the kernels to it, and
+mirrored_layer.py runs it in the layer in place of the kernels.
 
 Each thread block is a generator that runs its units' share of every time step
 and yields at the kernel's grid barriers (BARRIER) and between its phases
@@ -10,7 +12,7 @@ numbers under some orders, as a missing barrier or buffer would on the GPU.
 Storage is in the compute dtype (inputs, weights, the saved states, outputs);
 every product accumulates and every gate is computed in float32, or in float64
 when the compute dtype is float64 (for exact comparisons against a float64 scan).
-Arrays are laid out as scan.py's `scan_recurrence` takes them:
+Arrays are laid out as jaxring/rnn/scan.py's `scan_recurrence` takes them:
 [D, B, T, ...], each direction's frames in the order it reads them.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxring.rnn.layer import saved_width
 from jaxring.rnn.plan import Plan
 
 BARRIER = "barrier"
@@ -52,12 +55,6 @@ def _accumulator(dtype) -> type:
 
 def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
-
-
-def saved_width(cell: str, hidden: int) -> int:
-    """Values per frame the forward pass keeps for the backward one: r, z, n and the candidate's
-    recurrent term for a GRU, the pre-activation for a plain RNN."""
-    return 4 * hidden if cell == "gru" else hidden
 
 
 def forward(cell: str, relu_clip: float, plan: Plan, kernels, biases, projected, mask, rng):
