@@ -166,7 +166,7 @@ def test_every_replica_of_every_process_draws_its_own_rng(tmp_path):
         world = SimpleNamespace(rank=rank, size=1, local_devices=jax.local_devices()[:n_local])
         trainer = trainer_lib.Trainer(NoisyTask(), toy_config(), tmp_path / str(rank), world)
         state = replicate(trainer.init_state(), world.local_devices)
-        _, _, losses = jax.pmap(trainer._local, axis_name=AXIS)(state, batch)
+        _, _, losses = jax.pmap(trainer.step_parts.local, axis_name=AXIS)(state, batch)
         draws += np.asarray(losses).tolist()
     assert len(set(draws)) == 2 * n_local, draws  # dropout-like noise must not repeat across replicas
 
