@@ -15,7 +15,6 @@ import collections
 import dataclasses
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from jaxring.collectives.fusion import default_bucket_bytes
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
 from jaxring.engine import run_shape, rundir
+from jaxring.engine.batch_check import BatchCheck
 from jaxring.engine.checkpoint import BEST, LATEST, CheckpointError, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
@@ -116,6 +116,7 @@ class Trainer:
         if batches is None:
             batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         self.batches = batches
+        self.check_batch = BatchCheck(batches, train, self.world_size, self.n_local, self.rank)
         epoch_steps = self.batches.steps_per_epoch
         # max_steps, when set, is the run's length (the data repeats as often as that takes).
         self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
@@ -129,7 +130,6 @@ class Trainer:
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
         self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
         self._in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
-        self._warned_off_size = False
 
     # -- state
 
@@ -340,39 +340,11 @@ class Trainer:
         self.progress.close()
         return state, row, last
 
-    def _check_batch(self, batch: dict, step: int) -> None:
-        """Refuses a batch the step cannot take, blaming the loader that yielded it; warns once (or refuses,
-        train.off_size_batches) about one of another size than the config's, which compiles the step again."""
-        rows = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(batch)}
-        expected = self.config.train.batch_size // self.world_size
-        (got,) = rows if len(rows) == 1 else (None,)
-        if got == expected:
-            return
-        loader = type(self.batches)
-        shapes = ", ".join(f"{jax.tree_util.keystr(path)} {np.asarray(leaf).dtype}{list(np.shape(leaf))}"
-                           for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0])
-        where = f"rank {self.rank}, " if self.world_size > 1 else ""
-        what = (f"{where}step {step}: the task's training batches ({loader.__module__}.{loader.__qualname__}) yielded "
-                f"{shapes}, where the step takes {expected} rows per process (train.batch_size "
-                f"{self.config.train.batch_size} over {self.world_size} process{'es' if self.world_size > 1 else ''})")
-        if got is None or got % self.n_local:
-            reason = ("its leaves do not all have the same number of rows" if got is None else
-                      f"{got} rows do not split evenly over {self.n_local} local devices")
-            raise ValueError(f"{what}: {reason}. The loader is at fault: make it yield {expected} rows per batch.")
-        if self.config.train.off_size_batches == "refuse":
-            raise ValueError(f"{what}, and train.off_size_batches is 'refuse'. Make the loader yield {expected} "
-                             "rows per batch, or set train.off_size_batches=warn to train on it.")
-        if not self._warned_off_size:
-            self._warned_off_size = True
-            warnings.warn(f"{what}: the step compiles again for each new batch size (seconds each); "
-                                f"make the loader yield {expected} rows, or set train.off_size_batches=refuse to stop "
-                                "at such a batch. Warned once.", stacklevel=2)
-
     def _dispatch(self, state: TrainState, batch: dict, step: int, window: _Window, first: bool):
         """Queues step `step` without waiting for it; waits for the step STEPS_IN_FLIGHT back, and for
         the first step, which compiles."""
         batch, sources = split_sources(batch)
-        self._check_batch(batch, step)
+        self.check_batch(batch, step)
         global_rows = batch_rows(batch) * self.world_size
         window.add(global_rows)
         self.throughput.add(global_rows)
