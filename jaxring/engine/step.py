@@ -2,16 +2,16 @@
 
 `make_train_step` builds it once from a task, an optimizer, the precision and
 accumulation settings (`StepParts`) and a sync (jaxring/engine/sync.py); it
-holds no Trainer and no MPI of its own, so a loop of one's own can call it:
+holds no Trainer and no MPI of its own, so a loop of one's own can call it
+(optim.py's make_optimizer, devices.py's replicate and split_for_devices):
 
-    optimizer = make_optimizer(config.optim, schedule)
     state = replicate(init_train_state(task, optimizer, seed=0), devices)
     step = make_train_step(StepParts(task, optimizer), make_sync(1, "ring", bucket_bytes), devices)
     for batch in batches:
         state, metrics = step(state, split_for_devices(batch, len(devices)))
 
-The Trainer (jaxring/engine/trainer.py) calls the same function with the
-run's settings.
+The Trainer (jaxring/engine/trainer.py) builds it with the run's settings;
+tests/jaxring/engine/test_step.py checks the two are the same step, bit for bit.
 """
 
 from __future__ import annotations
