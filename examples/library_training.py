@@ -10,6 +10,11 @@ lax's mean to report how far apart the two are (the test suite checks it,
 tests/examples/). Prints one JSON line: the first and last training loss, the
 dev error rate, and the largest difference between the ring's and lax's mean.
 XLA_FLAGS=--xla_force_host_platform_device_count=8 gives a CPU 8 devices.
+
+It writes its own step rather than taking the engine's (jaxring/engine/step.py,
+`make_train_step`, a pmapped step over an engine Task) because it shows the
+all-reduce as the drop-in for lax.pmean in a loop that uses nothing of the
+engine, under shard_map as well as pmap.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     python scripts/bench_fusion.py --quick --json /tmp/fusion.json   # 2 devices, one tree, few rounds
 
 Each way averages a gradient tree over the devices inside a pmapped step
-shaped as the engine's (Sync.pmap_step, jaxring/engine/sync.py): the step
+shaped as the engine's (make_train_step, jaxring/engine/step.py): the step
 computes its gradients from the state it was given (so they change every
 call and differ per device), averages them, updates the donated state, and
 the loop keeps the trainer's STEPS_IN_FLIGHT steps queued, as training does.
@@ -150,7 +150,7 @@ def local_gradients(params, noise):
 
 def step_program(mean, devices):
     """(params, noise) -> (params - LEARNING_RATE * mean(gradients), a scalar to wait on); params donated,
-    as the engine's Sync.pmap_step. `mean` None: no mean, the step alone."""
+    as the engine's make_train_step. `mean` None: no mean, the step alone."""
     import jax
 
     from jaxring.engine.task import AXIS

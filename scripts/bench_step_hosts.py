@@ -15,7 +15,7 @@ times the same step with four ways of averaging what the step averages (gradient
   none      no averaging (each process steps on its own gradients): the step's compute alone
 
 Every way runs in the one job (jax.distributed is started for lax_gloo, idle for the others). The
-per-process part of the step is the engine's (Trainer._local, Trainer._finish) in each; the engine
+per-process part of the step is the engine's (jaxring/engine/step.py, StepParts) in each; the engine
 maps it over its devices with pmap, the others with vmap over one device's batch. Timing: rounds in
 a random order (scripts/ops_in_program.py: each timed call right after an untimed one), each call
 --steps steps queued then waited for; the slowest process' time per round, median over rounds.
@@ -144,8 +144,8 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
     def averaged_by(average):
         """The engine's per-process step on one device's batch, `average` applied to what it averages."""
         def step(state, one):
-            local = jax.vmap(trainer._local, in_axes=(None, 0), axis_name=AXIS)(state, one)
-            return trainer._finish(state, average(jax.tree_util.tree_map(lambda x: x[0], local)))
+            local = jax.vmap(trainer.step_parts.local, in_axes=(None, 0), axis_name=AXIS)(state, one)
+            return trainer.step_parts.finish(state, average(jax.tree_util.tree_map(lambda x: x[0], local)))
         return step
 
     if way == "lax_gloo":

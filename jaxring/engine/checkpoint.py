@@ -40,7 +40,6 @@ import numpy as np
 
 _NAME = re.compile(r"^step_(\d{9})\.msgpack$")
 # Version 2: {"format", "sha256", "payload"}; the payload is the msgpack of {"state", "extra"}.
-# Files written before 2026-11-24 also hold "finite": True, which is ignored: reading rechecks the state.
 _FORMAT = 2
 
 LATEST = "latest"  # the newest intact checkpoint
@@ -105,10 +104,6 @@ class Checkpoints:
         if not self.directory.is_dir():
             return []
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name)))
-
-    def latest(self) -> int | None:
-        steps = self.steps()
-        return steps[-1] if steps else None
 
     def best(self) -> dict | None:
         """{"step", "metric", "value"} of the best checkpoint so far, or None."""

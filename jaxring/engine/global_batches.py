@@ -4,7 +4,7 @@ A task whose examples can be listed per epoch from the seed and the epoch alone 
 GlobalBatches and gives that list (`epoch_order`) and how to build a batch from part of it
 (`batch`). The slicing, the position and the promise that the process count does not change
 the order live here once, so a run may resume on another number of processes
-(jaxring/engine/trainer.py, _resume_shape).
+(jaxring/engine/run_shape.py, resume_note).
 """
 
 from typing import Iterator

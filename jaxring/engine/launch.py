@@ -24,7 +24,7 @@ from jaxring.collectives.abort import abort_on_uncaught_exception, exit_job, sta
 from jaxring.collectives.timeout import runtime_error_text
 from jaxring.collectives.xla_threads import reserve_client_threads
 from jaxring.engine import config as config_lib
-from jaxring.engine import registry, rundir
+from jaxring.engine import registry, run_shape
 from jaxring.engine.checkpoint import CheckpointError
 from jaxring.engine.evaluation import score_split
 from jaxring.engine.experiment import build_task, load_config, load_run
@@ -49,7 +49,7 @@ def expose_host_devices(count: int) -> None:
 
 def resumed_host_devices(workdir: Path) -> int | None:
     """The --host-devices of a resume whose command line gives none: the CPU devices per process that the
-    checkpoint it continues trained on (rundir.SHAPE_KEY), said in one line; None where that was one device,
+    checkpoint it continues trained on (run_shape.SHAPE_KEY), said in one line; None where that was one device,
     no CPU, unknown, or XLA_FLAGS sets the count. Collective under MPI (rank 0 reads the checkpoint, as the
     resume does); call it before JAX starts."""
     if _DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", ""):
@@ -57,7 +57,7 @@ def resumed_host_devices(workdir: Path) -> int | None:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    shape = rundir.trained_shape(workdir) if comm.rank == 0 else None
+    shape = run_shape.trained_shape(workdir) if comm.rank == 0 else None
     shape = comm.bcast(shape, root=0)
     if not shape or shape["platform"] != "cpu" or shape["local_devices"] == 1:
         return None

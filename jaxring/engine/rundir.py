@@ -24,11 +24,6 @@ RUN_FILES = (
     "checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "plots", "data_report.json"
 )
 REPLACED = "replaced"
-# The key of a checkpoint's extra dict that records the shape it trained on: {"processes", "local_devices",
-# "platform", "global_batch"} (Trainer.save). A resume compares it with its own (Trainer._resume_shape), and
-# one without --host-devices splits the CPU as it was split (launch.resumed_host_devices).
-SHAPE_KEY = "shape"
-
 
 class RunDirectoryError(RuntimeError):
     """The run directory holds a run and the command line did not say what to do with it."""
@@ -87,17 +82,6 @@ def refuse_finished(workdir: Path, resumed_step: int, total_steps: int) -> None:
         f"larger length: --resume --set train.max_steps={2 * resumed_step} (or train.epochs); to score it again: "
         "scripts/evaluate.py --workdir " + str(workdir)
     )
-
-
-def trained_shape(workdir: Path) -> dict | None:
-    """The shape (SHAPE_KEY) the newest intact checkpoint in `workdir` trained on; None where there is no
-    checkpoint or it predates the record. Reads the checkpoint: call it on one process."""
-    from jaxring.engine.checkpoint import LATEST, CheckpointError, Checkpoints  # imports flax: only when resuming
-
-    try:
-        return Checkpoints(workdir / "checkpoints").read(LATEST).extra.get(SHAPE_KEY)
-    except (FileNotFoundError, CheckpointError):  # the resume itself reports these
-        return None
 
 
 def _set_aside(workdir: Path, has_checkpoints: bool) -> None:

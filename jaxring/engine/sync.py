@@ -12,17 +12,11 @@ leg. See docs/ARCHITECTURE.md, "Data flow of one step".
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import jax
 
 import jaxring
 from jaxring.engine.task import AXIS
 from jaxring.engine.timing import median_seconds
-
-# local(state, batch) -> the tree to average; finish(state, averaged tree) -> the step's result.
-Local = Callable[[Any, Any], Any]
-Finish = Callable[[Any, Any], Any]
 
 
 class Sync:
@@ -41,12 +35,6 @@ class Sync:
         local = "ring" if self.method == "ring" else "lax"
         return jaxring.tree_allreduce(tree, AXIS, "mean", bucket_bytes=self.bucket_bytes,
                                       processes=self.world_size > 1, wire_dtype=self.wire_dtype, local=local)
-
-    def pmap_step(self, local: Local, finish: Finish, devices=None):
-        """(state, device batch) -> finish(state, mean of local(state, batch)) on `devices` (None: pmap's
-        default, every device of the job under jax.distributed, so a process passes its own); `state` is donated."""
-        return jax.pmap(lambda state, batch: finish(state, self.mean(local(state, batch))), axis_name=AXIS,
-                        devices=devices, donate_argnums=0)
 
     def time_mean(self, tree, repeats: int, warmup: int = 1) -> float:
         """Seconds of the mean of `tree` (replicated over the local devices) as a step pays it:

@@ -35,7 +35,7 @@ class Batches(Protocol):
     steps_per_epoch: int
     # Optional: True where the batches are this process's slices of one sequence of global batches that depends
     # on the seed and the global batch size alone (not on shard.count), and state() is a position in it. Only
-    # then may a run resume on another number of processes (jaxring/engine/trainer.py, _resume_shape).
+    # then may a run resume on another number of processes (jaxring/engine/run_shape.py, resume_note).
     global_order: bool = False
 
     def __iter__(self) -> Iterator[dict]: ...

@@ -1,45 +1,41 @@
 """The synchronous data-parallel SGD engine: model-agnostic, pmapped, jaxring all-reduce.
 
-A model comes in as a `Task` (jaxring/engine/task.py); the engine owns
-everything else: splitting the global batch over processes and local
-devices, the optimizer and its schedule, evaluation, checkpoints and what the
-run writes to its directory. The gradient all-reduce is the `sync` object's
-(jaxring/engine/sync.py), chosen once from the world.
+A model comes in as a `Task` (jaxring/engine/task.py); the Trainer runs the
+loop and keeps the run's books: splitting the global batch over processes and
+local devices, the optimizer's schedule, evaluation, checkpoints and what the
+run writes to its directory. The step itself is jaxring/engine/step.py's, its
+gradient all-reduce the `sync` object's (jaxring/engine/sync.py), chosen once
+from the world; what the processes exchange on the host is
+jaxring/engine/host_exchange.py's.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
-import socket
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from jaxring.collectives import agreement
 from jaxring.collectives.fusion import default_bucket_bytes
-from jaxring.collectives.replicas import broadcast, check_replicas
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
-from jaxring.engine import precision
-from jaxring.engine import rundir
-from jaxring.engine.checkpoint import BEST, LATEST, Checkpoints
+from jaxring.engine import run_shape, rundir
+from jaxring.engine.batch_check import BatchCheck
+from jaxring.engine.checkpoint import BEST, LATEST, CheckpointError, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
+from jaxring.engine.host_exchange import HostExchange
 from jaxring.engine.optim import make_optimizer, planned_schedule
 from jaxring.engine.progress import Progress
-from jaxring.engine.registry import check_task_class, checked_loss
+from jaxring.engine.registry import check_task_class
+from jaxring.engine.step import StepParts, TrainState, init_train_state, make_train_step, variables_of
 from jaxring.engine.sync import make_sync
-from jaxring.engine.task import AXIS, DataError, Shard, Task
+from jaxring.engine.task import Shard, Task
 
 # The most training steps left in flight: JAX queues steps without waiting, and
 # each queued step holds its batch and outputs; waiting for the step this far
@@ -59,24 +55,12 @@ SYNC_TIMING_REPEATS = 10
 THROUGHPUT_KEY = "throughput"
 # ... and the run's length at its start and at each resume that changed it (optim.planned_schedule).
 SCHEDULE_PLAN_KEY = "schedule_plan"
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array
-    params: Any  # float32 master weights; the model may compute in bfloat16
-    opt_state: Any
-    model_state: Any  # non-param collections, averaged across replicas every step
-    rng: jax.Array
-    loss_scale: Any = None  # precision.LossScale under train.compute_dtype float16, else None (no leaves)
+# What a resume reads of a checkpoint's extra dict: every checkpoint `save` writes holds them.
+RESUME_KEYS = ("batches", THROUGHPUT_KEY, SCHEDULE_PLAN_KEY, run_shape.SHAPE_KEY)
 
 
 def count_params(params) -> int:
     return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
-
-
-def variables_of(state: TrainState) -> dict:
-    return {"params": state.params, **state.model_state}
 
 
 @dataclasses.dataclass
@@ -112,7 +96,7 @@ class Trainer:
         self.world_size = world.size if world is not None else 1
         self.devices = list(world.local_devices) if world is not None else jax.local_devices()
         self.n_local = len(self.devices)
-        self.comm = world.comm if self.world_size > 1 else None  # host-side sums and broadcasts
+        self.exchange = HostExchange(world.comm if self.world_size > 1 else None, self.rank)
         train = config.train
         replicas = self.world_size * self.n_local
         if train.batch_size % replicas:
@@ -132,6 +116,7 @@ class Trainer:
         if batches is None:
             batches = task.train_batches(train.batch_size // self.world_size, self.shard, train.seed)
         self.batches = batches
+        self.check_batch = BatchCheck(batches, train, self.world_size, self.n_local, self.rank)
         epoch_steps = self.batches.steps_per_epoch
         # max_steps, when set, is the run's length (the data repeats as often as that takes).
         self.total_steps = train.epochs * epoch_steps if train.max_steps is None else train.max_steps
@@ -145,28 +130,13 @@ class Trainer:
         self.throughput = metrics_lib.Throughput({"examples": 0, "seconds": 0.0})
         self._unchecked_losses: list[tuple[int, Any, list[str]]] = []  # (step, loss, the batch's sources)
         self._in_flight: collections.deque = collections.deque()  # the losses of the steps not yet waited for
-        self._warned_off_size = False
 
     # -- state
 
     def init_state(self) -> TrainState:
-        rng = jax.random.PRNGKey(self.config.train.seed)
-        init_rng, step_rng = jax.random.split(rng)
-        variables = jax.jit(self.task.init)(init_rng)
-        params = variables["params"]
-        model_state = {k: v for k, v in variables.items() if k != "params"}
-        state = TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=self.optimizer.init(params),
-            model_state=model_state,
-            rng=step_rng,
-            loss_scale=precision.LossScale.initial() if self.config.train.compute_dtype == "float16" else None,
-        )
-        state = jax.tree_util.tree_map(np.asarray, state)
-        if self.comm is not None:
-            state = broadcast(state, root=0)  # every process starts from rank 0's weights
-        return state
+        """The state before step 1, rank 0's on every process."""
+        train = self.config.train
+        return self.exchange.broadcast(init_train_state(self.task, self.optimizer, train.seed, train.compute_dtype))
 
     # -- the step
 
@@ -175,67 +145,10 @@ class Trainer:
         self.schedule_plan = plan
         self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
         self.optimizer = make_optimizer(self.config.optim, self.schedule)
-        self._step = self.sync.pmap_step(self._local, self._finish, self.devices)
-
-    def _local(self, state: TrainState, batch: dict):
-        """What the sync averages over every replica: (gradients, new model state, loss) of one device's
-        batch; with train.accumulate_steps k, the mean over its k micro-batches, taken in turn (a scan: the
-        memory of one), each seeing the model state the one before left."""
-        replica = jax.lax.axis_index(AXIS) + self.rank * self.n_local
-        rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), replica)
-        micro_batches = self.config.train.accumulate_steps
-        scale = None if state.loss_scale is None else state.loss_scale.scale
-        if micro_batches == 1:
-            return self._gradients(state.params, state.model_state, batch, rng, scale)
-
-        def accumulate(carry, index_and_batch):
-            grad_sum, model_state, loss_sum = carry
-            index, micro_batch = index_and_batch
-            grads, model_state, loss = self._gradients(state.params, model_state, micro_batch,
-                                                       jax.random.fold_in(rng, index), scale)
-            return (jax.tree_util.tree_map(jnp.add, grad_sum, grads), model_state, loss_sum + loss), None
-
-        split = jax.tree_util.tree_map(lambda x: x.reshape((micro_batches, -1) + x.shape[1:]), batch)
-        start = (jax.tree_util.tree_map(jnp.zeros_like, state.params), state.model_state, jnp.zeros((), jnp.float32))
-        (grad_sum, model_state, loss_sum), _ = jax.lax.scan(accumulate, start, (jnp.arange(micro_batches), split))
-        return jax.tree_util.tree_map(lambda g: g / micro_batches, grad_sum), model_state, loss_sum / micro_batches
-
-    def _gradients(self, params, model_state, batch: dict, rng, scale):
-        """(float32 gradients, new model state, loss) of the task's loss on `batch`, computed in
-        train.compute_dtype; `scale` (float16's loss scale, else None) multiplies the loss before the
-        backward pass and divides the gradients after."""
-        dtype = precision.COMPUTE_DTYPES[self.config.train.compute_dtype]
-        computed_batch = precision.cast_floats(batch, dtype) if dtype != jnp.float32 else batch
-
-        def loss_fn(params):
-            computed = precision.cast_floats(params, dtype) if dtype != jnp.float32 else params
-            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **model_state},
-                                                                     computed_batch, rng))
-            loss = loss.astype(jnp.float32)
-            return (loss if scale is None else loss * scale), (loss, new_state)
-
-        (_, (loss, new_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        if scale is not None:
-            grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
-        return grads, precision.like(new_state, model_state), loss
-
-    def _finish(self, state: TrainState, averaged):
-        """The optimizer update from the averaged (gradients, model state, loss), and the step's outputs.
-
-        Under loss scaling, a step whose gradients overflowed (the same on every replica: they are the
-        all-reduced ones) leaves the weights and optimizer as they were and halves the scale."""
-        grads, model_state, loss = averaged
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        loss_scale = state.loss_scale
-        if loss_scale is not None:
-            finite = precision.all_finite(grads)
-            keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-            loss_scale = loss_scale.after(finite)
-        state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state,
-                              loss_scale=loss_scale)
-        return state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        train = self.config.train
+        self.step_parts = StepParts(self.task, self.optimizer, train.compute_dtype, train.accumulate_steps,
+                                    first_replica=self.rank * self.n_local)
+        self._step = make_train_step(self.step_parts, self.sync, self.devices)
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
@@ -255,7 +168,7 @@ class Trainer:
         started = time.perf_counter()
         batches = self.task.eval_batches(split, cfg.batch_size, self.shard, limit)
         variables = variables_of(state)
-        result = evaluate(self.task, self.predict, variables, batches, self.n_local, self.comm)
+        result = evaluate(self.task, self.predict, variables, batches, self.n_local, self.exchange.comm)
         self.progress.status(f"{split}: {self._format_metrics(result)} ({time.perf_counter() - started:.1f} s)")
         return result
 
@@ -266,15 +179,14 @@ class Trainer:
     def save(self, state: TrainState, metrics: dict | None = None, row: dict | None = None) -> None:
         """Checkpoints `state` with `row`, its metrics.jsonl row, so that a resume writes that row again."""
         self._check_losses()  # a diverged step names its batch before any checkpoint is written
-        if self.comm is not None:
-            check_replicas(state.params)  # collective: every process verifies before rank 0 writes
+        self.exchange.check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
         host_state = unreplicate(state)
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
         extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),
-                 SCHEDULE_PLAN_KEY: self.schedule_plan, rundir.SHAPE_KEY: self.shape()}
+                 SCHEDULE_PLAN_KEY: self.schedule_plan, run_shape.SHAPE_KEY: self.shape()}
         path = self.checkpoints.save(step, host_state, extra, metrics)
         rundir.discard_replaced(self.workdir)  # what --overwrite set aside goes once a new checkpoint exists
         best = self.checkpoints.best() if metrics else None
@@ -282,13 +194,17 @@ class Trainer:
         self.progress.status(f"saved the checkpoint of step {step} ({path}{note})")
 
     def shape(self) -> dict:
-        """What a checkpoint records of the shape it trained on (rundir.SHAPE_KEY)."""
-        return {"processes": self.world_size, "local_devices": self.n_local, "platform": self.devices[0].platform,
-                "global_batch": self.config.train.batch_size}
+        """What a checkpoint records of the shape it trained on (run_shape.SHAPE_KEY)."""
+        return run_shape.shape(self.world_size, self.n_local, self.devices[0].platform, self.config.train.batch_size)
 
     def restore(self, template: TrainState) -> tuple[TrainState, dict]:
         """(the newest intact checkpoint's state, its extra: data position, metrics.jsonl row, throughput)."""
         state, extra = self.load_checkpoint(template, LATEST)
+        if missing := [key for key in RESUME_KEYS if key not in extra]:
+            raise CheckpointError(
+                f"the checkpoint of step {int(state.step)} in {self.checkpoints.directory} has no {', '.join(missing)} "
+                "record: a jaxring from before the first release wrote it, and a run cannot resume from it; "
+                "start the run over with --overwrite")
         self.batches.restore(extra["batches"])
         if self.rank == 0:
             self.checkpoints.update_best(int(state.step), extra.get("metrics"))
@@ -307,62 +223,8 @@ class Trainer:
             loaded["state"], extra = self.checkpoints.restore(template, which)
             return extra
 
-        extra = self._from_lead(f"checkpoint {which}", read)
-        state = loaded.get("state", template)
-        if self.comm is not None:
-            state = broadcast(state, root=0)
-        return state, extra
-
-    def _from_lead(self, what: str, read):
-        """`read()` as process 0 sees the run directory, on every process; an error there is raised on every one."""
-        value = error = None
-        if self.rank == 0:
-            try:
-                value = read()
-            except Exception as e:  # raised below on every process, so that none waits for the others
-                error = e
-        if self.comm is not None:
-            agreement.agree(self.comm, f"reading {what}", what)  # every process arrives, within the timeout
-            value, error = self.comm.bcast((value, error), root=0)
-        if error is not None:
-            raise error
-        return value
-
-    def check_before_training(self) -> dict | None:
-        """Collective: every process runs the same config; the task's data check (its report, or None)."""
-        if self.comm is not None:
-            settings = {key: json.dumps(value) for key, value in _dotted(self.config.to_dict()).items()}
-            try:
-                agreement.agree(self.comm, "the training config", settings)
-            except ValueError as e:  # processes given different configs: a config error, on every process
-                raise config_lib.ConfigError(str(e)) from None
-        check_data = getattr(self.task, "check_data", None)  # optional in the Task contract
-        if self.comm is None:
-            return check_data() if check_data else None
-        return self._check_same_data(check_data)
-
-    def _check_same_data(self, check_data) -> dict | None:
-        """Collective: the task's data check on every process, which must all find the same data (each reads
-        its own: a copy per host at the same path, or a shared filesystem); else a DataError on every
-        process naming the ranks and hosts whose data is missing or differs (docs/MULTI_NODE.md, "The data")."""
-        report = failure = None
-        try:
-            report = check_data() if check_data else None
-        except (DataError, OSError) as e:  # raised below on every process, naming this one
-            failure = str(e)
-        agreement.agree(self.comm, "the data check", "checked")  # every process arrives, within the timeout
-        found = self.comm.allgather((socket.gethostname(), failure, _dotted(report or {})))
-        where = [f"rank {rank} ({host})" for rank, (host, _, _) in enumerate(found)]
-        failed = [f"{where[rank]}: {failure}" for rank, (_, failure, _) in enumerate(found) if failure]
-        if failed:
-            raise DataError("the training data could not be read on every process: " + "; ".join(failed))
-        reports = [{key: json.dumps(value) for key, value in dotted.items()} for _, _, dotted in found]
-        if any(other != reports[0] for other in reports):
-            raise DataError(
-                f"the processes found different training data ({', '.join(where)}): "
-                f"{agreement.differences(reports)}. Every process reads the data at the config's paths: give "
-                "every host the same copy there, or put it on a filesystem they share (docs/MULTI_NODE.md)")
-        return report
+        extra = self.exchange.from_lead(f"checkpoint {which}", read)
+        return self.exchange.broadcast(loaded.get("state", template)), extra
 
     def _check_losses(self) -> None:
         """Raises FloatingPointError at the first non-finite loss of the steps not yet checked.
@@ -388,9 +250,9 @@ class Trainer:
         (jaxring/engine/rundir.py); without either, such a directory is an error.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        steps = self._from_lead("the checkpoint steps", self.checkpoints.steps)
+        steps = self.exchange.from_lead("the checkpoint steps", self.checkpoints.steps)
         resume = rundir.take_over(self.workdir, steps, resume, overwrite, self.rank == 0)
-        data_report = self.check_before_training()
+        data_report = self.exchange.check_before_training(self.config, self.task)
         state = self.init_state()
         n_params = count_params(state.params)
         state, resumed_row = self._resume(state) if resume else (state, None)
@@ -407,13 +269,13 @@ class Trainer:
     def _resume(self, template: TrainState) -> tuple[TrainState, dict | None]:
         """(the newest intact checkpoint's state, its metrics.jsonl row); refuses a run that already ended."""
         state, extra = self.restore(template)
-        # A checkpoint written before the throughput was recorded leaves the whole run's unknown.
-        self.throughput = metrics_lib.Throughput(extra.get(THROUGHPUT_KEY), resumed_at_step=int(state.step))
         step = int(state.step)
+        self.throughput = metrics_lib.Throughput(extra[THROUGHPUT_KEY], resumed_at_step=step)
         rundir.refuse_finished(self.workdir, step, self.total_steps)
-        self._resume_shape(extra.get(rundir.SHAPE_KEY), step)
-        # A checkpoint written before the plan was recorded: its length is taken to be today's.
-        plan = extra.get(SCHEDULE_PLAN_KEY) or [[0, self.total_steps]]
+        note = run_shape.resume_note(extra[run_shape.SHAPE_KEY], self.shape(), step, self.batches)
+        if note:
+            self.progress.status(note)
+        plan = extra[SCHEDULE_PLAN_KEY]
         if plan[-1][1] != self.total_steps:
             self._plan([*plan, [step, self.total_steps]])
             self.progress.status(
@@ -423,42 +285,6 @@ class Trainer:
         else:
             self._plan(plan)
         return state, extra.get("row")
-
-    def _resume_shape(self, trained: dict | None, step: int) -> None:
-        """One line where the checkpoint trained on another shape than this run's (processes x local devices,
-        global batch), saying what carries on; refuses a new process count the task's batches cannot follow.
-
-        The engine keeps the step, the schedule and the global batch; the data order is the Batches'. One that
-        sets `global_order` (jaxring/engine/task.py, Batches) yields slices of a sequence of global batches that
-        depends on the seed and the global batch alone, and its state() is a position in that sequence, so
-        rank 0's position means the same on any number of processes; a new local device count alone changes
-        nothing the loader sees. Each replica's random draws (dropout, augmentation) are not kept: they are
-        folded from the replica's index (_local). docs/MULTI_NODE.md, "Resuming on another shape"."""
-        if trained is None:  # a checkpoint that predates the record: nothing to compare with
-            return
-        now = self.shape()
-        if all(trained[key] == now[key] for key in ("processes", "local_devices", "global_batch")):
-            return
-        was, new = (f"{s['processes']} x {s['local_devices']} {s['platform']}" for s in (trained, now))
-        batch = self.config.train.batch_size
-        if trained["global_batch"] != batch:
-            self.progress.status(
-                f"resuming step {step} on {new} (processes x local devices; trained on {was}) with global batch {batch} where it trained with "
-                f"{trained['global_batch']} (train.batch_size): the steps and the learning-rate schedule carry on, "
-                "the data order does not")
-            return
-        loader = type(self.batches)
-        if trained["processes"] != now["processes"] and not getattr(self.batches, "global_order", False):
-            raise rundir.RunDirectoryError(
-                f"the checkpoint of step {step} trained on {trained['processes']} processes and this run has "
-                f"{now['processes']}; the task's training batches ({loader.__module__}.{loader.__qualname__}) do not "
-                f"set global_order, so their order would change with the process count: resume on "
-                f"{trained['processes']} processes (mpirun -np {trained['processes']}), local devices as you like "
-                "(docs/MULTI_NODE.md, \"Resuming on another shape\")")
-        self.progress.status(
-            f"resuming step {step} on {new} (processes x local devices; trained on {was}): the same global batch {batch} "
-            f"({batch // (now['processes'] * now['local_devices'])} per device), data order and learning-rate "
-            "schedule; each replica's random draws are new")
 
     def _open_run_directory(self, data_report: dict | None, resume_step: int | None, resumed_row: dict | None,
                             n_params: int) -> metrics_lib.RunLog:
@@ -514,39 +340,11 @@ class Trainer:
         self.progress.close()
         return state, row, last
 
-    def _check_batch(self, batch: dict, step: int) -> None:
-        """Refuses a batch the step cannot take, blaming the loader that yielded it; warns once (or refuses,
-        train.off_size_batches) about one of another size than the config's, which compiles the step again."""
-        rows = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(batch)}
-        expected = self.config.train.batch_size // self.world_size
-        (got,) = rows if len(rows) == 1 else (None,)
-        if got == expected:
-            return
-        loader = type(self.batches)
-        shapes = ", ".join(f"{jax.tree_util.keystr(path)} {np.asarray(leaf).dtype}{list(np.shape(leaf))}"
-                           for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0])
-        where = f"rank {self.rank}, " if self.world_size > 1 else ""
-        what = (f"{where}step {step}: the task's training batches ({loader.__module__}.{loader.__qualname__}) yielded "
-                f"{shapes}, where the step takes {expected} rows per process (train.batch_size "
-                f"{self.config.train.batch_size} over {self.world_size} process{'es' if self.world_size > 1 else ''})")
-        if got is None or got % self.n_local:
-            reason = ("its leaves do not all have the same number of rows" if got is None else
-                      f"{got} rows do not split evenly over {self.n_local} local devices")
-            raise ValueError(f"{what}: {reason}. The loader is at fault: make it yield {expected} rows per batch.")
-        if self.config.train.off_size_batches == "refuse":
-            raise ValueError(f"{what}, and train.off_size_batches is 'refuse'. Make the loader yield {expected} "
-                             "rows per batch, or set train.off_size_batches=warn to train on it.")
-        if not self._warned_off_size:
-            self._warned_off_size = True
-            warnings.warn(f"{what}: the step compiles again for each new batch size (seconds each); "
-                                f"make the loader yield {expected} rows, or set train.off_size_batches=refuse to stop "
-                                "at such a batch. Warned once.", stacklevel=2)
-
     def _dispatch(self, state: TrainState, batch: dict, step: int, window: _Window, first: bool):
         """Queues step `step` without waiting for it; waits for the step STEPS_IN_FLIGHT back, and for
         the first step, which compiles."""
         batch, sources = split_sources(batch)
-        self._check_batch(batch, step)
+        self.check_batch(batch, step)
         global_rows = batch_rows(batch) * self.world_size
         window.add(global_rows)
         self.throughput.add(global_rows)
@@ -637,7 +435,7 @@ class Trainer:
 
     def _best_step(self) -> int | None:
         """The best checkpoint's step, as process 0 (which writes checkpoints) sees it."""
-        best = self._from_lead("the best step", self.checkpoints.best)
+        best = self.exchange.from_lead("the best step", self.checkpoints.best)
         return None if best is None else best["step"]
 
     def _postfix(self, row: dict) -> dict:
@@ -650,14 +448,3 @@ class Trainer:
         if "allreduce_share_estimate" in row:
             shown["allreduce"] = f"{100 * row['allreduce_share_estimate']:.0f}%"
         return shown
-
-
-def _dotted(tree: dict, prefix: str = "") -> dict:
-    """{"train": {"seed": 0}} -> {"train.seed": 0}: the config's keys as --set names them."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

@@ -231,7 +231,7 @@ def probes(tmp: Path, cache: Path):  # noqa: C901 (one probe after another)
         damaged = tmp / f"damaged_{damage}_{checkpoint}"
         shutil.copytree(run, damaged)
         checkpoints = Checkpoints(damaged / "checkpoints")
-        step = checkpoints.best()["step"] if checkpoint == "best" else checkpoints.latest()
+        step = checkpoints.best()["step"] if checkpoint == "best" else checkpoints.steps()[-1]
         path = checkpoints.path(step)
         data = bytearray(path.read_bytes())
         if damage == "truncate":

@@ -8,8 +8,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import jaxring  # noqa: E402
 from toy_task import ToyTask, toy_config  # noqa: E402
 
+from jaxring.engine.host_exchange import HostExchange  # noqa: E402
 from jaxring.engine.task import DataError  # noqa: E402
-from jaxring.engine.trainer import Trainer  # noqa: E402
 
 world = jaxring.init()
 for case in ("same", "missing", "differs"):
@@ -20,7 +20,7 @@ for case in ("same", "missing", "differs"):
             return {"train": {"usable": 96 - (world.rank if case == "differs" else 0)}}
 
     try:
-        report = Trainer(Task(), toy_config(), Path(sys.argv[1]), world).check_before_training()
+        report = HostExchange(world.comm, world.rank).check_before_training(toy_config(), Task())
         print(f"rank {world.rank} {case}: {report}", flush=True)
     except DataError as e:
         print(f"rank {world.rank} {case}: DataError: {e}", flush=True)

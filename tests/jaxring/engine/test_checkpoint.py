@@ -43,7 +43,6 @@ def test_keeps_last_n_and_the_best(tmp_path):
         ckpt.save(step, make_state(step), {}, None if wer is None else {"wer": wer})
     assert ckpt.steps() == [2, 5, 6]
     assert ckpt.best() == {"step": 2, "metric": "wer", "value": 0.5, "metrics": {"wer": 0.5}}
-    assert ckpt.latest() == 6
     assert_equal_trees(ckpt.restore(make_state(0), 2)[0], make_state(2))
 
 
@@ -211,7 +210,7 @@ def test_a_best_record_lost_to_a_kill_is_made_again_from_the_checkpoint(tmp_path
 
 def test_defaults_nested_directories_and_bad_keep(tmp_path):
     ckpt = Checkpoints(tmp_path / "run" / "checkpoints")  # created, parents too, by the first save
-    assert ckpt.steps() == [] and ckpt.latest() is None and ckpt.best() is None
+    assert ckpt.steps() == [] and ckpt.best() is None
     assert [ckpt.save(step, make_state(step), {}) for step in range(1, 6)][-1] == ckpt.path(5)
     assert ckpt.steps() == [3, 4, 5]  # keep defaults to 3, as checkpoint.keep does
     with pytest.raises(ValueError, match="keep must be at least 1; got 0"):

@@ -12,7 +12,6 @@ import pytest
 from jaxring.collectives.fusion import plan_buckets
 from jaxring.engine import sync as sync_lib
 from jaxring.engine.task import AXIS
-from jaxring.engine.devices import replicate
 from tests.tiny_runs import finish, mpirun
 
 # Odd shapes, two dtypes and an empty leaf: buckets of 64 bytes split, fuse and skip leaves; "ring" is
@@ -49,18 +48,6 @@ def test_both_methods_reduce_one_fused_bucket_at_a_time(method, bucket_bytes):
     one_replica = [jnp.asarray(leaf[0]) for leaf in jax.tree_util.tree_leaves(tree)]
     assert count == len(plan_buckets(one_replica, bucket_bytes)), str(jaxpr)
 
-
-
-
-def test_a_step_donates_the_state_and_leaves_the_batch():
-    """pmap_step's contract: the old state's buffers are reused for the new one (memory), the batch is the caller's."""
-    devices = jax.local_devices()[:2]
-    state, batch = replicate({"w": np.arange(3.0, dtype=np.float32)}, devices), replicate(np.ones(3, np.float32), devices)
-    step = sync_lib.make_sync(1, "psum", bucket_bytes=64).pmap_step(
-        lambda s, b: {"g": s["w"] * b}, lambda s, mean: {"w": s["w"] - mean["g"]})
-    new = step(state, batch)
-    np.testing.assert_allclose(np.asarray(new["w"]), np.zeros((2, 3)))  # w - mean(w * 1)
-    assert state["w"].is_deleted() and not batch.is_deleted()
 
 def test_mean_over_two_processes_matches_numpy():
     """Both methods across processes (psum: lax locally, the MPI leg across), with float32 and with

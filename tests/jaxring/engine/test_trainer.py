@@ -18,7 +18,7 @@ import pytest
 from jaxring.engine import config as config_lib
 from jaxring.engine import precision
 from jaxring.engine import trainer as trainer_lib
-from jaxring.engine.checkpoint import Checkpoints
+from jaxring.engine.checkpoint import CheckpointError, Checkpoints
 from jaxring.engine.devices import replicate, split_for_devices
 from jaxring.engine.task import AXIS, MetricNames
 from tests.jaxring.engine.toy_task import (SEPARATE_DISKS_CONFIG, SPLITS, ToyTask, ring_available, toy_config,
@@ -166,7 +166,7 @@ def test_every_replica_of_every_process_draws_its_own_rng(tmp_path):
         world = SimpleNamespace(rank=rank, size=1, local_devices=jax.local_devices()[:n_local])
         trainer = trainer_lib.Trainer(NoisyTask(), toy_config(), tmp_path / str(rank), world)
         state = replicate(trainer.init_state(), world.local_devices)
-        _, _, losses = jax.pmap(trainer._local, axis_name=AXIS)(state, batch)
+        _, _, losses = jax.pmap(trainer.step_parts.local, axis_name=AXIS)(state, batch)
         draws += np.asarray(losses).tolist()
     assert len(set(draws)) == 2 * n_local, draws  # dropout-like noise must not repeat across replicas
 
@@ -403,3 +403,16 @@ def test_training_a_finished_run_longer_keeps_its_last_rate_and_says_so(tmp_path
     after = [rate for step, rate in rates.items() if step > 12]  # step 12's row shows the rate step 12 ran at
     assert after and all(rate == pytest.approx(0.001, rel=1e-5) for rate in after) and rates[12] > 0.001
     assert "the run's length changed from 12 to 20 steps: the learning rate goes on from step 12's" in capsys.readouterr().out
+
+
+def test_a_checkpoint_without_what_a_resume_reads_is_refused_naming_it(tmp_path):
+    config = toy_config(train={"max_steps": 4}, eval={"every_steps": 0}, checkpoint={"every_steps": 2})
+    trainer_lib.Trainer(ToyTask(), config, tmp_path, world_of(2)).fit()
+    checkpoints = Checkpoints(tmp_path / "checkpoints")
+    state, extra, step = checkpoints.read(4)
+    del extra[trainer_lib.THROUGHPUT_KEY], extra[trainer_lib.SCHEDULE_PLAN_KEY]
+    checkpoints.save(step, state, extra)
+    longer = toy_config(train={"max_steps": 6}, eval={"every_steps": 0}, checkpoint={"every_steps": 2})
+    with pytest.raises(CheckpointError, match=r"^the checkpoint of step 4 in .* has no throughput, schedule_plan record: "
+                                              r".* start the run over with --overwrite$"):
+        trainer_lib.Trainer(ToyTask(), longer, tmp_path, world_of(2)).fit(resume=True)
