@@ -1,7 +1,7 @@
 """All-reduce benchmark on the devices of one process: jaxring's allreduce against lax.psum.
 
 Each implementation is timed per op inside a compiled program, as a training
-step runs it (scripts/ops_in_program.py): a pmapped program of K chained ops
+step runs it (scripts/bench/ops_in_program.py): a pmapped program of K chained ops
 against the same program of one op, their difference over K - 1. The
 program of one op, on the program's argument, is recorded too
 (`one_op_program_s`): what a lone call pays, a fresh output included (an
@@ -23,9 +23,9 @@ engine's push path up to its threshold, the ring above); with --paths,
 measures the crossover (csrc/cpu/cpu_engine.h; ring and one-shot read a copy of
 an in-place op's input, a copy the default path does not make).
 
-    python scripts/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
-    python scripts/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths
-    python scripts/bench_allreduce.py --dtypes float64,int8 --op max   # against lax.pmax
+    python scripts/bench/bench_allreduce.py --devices 8 --json runs/bench_allreduce.json
+    python scripts/bench/bench_allreduce.py --min-bytes 1K --max-bytes 16M --dtypes float32 --paths
+    python scripts/bench/bench_allreduce.py --dtypes float64,int8 --op max   # against lax.pmax
 
 Any dtype jaxring takes (64-bit ones turn on jax_enable_x64). With --op max or min the
 baseline is lax.pmax or lax.pmin, recorded under impl "psum" and the ratio_to_psum fields.

@@ -2,7 +2,7 @@
 
 Run it without mpirun; it launches the mpirun jobs itself:
 
-    python scripts/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
+    python scripts/bench/bench_allreduce_mpi.py --procs 2 4 [--devices-per-proc 1]
         [--max-bytes 64M] [--dtype float32] [--json OUT]
 
 For each process count, buffers of --dtype (float32, or float64 as scientific codes sum)

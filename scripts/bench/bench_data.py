@@ -1,6 +1,6 @@
 """Speech data pipeline throughput: synthesis, featurisation, and whole batches.
 
-    python scripts/bench_data.py [--utterances 2000] [--batch 32] [--json OUT]
+    python scripts/bench/bench_data.py [--utterances 2000] [--batch 32] [--json OUT]
 
 Stages, each timed on its own:
   synthesize   eSpeak corpus generation (utterances/s, one process)
@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from models.deepspeech2.data import audio, features, manifest, synth, voices  # noqa: E402
 from models.deepspeech2.data.batching import BatchIterator, epoch_batches, round_up  # noqa: E402

@@ -8,7 +8,7 @@ waiting for descheduled peers, and each thread's CPU time separates the
 engine's own cost (spinning and yielding included); compare k against the
 machine's cores. Target: <= 5 us per rank per call at k = 8.
 
-    flock /tmp/jaxring-bench.lock python scripts/bench_device_engine_host.py
+    flock /tmp/jaxring-bench.lock python scripts/bench/bench_device_engine_host.py
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Does tensor fusion pay? The engine's gradient sync three ways, alternated in the same run.
 
-    python scripts/bench_fusion.py --devices 2 4 8 --rounds 9 --json runs/fusion.json
-    python scripts/bench_fusion.py --quick --json /tmp/fusion.json   # 2 devices, one tree, few rounds
+    python scripts/bench/bench_fusion.py --devices 2 4 8 --rounds 9 --json runs/fusion.json
+    python scripts/bench/bench_fusion.py --quick --json /tmp/fusion.json   # 2 devices, one tree, few rounds
 
 Each way averages a gradient tree over the devices inside a pmapped step
 shaped as the engine's (Sync.pmap_step, jaxring/engine/sync.py): the step
@@ -19,7 +19,7 @@ and "no_sync", the same step with no mean, whose time is subtracted from
 each way's: sync_s is what the mean adds to a step.
 
 Each round times one queued loop of every way, in a new random order
-(scripts/ops_in_program.py's time_in_steady_state: each timed loop right
+(scripts/bench/ops_in_program.py's time_in_steady_state: each timed loop right
 after an untimed one of the same way); a subprocess per device count, since
 JAX fixes its host devices when it starts. `ratio` is this way's sync time
 over that of fusion at the default bucket size (medians over rounds): > 1
@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # models/ lives in the checkout, not the wheel
 sys.path.insert(0, str(ROOT / "examples"))  # the classifier's config names classifier.task
 
@@ -318,7 +318,7 @@ def main(argv=None):
     print_table(records)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        command = " ".join(["python", "scripts/bench_fusion.py", *argv])
+        command = " ".join(["python", "scripts/bench/bench_fusion.py", *argv])
         args.json.write_text(json.dumps(dict(runs[0], command=command, records=records), indent=1))
 
 

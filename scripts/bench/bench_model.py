@@ -1,6 +1,6 @@
 """Forward + backward time of Deep Speech 2 per second of audio, on this machine's default device.
 
-    python scripts/bench_model.py [--config configs/ds2_tiny.yaml ...] [--json OUT]
+    python scripts/bench/bench_model.py [--config configs/ds2_tiny.yaml ...] [--json OUT]
 """
 
 import argparse
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # models/ lives in the checkout, not the wheel
 
 import models  # noqa: E402,F401  (registers deepspeech2)

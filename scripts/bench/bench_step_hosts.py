@@ -1,9 +1,9 @@
 """A training step across emulated hosts, the gradients averaged three ways in the same run: jaxring, lax over jax.distributed, mpi4jax.
 
-    sudo .venv/bin/python scripts/bench_step_hosts.py --nodes 2 4 --rates 1gbit 10gbit \\
+    sudo .venv/bin/python scripts/bench/bench_step_hosts.py --nodes 2 4 --rates 1gbit 10gbit \\
         --configs configs/ds2_tiny.yaml examples/charlm/charlm.yaml --json docs/bench/step-hosts-cpu2-DATE.json
 
-For each rate and node count, on a fresh emulated cluster (scripts/cluster/cluster.py: one process and
+For each rate and node count, on a fresh emulated cluster (scripts/bench/cluster/cluster.py: one process and
 one host device per node), one mpirun job per config builds the config's task, optimizer and state
 (the engine's Trainer, the global batch --batch-per-node x nodes) and its first training batch, then
 times the same step with four ways of averaging what the step averages (gradients, model state, loss):
@@ -17,7 +17,7 @@ times the same step with four ways of averaging what the step averages (gradient
 Every way runs in the one job (jax.distributed is started for lax_gloo, idle for the others). The
 per-process part of the step is the engine's (Trainer._local, Trainer._finish) in each; the engine
 maps it over its devices with pmap, the others with vmap over one device's batch. Timing: rounds in
-a random order (scripts/ops_in_program.py: each timed call right after an untimed one), each call
+a random order (scripts/bench/ops_in_program.py: each timed call right after an untimed one), each call
 --steps steps queued then waited for; the slowest process' time per round, median over rounds.
 all-reduce share = (step - none's step) / step. Before timing, one step from the same state by each
 way: the losses, gradient norms and new weights must agree (the job fails otherwise).
@@ -34,10 +34,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
 WAYS = ("jaxring", "lax_gloo", "mpi4jax", "none")
 SYNCED = WAYS[:3]

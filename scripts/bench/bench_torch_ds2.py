@@ -1,6 +1,6 @@
 """Deep Speech 2's training step in PyTorch with cuDNN's recurrent layers: docs/PERSISTENT_RNN.md's baseline.
 
-    python scripts/bench_torch_ds2.py --config ds2_paper --dtype bfloat16 --batch-size 64 --seconds 4
+    python scripts/bench/bench_torch_ds2.py --config ds2_paper --dtype bfloat16 --batch-size 64 --seconds 4
 
 The same shapes as models/deepspeech2/model.py for a config's `model:` section:
 its convolutions (kernels, strides, channels), batch norm, clipped ReLU, its
@@ -8,7 +8,7 @@ recurrent layers as one nn.GRU (or nn.RNN) per layer, directions summed, the
 output layer and CTC loss, SGD with Nesterov momentum. Batch norm sits on the
 recurrent layer's input, where cuDNN allows it (jaxring normalises the input
 projection). Times forward + backward + update on one fixed random batch, as
-scripts/bench_train.py does for jaxring; bfloat16 under autocast (parameters
+scripts/bench/bench_train.py does for jaxring; bfloat16 under autocast (parameters
 float32, as jaxring's compute dtype).
 """
 
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """Training-step throughput of Deep Speech 2 configs, ring vs psum all-reduce in the same run.
 
-    python scripts/bench_train.py --configs ds2_tiny ds2_small --json runs/bench_train.json
+    python scripts/bench/bench_train.py --configs ds2_tiny ds2_small --json runs/bench_train.json
 
 Times the full pmapped step (forward, backward, all-reduce, update) on
 fixed-shape random batches, so the data pipeline and compilation are left
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from jaxring.engine.launch import expose_host_devices  # noqa: E402

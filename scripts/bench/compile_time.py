@@ -1,6 +1,6 @@
 """Where a config's training-step compile time goes: tracing, lowering and XLA's compile, per model variant.
 
-    python scripts/compile_time.py --config ds2_paper --batch-size 256 --seconds 4 --json runs/compile_time.json
+    python scripts/bench/compile_time.py --config ds2_paper --batch-size 256 --seconds 4 --json runs/compile_time.json
 
 Times jax.jit(value_and_grad(task.loss)) for the config and for variants of it
 (model.KEY=VALUE overrides: fewer recurrent layers, the scan unrolled, another
@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench_train import random_batch  # noqa: E402  (scripts/ is on the path of a script)
+from bench_train import random_batch  # noqa: E402  (scripts/bench/ is on the path of a script)
 
 # The bound on ds2_paper's compile at batch 256 on a GPU (docs/PERSISTENT_RNN.md),
-# judged by scripts/gpu_check_summary.py.
+# judged by scripts/gpu/gpu_check_summary.py.
 TARGET_S = 30
 
 

@@ -1,6 +1,6 @@
 """A cost model of jaxring's all-reduce schedules, fitted to measurements, and its projection to 1024 GPUs.
 
-    .venv/bin/python scripts/project_scaling.py \\
+    .venv/bin/python scripts/bench/project_scaling.py \\
         --network docs/bench/network-cpu2-2026-11-25.json --plot docs/images/scaling-ds2_paper.png \\
         --json docs/bench/scaling-projection-2026-11-26.json
 
@@ -23,7 +23,7 @@ Fits (least squares on each measured point's time): the in-process CPU ring
 per-call time on one H100 (docs/calibration/h100-2026-11-22.json), the device engine's
 ring up to 1 MiB on one H200 (docs/bench/gpu-h200-2026-11-26-run*.json), and, with
 --network, the cross-process ring over emulated links and ds2_tiny's
-all-reduce there (scripts/cluster/bench_network.py). Then ds2_paper on 8 to
+all-reduce there (scripts/bench/cluster/bench_network.py). Then ds2_paper on 8 to
 1024 H100s, 8 per node, NVLink inside, 400 Gb/s InfiniBand between.
 """
 
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
 CALIBRATION = ROOT / "docs" / "calibration" / "h100-2026-11-22.json"
 CPU_RING = ROOT / "docs" / "bench" / "allreduce-cpu8-2026-11-25-late-run1.json"
-# scripts/bench_cuda_ring.py on one H200, 7 runs (docs/PERFORMANCE.md, "CUDA ring on one GPU").
+# scripts/gpu/bench_cuda_ring.py on one H200, 7 runs (docs/PERFORMANCE.md, "CUDA ring on one GPU").
 H200_RUNS = sorted((ROOT / "docs" / "bench").glob("gpu-h200-2026-11-26-run*.json"))
 # Virtual ranks share one GPU's memory: above this the device ring's time is that sharing, not a link.
 H200_LATENCY_BOUND_BYTES = 1 << 20
@@ -213,7 +213,7 @@ def h200_device_ring_points() -> list[tuple[int, int, float]]:
     return [(b, k, float(np.median(t))) for (b, k), t in sorted(times.items())]
 
 
-# --- the emulated cluster (scripts/cluster/cluster.py) ------------------------------------
+# --- the emulated cluster (scripts/bench/cluster/cluster.py) ------------------------------------
 # What it adds to a real cluster, which the fit must charge: every node runs on
 # one machine (more processes than cores take turns, so each message a process
 # handles costs more, and every byte any node moves costs the one CPU), and
@@ -367,7 +367,7 @@ def best_bucket(rows, platform, gpus=128, tolerance=0.05) -> int:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--network", type=Path, help="scripts/cluster/bench_network.py's JSON")
+    parser.add_argument("--network", type=Path, help="scripts/bench/cluster/bench_network.py's JSON")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--markdown", action="store_true", help="also print the tables of docs/SCALING.md")
@@ -465,7 +465,7 @@ def plot(rows, path):
     axis.set_xscale("log", base=2)
     axis.set_xlabel("H100 GPUs (8 per node, 8 x 400 Gb/s IB per node)")
     axis.set_ylabel("weak-scaling efficiency, %")
-    axis.set_title("ds2_paper, bf16 batch 64 per GPU: model (scripts/project_scaling.py)")
+    axis.set_title("ds2_paper, bf16 batch 64 per GPU: model (scripts/bench/project_scaling.py)")
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()

@@ -7,7 +7,7 @@ twice under pytest, from a checkout of JAX at the installed jax's tag:
 
   git clone --depth 1 --branch jax-v$(python -c 'import jax; print(jax.__version__)') \\
       https://github.com/jax-ml/jax /tmp/jax
-  .venv/bin/python scripts/lax_conformance.py --jax-tests /tmp/jax --json runs/lax_conformance.json
+  .venv/bin/python scripts/dev/lax_conformance.py --jax-tests /tmp/jax --json runs/lax_conformance.json
 
 once as they are (the baseline) and once with this file loaded as a pytest plugin that rebinds
 jax.lax's collectives for the whole run. Each rebound call the tests make tries jaxring's op:

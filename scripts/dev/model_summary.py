@@ -1,13 +1,13 @@
 """Parameter count and FLOPs per second of audio of a Deep Speech 2 config.
 
-    python scripts/model_summary.py --config configs/ds2_tiny.yaml
+    python scripts/dev/model_summary.py --config configs/ds2_tiny.yaml
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # models/ lives in the checkout, not the wheel
 
 import models  # noqa: E402,F401  (registers deepspeech2)

@@ -14,7 +14,7 @@ never touched and can be worked on meanwhile. A sitecustomize.py in the copy
 takes the editable install's import hook out of every Python process the
 tests start, so that they import the copy's (mutated) modules.
 
-    python scripts/mutation_test.py jaxring/engine/rundir.py --sample 40
+    python scripts/dev/mutation_test.py jaxring/engine/rundir.py --sample 40
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # module -> the pytest arguments that test it (keep in step with tests/).
 ENGINE_TESTS = "tests/jaxring/engine"

@@ -7,7 +7,7 @@ preloaded (Python is not built with it). Any heap misuse (a step's leg
 writing into buffers XLA freed or handed to another step) aborts the rank with
 ASan's report; the script then exits non-zero.
 
-    python scripts/sanitize_mpi_leg.py [--np 2] [--devices 2] [--steps-check queued]
+    python scripts/dev/sanitize_mpi_leg.py [--np 2] [--devices 2] [--steps-check queued]
 
 Leak detection is off: Python and XLA keep memory for the process' lifetime.
 """
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "asan"
 WORKERS = ROOT / "tests" / "jaxring" / "collectives" / "mpi_workers"
 MODULES = ("_jaxring_cpu", "_jaxring_mpi")

@@ -9,7 +9,7 @@ shim's launcher (kernel_host_grid.cc) with -fsanitize=thread, then runs it twice
 2. `race`: a kernel whose block 1 reads what block 0 writes with no grid.sync between. TSan must
    report it, or the first run proves nothing.
 
-    python scripts/sanitize_rnn_kernels.py [--out build/tsan-rnn]
+    python scripts/dev/sanitize_rnn_kernels.py [--out build/tsan-rnn]
 
 About 3 minutes on 2 cores (the build 40 s; TSan makes each of a launch's thousands of fibers a
 thread of its own). Needs g++ with libtsan and the CUDA headers (cuda_runtime_api.h, for types
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "jaxring" / "rnn" / "csrc"
 SOURCES = ("kernels_tsan.cc", "persistent_rnn_host.cc", "kernel_host_grid.cc")
 CUDA_INCLUDES = (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include", Path("/usr/local/cuda-13.0/include"))

@@ -1,11 +1,11 @@
 """Writes docs/REFERENCE.md: the public API, the environment variables, the config sections and the scripts.
 
-    python scripts/reference.py            # rewrite docs/REFERENCE.md
-    python scripts/reference.py --check    # exit 1, saying so, where docs/REFERENCE.md differs
+    python scripts/docs/reference.py            # rewrite docs/REFERENCE.md
+    python scripts/docs/reference.py --check    # exit 1, saying so, where docs/REFERENCE.md differs
 
 Each entry comes from the code it describes: a function's signature and its docstring's first
 paragraph, a script's module docstring (or a shell script's first comment), the config sections of
-scripts/config_reference.py. The environment variables are ENVIRONMENT below: each row names the
+scripts/docs/config_reference.py. The environment variables are ENVIRONMENT below: each row names the
 file that reads the variable, its default comes from that file's constant where it has one, and
 tests/docs/test_reference.py fails when the code reads a variable the table lacks.
 """
@@ -18,8 +18,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "docs"))
 
 import config_reference  # noqa: E402  (its sys.path set-up makes models/ importable)
 import jaxring  # noqa: E402
@@ -27,7 +27,7 @@ from jaxring.collectives import fusion, timeout, xla_threads  # noqa: E402
 from jaxring.engine import progress  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "REFERENCE.md"
-GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
+GPU_CHECK = ROOT / "scripts" / "gpu" / "gpu_check.sh"
 SCRIPT_SUFFIXES = (".py", ".sh")
 
 
@@ -55,22 +55,22 @@ ENVIRONMENT = [
     *[(name, "jaxring/engine/progress.py", "set by the launcher", "unset",
        "any of these present: the process runs under an MPI launcher (its status lines say so)")
       for name in progress.MPI_LAUNCHER_VARIABLES],
-    ("GPU_CHECK_BUDGET_S", "scripts/gpu_check.sh", "seconds", _gpu_check_default("GPU_CHECK_BUDGET_S"),
+    ("GPU_CHECK_BUDGET_S", "scripts/gpu/gpu_check.sh", "seconds", _gpu_check_default("GPU_CHECK_BUDGET_S"),
      "one part's time budget; a stage gets the smaller of its limit and what is left"),
-    ("GPU_CHECK_DRY_RUN", "scripts/gpu_check.sh", "`1`", _gpu_check_default("GPU_CHECK_DRY_RUN"),
+    ("GPU_CHECK_DRY_RUN", "scripts/gpu/gpu_check.sh", "`1`", _gpu_check_default("GPU_CHECK_DRY_RUN"),
      "on CPU: every command resolves and the CPU stages run, nothing else"),
-    ("OUT", "scripts/gpu_check.sh", "a folder", f"`{_gpu_check_default('OUT')}`", "where the results go"),
-    ("PYTHON", "scripts/gpu_check.sh", "a python", f"`{_gpu_check_default('PYTHON')}`", "the python that runs every stage"),
-    ("CUDA_DEVICE_MAX_CONNECTIONS", "scripts/check_cuda_ring.py", "a count", "32 (if unset)",
-     "hardware queues for the virtual-rank harness's k streams; also scripts/bench_cuda_ring.py"),
-    ("XLA_PYTHON_CLIENT_PREALLOCATE", "scripts/check_cuda_ring.py", "`false`", "`false` (if unset)",
+    ("OUT", "scripts/gpu/gpu_check.sh", "a folder", f"`{_gpu_check_default('OUT')}`", "where the results go"),
+    ("PYTHON", "scripts/gpu/gpu_check.sh", "a python", f"`{_gpu_check_default('PYTHON')}`", "the python that runs every stage"),
+    ("CUDA_DEVICE_MAX_CONNECTIONS", "scripts/gpu/check_cuda_ring.py", "a count", "32 (if unset)",
+     "hardware queues for the virtual-rank harness's k streams; also scripts/gpu/bench_cuda_ring.py"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "scripts/gpu/check_cuda_ring.py", "`false`", "`false` (if unset)",
      "keeps JAX from taking the GPU's memory the harness needs"),
-    ("JAX_PLATFORMS", "scripts/cluster/cluster.py", "`cpu`, `cuda`", "`cpu` (if unset)",
-     "the emulated cluster's processes run on CPU; also scripts/lax_conformance.py's runs"),
-    ("CUDA_HOME", "scripts/sanitize_rnn_kernels.py", "a CUDA toolkit folder", "nvcc's", "where compute-sanitizer is"),
-    ("PYTHONPATH", "scripts/mutation_test.py", "paths", "inherited",
-     "passed on to the test runs with the checkout first; also scripts/lax_conformance.py"),
-    ("PYTEST_XDIST_WORKER", "scripts/lax_conformance.py", "set by pytest-xdist", "unset",
+    ("JAX_PLATFORMS", "scripts/bench/cluster/cluster.py", "`cpu`, `cuda`", "`cpu` (if unset)",
+     "the emulated cluster's processes run on CPU; also scripts/dev/lax_conformance.py's runs"),
+    ("CUDA_HOME", "scripts/dev/sanitize_rnn_kernels.py", "a CUDA toolkit folder", "nvcc's", "where compute-sanitizer is"),
+    ("PYTHONPATH", "scripts/dev/mutation_test.py", "paths", "inherited",
+     "passed on to the test runs with the checkout first; also scripts/dev/lax_conformance.py"),
+    ("PYTEST_XDIST_WORKER", "scripts/dev/lax_conformance.py", "set by pytest-xdist", "unset",
      "one record file per worker when JAX's tests run rebound"),
 ]
 
@@ -135,7 +135,8 @@ def script_purpose(path: Path) -> str:
 
 def script_rows() -> list[str]:
     rows = ["| script | what it is for |", "|---|---|"]
-    for path in sorted((ROOT / "scripts").rglob("*")):
+    # The user's commands (scripts/ itself) first, then the folders by role.
+    for path in sorted((ROOT / "scripts").rglob("*"), key=lambda p: (p.parent != ROOT / "scripts", p)):
         if path.suffix in SCRIPT_SUFFIXES:
             rows.append(f"| `{path.relative_to(ROOT)}` | {cell(script_purpose(path))} |")
     return rows
@@ -144,7 +145,7 @@ def script_rows() -> list[str]:
 HEADER = """# Reference
 
 The names a user types: the public API, the environment variables, the config sections and the
-scripts. Generated by `python scripts/reference.py` from the code (docstrings, the table of
+scripts. Generated by `python scripts/docs/reference.py` from the code (docstrings, the table of
 environment variables beside the code that reads them); tests/docs/test_reference.py keeps this
 page equal to the code. Usage and examples: [USAGE.md](USAGE.md).
 """
@@ -166,7 +167,7 @@ def reference() -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 where docs/REFERENCE.md differs from the code")
-    config_reference.write_or_check(OUTPUT, reference(), parser.parse_args().check, "scripts/reference.py")
+    config_reference.write_or_check(OUTPUT, reference(), parser.parse_args().check, "scripts/docs/reference.py")
 
 
 if __name__ == "__main__":

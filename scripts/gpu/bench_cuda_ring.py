@@ -1,4 +1,4 @@
-"""CUDA ring benchmarks with k virtual ranks on one GPU (scripts/gpu_check.sh).
+"""CUDA ring benchmarks with k virtual ranks on one GPU (scripts/gpu/gpu_check.sh).
 
 In one run: the device's copy bandwidth and the reduce kernel's; the launch
 floor per k (an empty kernel per call from each of k threads); per-call
@@ -10,7 +10,7 @@ one-shot/ring crossover per k; tree_allreduce's bucket size for ds2_paper's
 gradients; and the projection to 8 GPUs over NVLink. Medians of many calls
 after a warm-up, cycling through several buffer sets.
 
-    CUDA_DEVICE_MAX_CONNECTIONS=32 python scripts/bench_cuda_ring.py --markdown gpu-results/bench.md
+    CUDA_DEVICE_MAX_CONNECTIONS=32 python scripts/gpu/bench_cuda_ring.py --markdown gpu-results/bench.md
 """
 
 import argparse
@@ -90,7 +90,7 @@ def ds2_paper_leaves():
     from jaxring.engine import config as config_lib
     from models.deepspeech2.model import ModelConfig, init_variables  # not the task: the GPU image lacks its data packages
 
-    path = os.path.join(os.path.dirname(__file__), "..", "configs", "ds2_paper.yaml")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "ds2_paper.yaml")
     with open(path) as f:
         config = config_lib.section_from_dict(ModelConfig, yaml.safe_load(f)["model"], f"{path}: model")
     return jax.tree.leaves(jax.eval_shape(lambda: init_variables(config, jax.random.key(0)))["params"])

@@ -1,6 +1,6 @@
-"""Both CUDA engines with steps queued as JAX queues them (scripts/gpu_check.sh part 1).
+"""Both CUDA engines with steps queued as JAX queues them (scripts/gpu/gpu_check.sh part 1).
 
-k virtual ranks on one GPU (the harness of scripts/check_cuda_ring.py): each
+k virtual ranks on one GPU (the harness of scripts/gpu/check_cuda_ring.py): each
 rank's thread enqueues every step's collective (all-reduce at each --sizes,
 reduce_scatter and all_gather at the first) on its stream without waiting
 for any, each step an XLA execution of its own (its own run id and buffers)
@@ -12,7 +12,7 @@ type's own kernels, queued (their arithmetic in full: check_cuda_ring.py). A sta
 the host meetings both give up then). One JSON line per case to --out; exit
 status non-zero if any case fails.
 
-    python scripts/check_cuda_queued.py --out queued.jsonl --steps 256 --ranks 2,8
+    python scripts/gpu/check_cuda_queued.py --out queued.jsonl --steps 256 --ranks 2,8
 """
 
 import argparse

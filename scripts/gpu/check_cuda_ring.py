@@ -1,4 +1,4 @@
-"""Correctness of both CUDA engines with k virtual ranks on one GPU (scripts/gpu_check.sh).
+"""Correctness of both CUDA engines with k virtual ranks on one GPU (scripts/gpu/gpu_check.sh).
 
 Each rank has its own stream and buffers and is entered from its own host
 thread, as XLA enters the handler. Random inputs, outputs poisoned (all bits
@@ -11,7 +11,7 @@ with NaNs, infinities and signed zeros. A (dtype, reduction) the ring refuses
 (max of complex, sum of bool) is only counted. Writes one JSON line per case
 run to --out and exits non-zero if any case fails.
 
-    CUDA_DEVICE_MAX_CONNECTIONS=32 python scripts/check_cuda_ring.py --out results.jsonl
+    CUDA_DEVICE_MAX_CONNECTIONS=32 python scripts/gpu/check_cuda_ring.py --out results.jsonl
 """
 
 import argparse
@@ -30,6 +30,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import ml_dtypes  # noqa: E402  (jax's dependency: numpy's bfloat16)
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # byte_sizes
 from byte_sizes import parse_bytes  # noqa: E402
 from jaxring.collectives import _jaxring_cuda_harness as harness  # noqa: E402
 from jaxring.collectives import _ffi, _ring_call  # noqa: E402

@@ -1,13 +1,13 @@
-"""jaxring through JAX on the GPUs of this machine (scripts/gpu_check.sh).
+"""jaxring through JAX on the GPUs of this machine (scripts/gpu/gpu_check.sh).
 
 pmap, shard_map, grad, vmap, tree_allreduce and an SGD step with the ring,
 each against jax.lax on the same devices. Run once per engine:
 
-    JAXRING_CUDA_ENGINE=device python scripts/check_jax_gpu.py
+    JAXRING_CUDA_ENGINE=device python scripts/gpu/check_jax_gpu.py
 
 With one GPU every ring has one rank: this checks the plumbing (lowering,
 registration, buffers, engine selection), not the ring itself, which
-scripts/check_cuda_ring.py checks with virtual ranks.
+scripts/gpu/check_cuda_ring.py checks with virtual ranks.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """The persistent recurrent layer judged in one GPU run: against the scan, then ds2_paper's step against cuDNN's GRU.
 
-    python scripts/check_persistent_rnn.py --out gpu-results --part parity --name persistent-rnn-parity
-    python scripts/check_persistent_rnn.py --out gpu-results --part steps --name persistent-rnn
+    python scripts/gpu/check_persistent_rnn.py --out gpu-results --part parity --name persistent-rnn-parity
+    python scripts/gpu/check_persistent_rnn.py --out gpu-results --part steps --name persistent-rnn
 
 1. Parity, OUT/NAME.jsonl (one line a case, `ok`, written as each ends): the
    persistent layer's CUDA kernel against the reference scan (jaxring/rnn/scan.py),
@@ -14,11 +14,11 @@
    the largest value, bfloat16 be no further than twice the bfloat16 scan is.
 2. Steps, OUT/NAME/gpu-persistent-rnn.json (rewritten after every measurement,
    so a timeout keeps what was done): ds2_paper's training step by
-   scripts/bench_train.py with model.rnn_impl=persistent and =scan, and the
-   PyTorch twin with cuDNN's GRU (scripts/bench_torch_ds2.py) where torch
+   scripts/bench/bench_train.py with model.rnn_impl=persistent and =scan, and the
+   PyTorch twin with cuDNN's GRU (scripts/bench/bench_torch_ds2.py) where torch
    imports, at bfloat16 batch 64, float32 batch 32, bfloat16 batch 256, 4 s
    utterances; each record's compile_s is its first step, compile included.
-   Its `targets` are docs/PERSISTENT_RNN.md's, judged by scripts/gpu_check_summary.py.
+   Its `targets` are docs/PERSISTENT_RNN.md's, judged by scripts/gpu/gpu_check_summary.py.
 """
 
 import argparse
@@ -34,8 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))  # bench_train, bench_torch_ds2
 
 # cell, directions, batch, frames, hidden: ds2_paper's layer (620 units) at batch 64 and 32,
 # odd hidden sizes and batches, one direction, the plain RNN's clip.
@@ -61,7 +62,7 @@ STEP_TIMEOUT_S = 200
 # (dtype, global batch), the issue's table, the decisive one first; each timed with every implementation.
 STEP_CASES = [("bfloat16", 64), ("float32", 32), ("bfloat16", 256)]
 IMPLS = ("persistent", "scan", "torch")
-# Dense bfloat16 peak of one H100 or H200 (scripts/bench_train.py's --peak-tflops), for the MFU target.
+# Dense bfloat16 peak of one H100 or H200 (scripts/bench/bench_train.py's --peak-tflops), for the MFU target.
 BF16_PEAK_TFLOPS = 989
 CONFIG = "ds2_paper"
 SECONDS = 4.0

@@ -3,11 +3,11 @@
 # machine with only its image (python3 with jax + CUDA plugin, flax, optax,
 # nvcc, cmake, ninja, scikit-build-core, nanobind; no network):
 #
-#   scripts/gpu_check.sh 1     # first: build, smoke, correctness, queued steps, the persistent RNN's parity
-#   scripts/gpu_check.sh 2     # sanitizer, jax under each engine, the MPI leg, compile time
-#   scripts/gpu_check.sh 3     # latency, bandwidth, crossover, large sizes, bucket sweep
-#   scripts/gpu_check.sh 4     # ds2_paper's step: persistent RNN vs the scan vs cuDNN's GRU
-#   GPU_CHECK_DRY_RUN=1 scripts/gpu_check.sh 1   # on CPU: every command resolves, CPU stages run
+#   scripts/gpu/gpu_check.sh 1     # first: build, smoke, correctness, queued steps, the persistent RNN's parity
+#   scripts/gpu/gpu_check.sh 2     # sanitizer, jax under each engine, the MPI leg, compile time
+#   scripts/gpu/gpu_check.sh 3     # latency, bandwidth, crossover, large sizes, bucket sweep
+#   scripts/gpu/gpu_check.sh 4     # ds2_paper's step: persistent RNN vs the scan vs cuDNN's GRU
+#   GPU_CHECK_DRY_RUN=1 scripts/gpu/gpu_check.sh 1   # on CPU: every command resolves, CPU stages run
 #
 # Every stage runs under `timeout`, and the whole part under a budget
 # (GPU_CHECK_BUDGET_S, default 540 s): a stage gets the smaller of its own
@@ -17,11 +17,11 @@
 # (tests/scripts/test_gpu_check.py), so one hung stage skips no other: a limit
 # is a few times the stage's time on an H200 (docs/bench/gpu-check-h200-*.json). Results go to $OUT,
 # else ./gpu-results: one log per stage, stages.jsonl, and summary.json
-# (scripts/gpu_check_summary.py): every target with its measured value, pass
+# (scripts/gpu/gpu_check_summary.py): every target with its measured value, pass
 # or fail, and what to flip when it passes. Exit status non-zero if a stage
 # failed or a target missed.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PART="${1:-}"
 if [[ "$PART" != 1 && "$PART" != 2 && "$PART" != 3 && "$PART" != 4 ]]; then
   echo "usage: $0 1|2|3|4  (part 1: what never ran on a GPU: queued steps, the persistent RNN's parity, correctness; part 2: sanitizer, jax, MPI leg, compile time; part 3: latency, bandwidth, large sizes; part 4: ds2_paper's step with the persistent RNN)" >&2
@@ -36,7 +36,7 @@ SUMMARY_RESERVE_S=20
 # The harness runs k ranks' kernels at once from k streams, which needs k
 # hardware queues; CUDA reads this when it starts (docs/CUDA_RING.md).
 export CUDA_DEVICE_MAX_CONNECTIONS=32
-export PYTHONPATH="scripts${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="scripts/gpu:scripts/bench${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
 : >"$OUT/summary.txt"
 : >"$OUT/stages.jsonl"
@@ -98,7 +98,7 @@ stage() {
 # the scan and with PyTorch's cuDNN GRU (batch 256's compile included), each record written as it
 # comes, so running out of time keeps what was measured.
 persistent_rnn_parity_stage() {
-  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn-parity gpu 100 "$PYTHON" scripts/check_persistent_rnn.py \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn-parity gpu 100 "$PYTHON" scripts/gpu/check_persistent_rnn.py \
     --out "$OUT" --part parity --name persistent-rnn-parity
 }
 persistent_rnn_steps_stage() {
@@ -106,11 +106,11 @@ persistent_rnn_steps_stage() {
     echo "=== persistent-rnn: skipped, the kernel failed its parity stage" | tee -a "$OUT/summary.txt"
     record persistent-rnn skipped null 0 0; failed+=(persistent-rnn); return
   fi
-  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn gpu 300 "$PYTHON" scripts/check_persistent_rnn.py \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage persistent-rnn gpu 300 "$PYTHON" scripts/gpu/check_persistent_rnn.py \
     --out "$OUT" --part steps --name persistent-rnn
 }
 
-HARNESS=("$PYTHON" scripts/check_cuda_ring.py)
+HARNESS=("$PYTHON" scripts/gpu/check_cuda_ring.py)
 if [ "$DRY_RUN" != 1 ]; then
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 fi
@@ -157,7 +157,7 @@ print('platforms:', jaxring.collectives._ffi.register())"
   # values of its own) with no sync between, every step checked against float64 numpy, then
   # all-reduces of five more (dtype, reduction) pairs; a stall fails each case within 5 s
   # (20 s on an H200 before the pairs, 2026-11-28; about 45 s with them, estimated).
-  stage cuda-queued gpu 90 "$PYTHON" scripts/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
+  stage cuda-queued gpu 90 "$PYTHON" scripts/gpu/check_cuda_queued.py --out "$OUT/cuda-queued.jsonl" \
     --ranks 2,8 --steps 256 --timeout 5
 elif [ "$PART" = 2 ]; then
   stage protocol cpu 50 "$PYTHON" -m pytest -q -p no:cacheprovider \
@@ -171,11 +171,11 @@ elif [ "$PART" = 2 ]; then
     "${HARNESS[@]}" --out "$OUT/sanitizer-device.jsonl" --engines device --ranks 2 --largest 1 \
     --dtypes float32 --reductions sum,max --modes allreduce --timeout 5 --max-failures 1
   for engine in host device; do
-    stage "jax-$engine" gpu 30 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/check_jax_gpu.py
+    stage "jax-$engine" gpu 30 env JAXRING_CUDA_ENGINE=$engine JAXRING_LOG=debug "$PYTHON" scripts/gpu/check_jax_gpu.py
   done
   # A misspelt engine is an error that says what to write instead.
   stage jax-bad-engine gpu 20 --expect-fail "JAXRING_CUDA_ENGINE is 'devcie'; use 'host'" \
-    env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/check_jax_gpu.py
+    env JAXRING_CUDA_ENGINE=devcie "$PYTHON" scripts/gpu/check_jax_gpu.py
   # The MPI leg's CUDA handler (csrc/mpi/cuda_mpi_ring.cc): two processes share the GPU, one
   # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler); unresolved
   # unless the MPI wheels were carried (above).
@@ -186,30 +186,30 @@ elif [ "$PART" = 2 ]; then
   # ds2_paper's training step compiled at batch 256 against the 30 s bound, split into trace +
   # lower and XLA's compile, with a fewer-layers and a bfloat16 variant (docs/PERSISTENT_RNN.md).
   mkdir -p "$OUT/compile-time"
-  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 130 "$PYTHON" scripts/compile_time.py \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false stage compile-time gpu 130 "$PYTHON" scripts/bench/compile_time.py \
     --config ds2_paper --batch-size 256 --seconds 4 --variants as-is rnn_layers=1 dtype=bfloat16 \
     --json "$OUT/compile-time/gpu-compile-time.json"
   # The same step without XLA's autotuning of convolutions and GEMMs: the difference is its share.
   XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 \
-    stage compile-time-no-autotune gpu 60 "$PYTHON" scripts/compile_time.py --config ds2_paper \
+    stage compile-time-no-autotune gpu 60 "$PYTHON" scripts/bench/compile_time.py --config ds2_paper \
     --batch-size 256 --seconds 4 --variants as-is --json "$OUT/compile-time-no-autotune.json"
 elif [ "$PART" = 3 ]; then
   # 4 KiB latency, 256 MiB bandwidth, the one-shot crossover, against the targets (measured on an
   # H200, 2026-11-26: part 1 now holds the checks of what has never run on a GPU).
   mkdir -p "$OUT/bench-decisive"
-  stage bench-decisive gpu 90 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
+  stage bench-decisive gpu 90 "$PYTHON" scripts/gpu/bench_cuda_ring.py --quick --ranks 2,8 --no-buckets \
     --json-dir "$OUT/bench-decisive" --markdown "$OUT/bench-decisive.md"
   # 64M elements: the float64 reference on the host is most of it (163 s on an H200, 2026-11-26).
   stage correctness-large gpu 240 "${HARNESS[@]}" --out "$OUT/correctness-large.jsonl" --ranks 2,8 \
     --largest 64M --dtypes float32,bfloat16 --reductions sum --timeout 20 --max-failures 2
   mkdir -p "$OUT/bench-buckets"
-  stage bench-buckets gpu 60 "$PYTHON" scripts/bench_cuda_ring.py --quick --ranks 2,8 \
+  stage bench-buckets gpu 60 "$PYTHON" scripts/gpu/bench_cuda_ring.py --quick --ranks 2,8 \
     --json-dir "$OUT/bench-buckets" --markdown "$OUT/bench-buckets.md"
 else
   persistent_rnn_steps_stage
 fi
 
-timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"
+timeout "$SUMMARY_RESERVE_S" "$PYTHON" scripts/gpu/gpu_check_summary.py "$OUT" --part "$PART" | tee -a "$OUT/summary.txt"
 summary_rc=${PIPESTATUS[0]}
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED stages: ${failed[*]}" | tee -a "$OUT/summary.txt"

@@ -1,4 +1,4 @@
-"""summary.json of one part of scripts/gpu_check.sh: every target, measured value, pass or fail.
+"""summary.json of one part of scripts/gpu/gpu_check.sh: every target, measured value, pass or fail.
 
 Reads what the part's stages left in OUT (stages.jsonl, the harness's JSON
 lines, the benchmark's JSON) and names every target of both parts: the ones
@@ -7,7 +7,7 @@ the other part measures say so. Then, per setting that waits on the GPU
 conditions passed and what to change where. Exits 1 if a target of this
 part missed or was not measured.
 
-    python scripts/gpu_check_summary.py gpu-results --part 1
+    python scripts/gpu/gpu_check_summary.py gpu-results --part 1
 """
 
 import argparse
@@ -63,7 +63,7 @@ FLIPS = [
      "set OneShotMaxBytes (jaxring/collectives/csrc/cuda/device_ring.cu) per k to one_shot_crossover_bytes"),
     ("GPU bucket size", ["ds2_paper_projected_ms<=2"],
      "weigh best_bucket_bytes (the all-reduce alone) against DEFAULT_BUCKET_BYTES[\"gpu\"] "
-     "(jaxring/collectives/fusion.py) by the step it gives in scripts/project_scaling.py, which "
+     "(jaxring/collectives/fusion.py) by the step it gives in scripts/bench/project_scaling.py, which "
      "chose 64 MiB: the smallest bucket within 5% of the best step (docs/SCALING.md)"),
     ("default rnn_impl", ["persistent RNN kernel equals the scan: values and gradients, float32 and bfloat16",
                           "ds2_paper_bf16_b64_speedup_vs_cudnn>=2", "ds2_paper_f32_b32_speedup_vs_cudnn>=1.5",

@@ -1,16 +1,16 @@
 """All-reduce and training over emulated network links, with the links' TCP throughput measured in the same run.
 
-    sudo .venv/bin/python scripts/cluster/bench_network.py --nodes 2 3 4 --rates 1gbit 10gbit \\
+    sudo .venv/bin/python scripts/bench/cluster/bench_network.py --nodes 2 3 4 --rates 1gbit 10gbit \\
         --max-bytes 16M --train-nodes 1 2 4 --json docs/bench/network-cpu2-DATE.json
 
 For each rate and node count, on a fresh emulated cluster (cluster.py, one
 process and one host device per node): one TCP stream node 0 -> node 1
 (tcp_stream.py, the practical limit of a link), then the cross-process
-all-reduces of scripts/bench_allreduce_mpi.py (its --job-json mode, run under
+all-reduces of scripts/bench/bench_allreduce_mpi.py (its --job-json mode, run under
 this cluster's mpirun: jaxring.allreduce(processes=True) in a jit, a bare
 MPI_Allreduce through mpi4py and mpi4jax in a jit; then JAX's gloo psum in a
 job of its own, its coordinator on node 0's address). Then, at each of
---train-rates (default: every rate), ds2_tiny weak scaling (scripts/bench_train.py, the same batch per
+--train-rates (default: every rate), ds2_tiny weak scaling (scripts/bench/bench_train.py, the same batch per
 node) over --train-nodes. busbw = bytes * 2(N-1)/N / time, against the link.
 """
 
@@ -26,16 +26,16 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import tcp_stream  # noqa: E402
 from byte_sizes import parse_bytes  # noqa: E402
 from cluster import Cluster, interrupt_on_termination, parse_rate  # noqa: E402
 
-ALLREDUCE_BENCH = ROOT / "scripts" / "bench_allreduce_mpi.py"
-TRAIN_BENCH = ROOT / "scripts" / "bench_train.py"
+ALLREDUCE_BENCH = ROOT / "scripts" / "bench" / "bench_allreduce_mpi.py"
+TRAIN_BENCH = ROOT / "scripts" / "bench" / "bench_train.py"
 
 
 def allreduce(cluster, args) -> list[dict]:

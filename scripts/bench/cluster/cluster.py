@@ -1,6 +1,6 @@
 """An emulated cluster on this machine: N nodes as network namespaces on a switch, links of a given rate.
 
-    sudo .venv/bin/python scripts/cluster/cluster.py --nodes 2 --rate 1gbit -- \\
+    sudo .venv/bin/python scripts/bench/cluster/cluster.py --nodes 2 --rate 1gbit -- \\
         python -m mpi4py scripts/train.py --config configs/ds2_tiny.yaml --workdir runs/net2
 
 makes the cluster, runs the command under mpirun with one process per node,

@@ -1,11 +1,11 @@
 """One TCP stream's throughput between two nodes: the practical limit a collective over that link can reach.
 
-    python scripts/cluster/tcp_stream.py receive PORT            # prints its address once listening
-    python scripts/cluster/tcp_stream.py send HOST PORT SECONDS  # prints {"bits_per_s": ...} as JSON
+    python scripts/bench/cluster/tcp_stream.py receive PORT            # prints its address once listening
+    python scripts/bench/cluster/tcp_stream.py send HOST PORT SECONDS  # prints {"bits_per_s": ...} as JSON
 
 The sender writes for SECONDS and the receiver acknowledges the byte count
 once the sender has closed, so the rate is what arrived, over the sender's
-clock. `measure` runs both inside an emulated cluster (scripts/cluster/cluster.py).
+clock. `measure` runs both inside an emulated cluster (scripts/bench/cluster/cluster.py).
 """
 
 import json
