@@ -47,7 +47,7 @@ train-voices: $(VENV)/.installed
 	$(PY) scripts/train.py --config configs/ds2_tiny_voices.yaml --workdir runs/ds2_tiny_voices $(TRAIN_FLAGS)
 
 bench: $(VENV)/.installed
-	$(PY) scripts/bench_allreduce.py --json runs/bench_allreduce.json
+	$(PY) scripts/bench/bench_allreduce.py --json runs/bench_allreduce.json
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

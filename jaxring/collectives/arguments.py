@@ -1,7 +1,7 @@
 """The ops' arguments as lax takes them, and lax's refusals of the rest, at trace time.
 
 Every check here copies what jax.lax's collectives accept and the error they raise
-otherwise (scripts/lax_conformance.py counts the calls of JAX's own tests jaxring takes),
+otherwise (scripts/dev/lax_conformance.py counts the calls of JAX's own tests jaxring takes),
 so that allreduce.py, reduce_scatter.py and all_gather.py refuse what lax refuses, in
 lax's exception classes, with words that say what to change. No refusal may wait for
 vmap's batching rule (primitive.py), which may run after the op returned.

@@ -21,7 +21,7 @@ from jaxring.collectives.allreduce import allreduce
 # default is one per platform (jax's Device.platform names):
 # - "cpu": packing costs a copy in and a copy out, and each collective a
 #   fixed cost: fuse the small leaves, let large ones travel alone. The
-#   engine's sync, queued, alternated (scripts/bench_fusion.py on 2, 4 and 8
+#   engine's sync, queued, alternated (scripts/bench/bench_fusion.py on 2, 4 and 8
 #   host devices, docs/PERFORMANCE.md): 256 KiB buckets took 0.59-0.88x the
 #   time of 1 MiB ones on ds2_tiny (whose 196-393 KB weights 1 MiB buckets
 #   copy) and 0.56-1.15x on a 38-leaf transformer; one collective per leaf
@@ -29,7 +29,7 @@ from jaxring.collectives.allreduce import allreduce
 #   on the transformer. Large buckets copy large leaves: a 71 MB tree of
 #   3 MB weights took 62 ms in 1 MiB buckets, 212 ms in 4 MiB ones.
 # - "gpu": copies are cheap and each ring op has a fixed cost; the cost model
-#   fitted to H100 figures (docs/SCALING.md, scripts/project_scaling.py) puts
+#   fitted to H100 figures (docs/SCALING.md, scripts/bench/project_scaling.py) puts
 #   the smallest bucket within 5% of the best ds2_paper step at 128 GPUs at
 #   64 MiB for both CUDA engines. On one H200 (8 virtual ranks, 2026-11-26,
 #   docs/PERFORMANCE.md) ds2_paper's all-reduce took 1.71-1.75 ms in 64 MiB

@@ -50,7 +50,7 @@ mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 # process runs the same one (csrc/mpi/mpi_host_ring.cc): buffers of at most
 # ONE_SHOT_MAX_BYTES go one-shot (each process sends its buffer to every
 # other, one round of latency), larger ones around the ring in pieces of
-# PIECE_BYTES. Chosen from scripts/bench_allreduce_mpi.py's sweeps (docs/PERFORMANCE.md):
+# PIECE_BYTES. Chosen from scripts/bench/bench_allreduce_mpi.py's sweeps (docs/PERFORMANCE.md):
 # 32 KiB, not 64, because a 64 KiB message is past Open MPI's TCP eager limit
 # (64 KiB with its header): over the emulated network it went by rendezvous
 # at 0.3x MPI_Allreduce's speed one-shot against 1.0x around the ring, while

@@ -14,7 +14,7 @@ def _check(refs, hyps):
 
 def edit_counts(refs, hyps) -> dict[str, int]:
     """Additive counts: character and word edits of `hyps` against `refs`, and the references' lengths."""
-    import jiwer  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+    import jiwer  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
     refs, hyps = _check(refs, hyps)
     chars = jiwer.process_characters(refs, hyps)

@@ -1,4 +1,4 @@
-"""Facts the docs state about the code, read from the code: scripts/gpu_check.sh's parts, stages
+"""Facts the docs state about the code, read from the code: scripts/gpu/gpu_check.sh's parts, stages
 and limits; the pip extras and what they install (pyproject.toml); and the constants in DOCUMENTED
 (bucket sizes, timeouts, thread counts, one-shot limits...), so that changing one fails here until
 the page says the new value."""
@@ -11,9 +11,9 @@ import pytest
 from tests.docs.markdown import ROOT
 from tests.docs.test_docs_references import DOCS, prose
 
-# -- scripts/gpu_check.sh
+# -- scripts/gpu/gpu_check.sh
 
-GPU_CHECK = (ROOT / "scripts" / "gpu_check.sh").read_text()
+GPU_CHECK = (ROOT / "scripts" / "gpu" / "gpu_check.sh").read_text()
 _STAGE_CALL = re.compile(r"(?:^|\s)stage\s+\"?([\w$-]+)\"?\s+(?:gpu|cpu|build)\s+(?:--expect-fail\s+\"[^\"]*\"\s+)?(\d+)")
 _FUNCTION = re.compile(r"^(\w+)\(\) \{\n(.*?)^\}", re.S | re.M)
 _PART_BRANCH = re.compile(r'^(?:if|elif) \[ "\$PART" = (\d) \]; then$|^else$|^fi$', re.M)
@@ -37,7 +37,7 @@ def stages_in(text: str, functions: dict[str, str]) -> dict[str, int]:
 
 
 def gpu_check_parts() -> dict[int, dict[str, int]]:
-    """Each part of scripts/gpu_check.sh: its stages and their limits (the build runs in every part)."""
+    """Each part of scripts/gpu/gpu_check.sh: its stages and their limits (the build runs in every part)."""
     parts = sorted(int(p) for p in re.findall(r'"\$PART" != (\d)', GPU_CHECK))
     functions = dict(_FUNCTION.findall(GPU_CHECK))
     body = _FUNCTION.sub("", GPU_CHECK)
@@ -72,14 +72,14 @@ def test_the_script_is_read_as_it_runs():
 def test_every_gpu_check_part_a_doc_names_exists():
     wrong = [(doc, found) for doc in DOCS for found in re.findall(r"gpu_check\.sh`? (\d)\b", flat_prose(doc))
              if int(found) not in PARTS]
-    assert not wrong, f"docs name parts scripts/gpu_check.sh does not have (doc, part): {wrong}"
+    assert not wrong, f"docs name parts scripts/gpu/gpu_check.sh does not have (doc, part): {wrong}"
 
 
 def test_the_docs_count_gpu_check_calls_as_the_script_has_parts():
     count = NUMBER_WORDS[len(PARTS)]
     wrong = [(doc, m.group(0)) for doc in DOCS
              for m in re.finditer(r"\b(\w+) calls of at most 10 minutes", flat_prose(doc)) if m.group(1) != count]
-    assert not wrong, f"scripts/gpu_check.sh has {count} parts (one call each); docs say otherwise: {wrong}"
+    assert not wrong, f"scripts/gpu/gpu_check.sh has {count} parts (one call each); docs say otherwise: {wrong}"
 
 
 def stage_mentions(doc: str):
@@ -105,7 +105,7 @@ def test_every_stage_a_doc_places_is_in_that_part_with_that_limit():
                 wrong.append((doc, name, f"said part {part}, is in part {STAGE_PART[name]}"))
             if limit is not None and PARTS[STAGE_PART[name]][name] != limit:
                 wrong.append((doc, name, f"said {limit} s, its limit is {PARTS[STAGE_PART[name]][name]} s"))
-    assert not wrong, f"stages of scripts/gpu_check.sh the docs misplace: {wrong}"
+    assert not wrong, f"stages of scripts/gpu/gpu_check.sh the docs misplace: {wrong}"
     assert checked >= 5, "the docs' stage mentions are no longer found: update stage_mentions"
 
 

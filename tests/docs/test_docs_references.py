@@ -200,10 +200,10 @@ def test_every_documented_script_exists_and_takes_its_flags(tmp_path):
 
 
 def test_a_command_line_is_found_in_each_form_the_docs_use():
-    assert command_of(shlex.split("cd scripts && flock /tmp/l python bench_allreduce_mpi.py --procs 2")) == (
-        "python", "scripts/bench_allreduce_mpi.py", ["--procs", "2"])
-    assert command_of(shlex.split("sudo .venv/bin/python scripts/cluster/cluster.py --nodes 2 -- python x.py")) == (
-        "python", "scripts/cluster/cluster.py", ["--nodes", "2", "--", "python", "x.py"])
+    assert command_of(shlex.split("cd scripts/bench && flock /tmp/l python bench_allreduce_mpi.py --procs 2")) == (
+        "python", "scripts/bench/bench_allreduce_mpi.py", ["--procs", "2"])
+    assert command_of(shlex.split("sudo .venv/bin/python scripts/bench/cluster/cluster.py --nodes 2 -- python x.py")) == (
+        "python", "scripts/bench/cluster/cluster.py", ["--nodes", "2", "--", "python", "x.py"])
     assert command_of(shlex.split("mpirun -np 2 --host a:1 python -m mpi4py scripts/train.py ... [--resume]")) == (
         "python", "scripts/train.py", ["--resume"])
     assert command_of(shlex.split("/usr/bin/time make train TRAIN_FLAGS=--resume")) == ("make", ["train"])

@@ -1,4 +1,4 @@
-"""docs/REFERENCE.md is scripts/reference.py's output, and its table of environment variables holds
+"""docs/REFERENCE.md is scripts/docs/reference.py's output, and its table of environment variables holds
 every variable the code reads: found here by how the code reads them, independently of the table."""
 
 import ast
@@ -8,7 +8,7 @@ import sys
 
 from tests.docs.markdown import ROOT
 
-SCRIPT = ROOT / "scripts" / "reference.py"
+SCRIPT = ROOT / "scripts" / "docs" / "reference.py"
 # How the code reads a variable: os.environ in its forms, getenv in C++, ${NAME:-default} in shell, a
 # module constant naming one (timeout.py's ENV), a tuple of names checked together (progress.py's).
 _READS = [
@@ -56,7 +56,7 @@ def test_the_table_has_every_variable_the_code_reads_and_no_other():
     assert {"JAXRING_TIMEOUT_S", "JAXRING_CUDA_ENGINE", "NPROC", "PMIX_RANK", "GPU_CHECK_BUDGET_S"} <= set(read)
     listed = {name for name, *_ in table()}
     missing = {name: sorted(read[name]) for name in set(read) - listed}
-    assert not missing, f"variables the code reads that scripts/reference.py's ENVIRONMENT lacks: {missing}"
+    assert not missing, f"variables the code reads that scripts/docs/reference.py's ENVIRONMENT lacks: {missing}"
     assert not listed - set(read), f"ENVIRONMENT lists variables nothing reads: {listed - set(read)}"
 
 

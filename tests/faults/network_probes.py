@@ -1,4 +1,4 @@
-"""Network faults on an emulated cluster (scripts/cluster/cluster.py): each must end cleanly or not at all.
+"""Network faults on an emulated cluster (scripts/bench/cluster/cluster.py): each must end cleanly or not at all.
 
     .venv/bin/python tests/faults/network_probes.py [--trials 10] [--timeout 10] [--json OUT]
 
@@ -36,7 +36,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
 from cluster import Cluster, interrupt_on_termination  # noqa: E402
 from tests.faults.probes import report  # noqa: E402

@@ -56,7 +56,7 @@ def test_csrc_is_laid_out_by_role_and_each_folder_includes_only_its_layers():
 
 def test_the_test_modules_build_only_when_asked():
     """A user's `pip install .` gets the library's modules alone; csrc/testing/ and the RNN's host test build only
-    with JAXRING_BUILD_TESTING (make test and scripts/gpu_check.sh turn it on)."""
+    with JAXRING_BUILD_TESTING (make test and scripts/gpu/gpu_check.sh turn it on)."""
     cmake = (ROOT / "CMakeLists.txt").read_text()
     asked, depth = [], 0
     for line in cmake.splitlines():
@@ -74,7 +74,7 @@ def test_the_test_modules_build_only_when_asked():
     assert testing == {"_jaxring_cpu_engine_test", "_jaxring_protocol", "_jaxring_engine_test",
                        "_jaxring_cuda_harness", "_jaxring_rnn_host_test"}, asked
     assert re.search(r'option\(JAXRING_BUILD_TESTING "[^"]*" OFF\)', cmake)
-    for turns_it_on in ("Makefile", "scripts/gpu_check.sh"):
+    for turns_it_on in ("Makefile", "scripts/gpu/gpu_check.sh"):
         assert "cmake.define.JAXRING_BUILD_TESTING=ON" in (ROOT / turns_it_on).read_text(), turns_it_on
 
 

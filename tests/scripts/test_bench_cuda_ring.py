@@ -9,7 +9,7 @@ import pytest
 
 from jaxring.collectives import _ffi
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_cuda_ring.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_cuda_ring.py"
 spec = importlib.util.spec_from_file_location("bench_cuda_ring", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)

@@ -1,4 +1,4 @@
-"""scripts/bench_fusion.py: its ways give the float64 mean (the fused buckets bit for bit the per-leaf
+"""scripts/bench/bench_fusion.py: its ways give the float64 mean (the fused buckets bit for bit the per-leaf
 ring's), and its --quick run writes a record of every way."""
 
 import json
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import bench_fusion  # noqa: E402
 
@@ -58,11 +58,11 @@ def test_every_way_gives_the_float64_mean_and_fusion_the_per_leaf_rings_bits(n_d
 
 def test_quick_run_writes_a_record_of_every_way(tmp_path):
     out = tmp_path / "fusion.json"
-    finished = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fusion.py"), "--quick", "--json", str(out)],
+    finished = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "bench_fusion.py"), "--quick", "--json", str(out)],
                               capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     result = json.loads(out.read_text())
-    assert result["command"] == "python scripts/bench_fusion.py --quick --json " + str(out)
+    assert result["command"] == "python scripts/bench/bench_fusion.py --quick --json " + str(out)
     assert {"platform", "cpu_count", "date", "jax"} <= set(result["machine"])
     default = default_bucket_bytes("cpu")
     ways = {r["way"]: r for r in result["records"]}

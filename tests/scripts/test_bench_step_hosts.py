@@ -1,4 +1,4 @@
-"""scripts/bench_step_hosts.py: the three ways of averaging agree after a step over three emulated
+"""scripts/bench/bench_step_hosts.py: the three ways of averaging agree after a step over three emulated
 hosts (where the order of additions differs), its record has what docs/PERFORMANCE.md quotes, and a
 way that disagrees fails the job."""
 
@@ -13,8 +13,8 @@ import pytest
 from tests.faults.network_probes import cluster_lock, skip_reason  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench_step_hosts.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "bench" / "bench_step_hosts.py"
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import bench_step_hosts  # noqa: E402
 

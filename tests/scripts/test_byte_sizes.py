@@ -1,4 +1,4 @@
-"""Size arguments of the benchmark scripts: one parser (scripts/byte_sizes.py), K/M/G suffixes everywhere."""
+"""Size arguments of the benchmark scripts: one parser (scripts/bench/byte_sizes.py), K/M/G suffixes everywhere."""
 
 import argparse
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 import bench_allreduce_mpi  # noqa: E402
 from byte_sizes import parse_bytes  # noqa: E402
@@ -57,7 +57,7 @@ def test_bench_allreduce_mpi_takes_suffixes_and_plain_bytes():
 
 def test_bench_allreduce_runs_with_suffixed_sizes(tmp_path):
     records = tmp_path / "records.json"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_allreduce.py"), "--devices", "2", "--min-bytes", "1K",
+    command = [sys.executable, str(ROOT / "scripts" / "bench" / "bench_allreduce.py"), "--devices", "2", "--min-bytes", "1K",
                "--max-bytes", "4K", "--dtypes", "float32", "--repeats", "1", "--json", str(records)]
     environment = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""scripts/check_cuda_queued.py (gpu_check.sh part 1's cuda-queued stage) before it has a GPU:
+"""scripts/gpu/check_cuda_queued.py (gpu_check.sh part 1's cuda-queued stage) before it has a GPU:
 the call reaches CUDA, and the verdict catches a step that holds another step's sum."""
 
 import sys
@@ -12,7 +12,7 @@ from tests.testing_modules import built_test_module
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("jaxring.collectives._jaxring_cuda", reason="built without a CUDA toolkit")
 built_test_module("jaxring.collectives._jaxring_cuda_harness")
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 import check_cuda_queued  # noqa: E402
 
 

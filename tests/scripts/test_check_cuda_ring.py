@@ -1,4 +1,4 @@
-"""The GPU correctness harness's script (scripts/check_cuda_ring.py) hands every dtype to the harness."""
+"""The GPU correctness harness's script (scripts/gpu/check_cuda_ring.py) hands every dtype to the harness."""
 
 import importlib.util
 import sys
@@ -12,8 +12,8 @@ from tests.testing_modules import built_test_module
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("jaxring.collectives._jaxring_cuda", reason="built without a CUDA toolkit")
 built_test_module("jaxring.collectives._jaxring_cuda_harness")
-sys.path.insert(0, str(ROOT / "scripts"))
-spec = importlib.util.spec_from_file_location("check_cuda_ring", ROOT / "scripts" / "check_cuda_ring.py")
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+spec = importlib.util.spec_from_file_location("check_cuda_ring", ROOT / "scripts" / "gpu" / "check_cuda_ring.py")
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 

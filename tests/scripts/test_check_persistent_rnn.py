@@ -1,4 +1,4 @@
-"""scripts/check_persistent_rnn.py and scripts/bench_torch_ds2.py on CPU: the parity check runs (the host
+"""scripts/gpu/check_persistent_rnn.py and scripts/bench/bench_torch_ds2.py on CPU: the parity check runs (the host
 mirror in place of the kernels here), the targets come out of the records, the GPU image's missing audio packages are not needed,
 and the PyTorch twin has the model's shapes."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 
 import check_persistent_rnn as check  # noqa: E402
 from tests.jaxring.rnn.mirrored_layer import stand_in_for_the_kernels  # noqa: E402
@@ -50,7 +50,7 @@ class Block:
         if name.split(".")[0] in ("soundfile", "soxr", "jiwer", "espeakng_loader", "ttspico", "tensorboardX"):
             raise ImportError("not installed: " + name)
 sys.meta_path.insert(0, Block())
-sys.path[:0] = ["scripts", "."]
+sys.path[:0] = ["scripts/gpu", "scripts/bench", "."]
 import bench_torch_ds2, bench_train, check_persistent_rnn, compile_time, models
 from jaxring.engine.experiment import build_task, load_config
 task = build_task(load_config("configs/ds2_tiny.yaml", []))
@@ -97,7 +97,7 @@ def test_a_failing_measurement_is_recorded_and_the_next_still_runs():
 
 
 def test_a_hung_measurement_is_recorded_and_ends_the_process_in_its_limit():
-    code = ("import json, sys, time; sys.path.insert(0, 'scripts'); import check_persistent_rnn as c; "
+    code = ("import json, sys, time; sys.path.insert(0, 'scripts/gpu'); import check_persistent_rnn as c; "
             "c.measure(dict(case='hangs'), 0.5, lambda: time.sleep(60), lambda r: print(json.dumps(r), flush=True))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert result.returncode == 3

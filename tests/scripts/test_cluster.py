@@ -1,4 +1,4 @@
-"""scripts/cluster/cluster.py: an emulated cluster is made, works, and leaves nothing behind, even when interrupted."""
+"""scripts/bench/cluster/cluster.py: an emulated cluster is made, works, and leaves nothing behind, even when interrupted."""
 
 import os
 import signal
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
 import cluster  # noqa: E402
 from tests.faults.network_probes import cluster_lock, one_cluster_at_a_time, skip_reason  # noqa: E402,F401
@@ -87,7 +87,7 @@ def test_a_second_cluster_right_after_the_first_and_over_leftovers_is_made(tmp_p
 def test_an_interrupted_run_tears_everything_down(tmp_path, sig):
     before = state()
     marker = tmp_path / "started"
-    command = [sys.executable, str(ROOT / "scripts" / "cluster" / "cluster.py"), "--nodes", "2", "--",
+    command = [sys.executable, str(ROOT / "scripts" / "bench" / "cluster" / "cluster.py"), "--nodes", "2", "--",
                "sh", "-c", f"touch {marker}; sleep 600"]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60

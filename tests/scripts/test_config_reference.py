@@ -1,4 +1,4 @@
-"""docs/CONFIG.md is scripts/config_reference.py's output: every config key, with the comment beside it in its dataclass."""
+"""docs/CONFIG.md is scripts/docs/config_reference.py's output: every config key, with the comment beside it in its dataclass."""
 
 import dataclasses
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 from tests.docs.markdown import ROOT
 
-SCRIPT = ROOT / "scripts" / "config_reference.py"
+SCRIPT = ROOT / "scripts" / "docs" / "config_reference.py"
 
 
 def _script():

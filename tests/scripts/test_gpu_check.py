@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh on CPU: a dry run of both parts (every command resolves, the CPU
+"""scripts/gpu/gpu_check.sh on CPU: a dry run of both parts (every command resolves, the CPU
 stages run), and the summary's verdicts on made-up results."""
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "gpu" / "gpu_check.sh"
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 
 import gpu_check_summary as summary_lib  # noqa: E402
 

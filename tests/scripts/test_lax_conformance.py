@@ -1,4 +1,4 @@
-"""scripts/lax_conformance.py counts what jaxring takes of jax.lax's collectives, on a test file of its own.
+"""scripts/dev/lax_conformance.py counts what jaxring takes of jax.lax's collectives, on a test file of its own.
 
 The test writes a stand-in for a JAX checkout (jax/version.py at the installed version, a pyproject.toml,
 tests/collectives_test.py in JAX's style: written here, not copied) and runs the script on it: each test
@@ -17,8 +17,8 @@ import jax
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "lax_conformance.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "dev" / "lax_conformance.py"
+sys.path.insert(0, str(ROOT / "scripts" / "dev"))
 
 import lax_conformance  # noqa: E402
 

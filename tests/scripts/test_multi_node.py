@@ -1,5 +1,5 @@
 """docs/MULTI_NODE.md's commands, as written, over two emulated hosts with their own hostnames
-(scripts/cluster/cluster.py): its hostfile, the host check and a training run, with only the page's
+(scripts/bench/cluster/cluster.py): its hostfile, the host check and a training run, with only the page's
 placeholders replaced (the host names, the checkout path, the subnet); and the training command under
 a killed host and a cut link. mpirun runs on the first host
 and reaches the second through the cluster's ssh agent, given in the environment, as ssh would."""
@@ -18,7 +18,7 @@ from tests.docs.markdown import ROOT, blocks
 from jaxring.engine.checkpoint import Checkpoints
 from tests.faults import network_probes
 
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 import cluster  # noqa: E402
 
 DOC = "docs/MULTI_NODE.md"

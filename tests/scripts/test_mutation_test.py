@@ -1,11 +1,11 @@
-"""scripts/mutation_test.py's mutant generator and module map, checked without running any mutant's tests."""
+"""scripts/dev/mutation_test.py's mutant generator and module map, checked without running any mutant's tests."""
 
 import ast
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "dev"))
 
 import mutation_test  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/project_scaling.py: the cost model's byte counts against a brute-force run of the ring schedule."""
+"""scripts/bench/project_scaling.py: the cost model's byte counts against a brute-force run of the ring schedule."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
 
 import project_scaling as model  # noqa: E402
 

@@ -1,5 +1,5 @@
 // The persistent layer's kernels on the host shim as a program of its own, for ThreadSanitizer
-// (scripts/sanitize_rnn_kernels.py builds it with -fsanitize=thread). The shim runs each block on
+// (scripts/dev/sanitize_rnn_kernels.py builds it with -fsanitize=thread). The shim runs each block on
 // an OS thread, so TSan sees every access one block makes to another's data; within a block the
 // fibers' order is the shim's business (the tests' seeds), and each switch is a synchronisation.
 //

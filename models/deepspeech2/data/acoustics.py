@@ -28,7 +28,7 @@ def change_speed(samples: np.ndarray, factor: float, rate: int = SAMPLE_RATE) ->
         raise ValueError(f"a speed factor must be positive; got {factor}")
     if factor == 1:
         return samples
-    import soxr  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+    import soxr  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
     # Read as if recorded at rate * factor and resampled to rate: len / factor samples.
     return soxr.resample(samples, rate * factor, rate).astype(np.float32, copy=False)

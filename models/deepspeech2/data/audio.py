@@ -14,7 +14,7 @@ class AudioError(Exception):
 def resample(samples: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) -> np.ndarray:
     if from_rate == to_rate:
         return samples
-    import soxr  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+    import soxr  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
     return soxr.resample(samples, from_rate, to_rate).astype(np.float32, copy=False)
 

@@ -32,7 +32,7 @@ class EspeakError(RuntimeError):
 
 class _Engine:
     def __init__(self):
-        import espeakng_loader  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+        import espeakng_loader  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
         lib = ctypes.CDLL(espeakng_loader.get_library_path())
         lib.espeak_Initialize.restype = ctypes.c_int

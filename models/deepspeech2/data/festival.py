@@ -72,7 +72,7 @@ def synthesize_many(requests: list[tuple]) -> list[tuple[np.ndarray, int]]:
             path = os.path.join(folder, f"{i}.wav")
             if done.returncode != 0 or not os.path.isfile(path):
                 raise RuntimeError(f"festival failed on {requests[i]!r} (exit {done.returncode}): {done.stderr[-500:]}")
-            import soundfile  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+            import soundfile  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
             samples, rate = soundfile.read(path, dtype="float32")
             outputs.append((samples, rate))

@@ -124,7 +124,7 @@ def _write_block(seed: int, out_dir: str, sizes: dict[str, int], start: int) -> 
 
 def write_utterance(out_dir: str, split: str, index: int, samples: np.ndarray, fields: dict) -> dict:
     """Writes OUT_DIR/audio/SPLIT/INDEX.flac; its manifest entry, with its split."""
-    import soundfile  # here, not at the top: the training step builds without it (scripts/gpu_check.sh's image)
+    import soundfile  # here, not at the top: the training step builds without it (scripts/gpu/gpu_check.sh's image)
 
     path = os.path.join(out_dir, "audio", split, f"{index:07d}.flac")
     soundfile.write(path, samples, audio.SAMPLE_RATE, subtype="PCM_16")

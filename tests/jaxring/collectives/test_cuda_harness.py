@@ -1,4 +1,4 @@
-"""What the GPU harness (scripts/check_cuda_ring.py, bench_cuda_ring.py) checks before it needs a GPU, and the
+"""What the GPU harness (scripts/gpu/check_cuda_ring.py, bench_cuda_ring.py) checks before it needs a GPU, and the
 CUDA engines' element rule (csrc/cuda/cuda_elementwise.cuh's Combine) run on the host against jax.lax."""
 
 import os
@@ -92,7 +92,7 @@ def _reference(reduction, a, b):
 @pytest.mark.parametrize("reduction", ["sum", "max", "min"])
 def test_the_cuda_engines_combine_every_dtype_as_xla_s_element_rule(reduction):
     """Combine, ToAcc and Store are the kernels' own (host and device functions), so this is the GPU's
-    arithmetic, bit for bit, without a GPU; scripts/check_cuda_ring.py checks the same on the GPU."""
+    arithmetic, bit for bit, without a GPU; scripts/gpu/check_cuda_ring.py checks the same on the GPU."""
     pytest.importorskip("jaxring.collectives._jaxring_cuda", reason="built without a CUDA toolkit")
     harness = built_test_module("jaxring.collectives._jaxring_cuda_harness")
     rng = np.random.default_rng(45)

@@ -210,7 +210,7 @@ def test_float0_and_object_arrays_get_lax_s_refusal(const):
 
 
 # Narrower than any type the handlers take: each crosses the ring in a wider type that holds its values
-# (ring.py's _wider_type) and lands back in its own.
+# (arguments.py's wider_type) and lands back in its own.
 NARROW = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float4_e2m1fn", "int4", "uint4")
 
 

@@ -1,7 +1,7 @@
 """Which all-reduces sum in place, for operands of every kind and under every transformation.
 
 An all-reduce's output takes its input's buffer where the program computed the
-input (ring.py's _in_place, decided at every bind from the operand bound
+input (ring_primitive.py's _in_place, decided at every bind from the operand bound
 there); over the program's own argument, a constant or a literal, or a
 reshape of one, XLA would copy the input first, so it writes a fresh output.
 """

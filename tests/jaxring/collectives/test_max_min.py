@@ -143,7 +143,7 @@ def test_queued_steps_of_changing_values(dtype):
     ("bool", "sum", "jaxring: a sum of bool; sum them as int32"),
 ))
 def test_the_handler_refuses_what_ring_py_refuses_first(dtype, reduction, error):
-    """The handlers' own refusal (csrc/core/ring_handler_common.h), for a primitive bound past ring.py's checks."""
+    """The handlers' own refusal (csrc/core/ring_handler_common.h), for a primitive bound past the ops' checks (arguments.py)."""
     x = np.ones((2, 4), dtype)
     with pytest.raises(Exception, match=error):
         np.asarray(pmapped(lambda v: ring.bind(v, kind=ring.ALLREDUCE, names=("i",), timeout_ms=0,

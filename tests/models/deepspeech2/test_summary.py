@@ -54,7 +54,7 @@ def test_training_flops_per_second_are_three_forwards_of_one_more_second():
 
 def test_model_summary_script_prints_exact_params():
     out = subprocess.run(
-        [sys.executable, "scripts/model_summary.py", "--config", "configs/ds2_tiny.yaml"],
+        [sys.executable, "scripts/dev/model_summary.py", "--config", "configs/ds2_tiny.yaml"],
         capture_output=True, text=True, check=True, env={"PYTHONPATH": ".", "JAX_PLATFORMS": "cpu", "PATH": ""},
     ).stdout
     assert f"params: {count_params(load_config('configs/ds2_tiny.yaml').model)}\n" in out

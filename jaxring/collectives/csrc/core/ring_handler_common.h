@@ -21,7 +21,7 @@ inline constexpr char kTargetName[] = "jaxring_ring";
 // Every element type the ring takes, and what the engines compute on: the one
 // mapping (Python reads it from the compiled module, ELEMENT_TYPES). A complex
 // number is two components, added one by one; a bool is a byte of 0 or 1
-// (only max and min reduce it: ring.py sums bools as int32, as lax.psum does).
+// (only max and min reduce it: allreduce.py sums bools as int32, as lax.psum does).
 struct ElementType {
   const char* name;                 // numpy's name: Python's key
   xla::ffi::DataType type;          // the buffer's type as XLA hands it over
@@ -172,11 +172,11 @@ inline std::string CheckWorkspace(const WorkspaceLayout& layout, int64_t given_e
 }
 
 // Why a call of `reduction` on elements of `row` (null: a type the ring does
-// not take) cannot run, or "". ring.py refuses all of these first.
+// not take) cannot run, or "". The Python ops (arguments.py) refuse all of these first.
 inline std::string RefuseTypeOrReduction(const ElementType* row, int64_t reduction, Mode mode) {
   if (row == nullptr) {
     return "jaxring: unsupported dtype; the ring takes " + ElementTypeNames() +
-           " (jaxring/collectives/ring.py refuses the others before they get here)";
+           " (jaxring/collectives/arguments.py refuses the others before they get here)";
   }
   if (ReductionName(reduction) == nullptr) {
     return "jaxring: unknown reduction " + std::to_string(reduction) + " (core/reduction.h)";
@@ -188,7 +188,7 @@ inline std::string RefuseTypeOrReduction(const ElementType* row, int64_t reducti
            ": complex numbers have no order (lax.pmax and lax.pmin refuse them too)";
   }
   if (sum && row->type == xla::ffi::DataType::PRED) {
-    return "jaxring: a sum of bool; sum them as int32, as jaxring/collectives/ring.py and lax.psum do";
+    return "jaxring: a sum of bool; sum them as int32, as jaxring/collectives/allreduce.py and lax.psum do";
   }
   return "";
 }

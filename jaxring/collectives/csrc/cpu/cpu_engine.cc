@@ -71,7 +71,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the futex waits on the low half of a 64-bit flag word");
 
 // The push path at every size: on 8 host devices the ring was never clearly
-// faster, up to 64 MiB (docs/PERFORMANCE.md, scripts/bench_allreduce.py --paths).
+// faster, up to 64 MiB (docs/PERFORMANCE.md, scripts/bench/bench_allreduce.py --paths).
 std::atomic<int64_t> push_max_bytes{std::numeric_limits<int64_t>::max()};
 std::atomic<int64_t> forced_path{static_cast<int64_t>(CpuPath::kAuto)};
 

@@ -51,7 +51,7 @@ void SetCpuPushMaxBytes(int64_t bytes);
 CpuPath CpuForcedPath();
 void SetCpuForcedPath(CpuPath path);
 
-// Whether the lowering may alias a call's output to its input (ring.py does
+// Whether the lowering may alias a call's output to its input (ring_primitive.py does
 // for values the program computed): all-reduces of rings the push path
 // serves. The push path writes only the chunk that its own rank reads of
 // every buffer, so it sums in place, and the all-reduce then writes no fresh

@@ -356,7 +356,7 @@ DeviceEngine& Engine() {
 
 int64_t OneShotMaxBytes(int64_t ranks) {
   // The largest size at which one-shot beat the ring, virtual ranks on one H200
-  // (scripts/bench_cuda_ring.py, sizes 4 KiB x 4^i; docs/PERFORMANCE.md): k = 2
+  // (scripts/gpu/bench_cuda_ring.py, sizes 4 KiB x 4^i; docs/PERFORMANCE.md): k = 2
   // 256 KiB in 6 of 7 runs; k = 3, 4, 6 and 8 1 MiB in every run; k = 5 4 MiB
   // in 2 of 2, by 8%. k = 7 and k > 8 not measured.
   if (ranks < 2) return 0;

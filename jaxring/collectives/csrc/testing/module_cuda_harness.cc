@@ -1,5 +1,5 @@
 // Python module of the virtual-rank harness (ring_harness.h), for the GPU
-// checks and benchmarks in scripts/; not used by the collectives.
+// checks and benchmarks in scripts/gpu/; not used by the collectives.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>

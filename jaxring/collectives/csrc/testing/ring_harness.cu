@@ -94,7 +94,7 @@ void CheckCoResidency(const HarnessCase& c) {
     throw std::invalid_argument(
         std::to_string(c.ranks) + " virtual ranks need as many hardware queues: set "
         "CUDA_DEVICE_MAX_CONNECTIONS >= " + std::to_string(c.ranks) +
-        " in the environment before CUDA starts (scripts/gpu_check.sh sets 32)");
+        " in the environment before CUDA starts (scripts/gpu/gpu_check.sh sets 32)");
   }
   const HarnessDevice device = HarnessDeviceInfo();
   const RingCall call = CallOf(c, 0, 0);

@@ -1,6 +1,6 @@
 // Virtual-rank harness: k ranks of either CUDA engine on one GPU, each with
 // its own stream and buffers, entered from its own host thread as XLA enters
-// the handler. For scripts/check_cuda_ring.py and scripts/bench_cuda_ring.py.
+// the handler. For scripts/gpu/check_cuda_ring.py and scripts/gpu/bench_cuda_ring.py.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,266 @@
+"""A training step across emulated hosts, the gradients averaged three ways in the same run: jaxring, lax over jax.distributed, mpi4jax.
+
+    sudo .venv/bin/python scripts/bench/bench_step_hosts.py --nodes 2 4 --rates 1gbit 10gbit \\
+        --configs configs/ds2_tiny.yaml examples/charlm/charlm.yaml --json docs/bench/step-hosts-cpu2-DATE.json
+
+For each rate and node count, on a fresh emulated cluster (scripts/bench/cluster/cluster.py: one process and
+one host device per node), one mpirun job per config builds the config's task, optimizer and state
+(the engine's Trainer, the global batch --batch-per-node x nodes) and its first training batch, then
+times the same step with four ways of averaging what the step averages (gradients, model state, loss):
+
+  jaxring   the engine's own step (jaxring/engine/sync.py: fused buckets, jaxring.allreduce(processes=True))
+  lax_gloo  what JAX offers without jaxring: jax.distributed (gloo collectives) and lax.pmean of each
+            leaf over a mesh of every process' device, in a jitted shard_map
+  mpi4jax   mpi4jax.allreduce of each leaf, over the process count, in the jitted step
+  none      no averaging (each process steps on its own gradients): the step's compute alone
+
+Every way runs in the one job (jax.distributed is started for lax_gloo, idle for the others). The
+per-process part of the step is the engine's (jaxring/engine/step.py, StepParts) in each; the engine
+maps it over its devices with pmap, the others with vmap over one device's batch. Timing: rounds in
+a random order (scripts/bench/ops_in_program.py: each timed call right after an untimed one), each call
+--steps steps queued then waited for; the slowest process' time per round, median over rounds.
+all-reduce share = (step - none's step) / step. Before timing, one step from the same state by each
+way: the losses, gradient norms and new weights must agree (the job fails otherwise).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
+
+WAYS = ("jaxring", "lax_gloo", "mpi4jax", "none")
+SYNCED = WAYS[:3]
+# One step by each way from the same state: the averages differ only in the order of their float32
+# additions (none with 2 processes: a sum of two is the same either way), so every float leaf of
+# the new state (weights, optimizer moments: the averaged gradients themselves, model state) and
+# the outputs agree to a few ulp of the leaf's largest magnitude.
+STATE_RTOL = 1e-5
+
+
+# --- one job: every process of an mpirun ---------------------------------------
+
+
+def run_job(args) -> None:
+    from mpi4py import MPI
+
+    from bench_allreduce_mpi import start_jax_distributed
+
+    comm = MPI.COMM_WORLD
+    start_jax_distributed(args.coordinator_host)
+    import jax
+    import numpy as np
+
+    import models  # noqa: F401  (registers deepspeech2)
+    from jaxring.collectives import topology
+    from jaxring.engine.devices import split_sources
+    from jaxring.engine.experiment import build_task, load_config
+    from jaxring.engine.trainer import Trainer
+    from ops_in_program import time_in_steady_state
+
+    world = topology.init()
+    overrides = [f"train.batch_size={args.batch_per_node * world.size}", *args.set]
+    config = load_config(ROOT / args.config if not Path(args.config).is_absolute() else args.config, overrides, ROOT)
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = Trainer(build_task(config), config, workdir, world)
+    batch, _ = split_sources(next(iter(trainer.batches)))
+    host_state = trainer.init_state()  # rank 0's, broadcast
+    steps = {way: make_step(way, trainer, host_state, batch, world) for way in WAYS}
+
+    firsts = {way: step.first() for way, step in steps.items()}
+    check = agreement(firsts)
+    failed = comm.allgather(check["failed"])
+    if any(failed):
+        raise SystemExit(f"rank {world.rank}: the ways disagree after one step: {failed}")
+
+    calls = {way: (lambda s=step: s.run(args.steps)) for way, step in steps.items()}
+    time_in_steady_state(calls, 1, comm.Barrier)  # compiles the runs of --steps and settles
+    times = time_in_steady_state(calls, args.rounds, comm.Barrier)
+    slowest = np.max(comm.allgather(np.stack([times[way] for way in WAYS], axis=1)), axis=0) / args.steps
+    if world.rank != 0:
+        return
+    per_way = {way: float(np.median(slowest[:, i])) for i, way in enumerate(WAYS)}
+    grads = host_state.params
+    record = dict(
+        config=str(args.config), processes=world.size, local_devices=len(world.local_devices),
+        global_batch=config.train.batch_size, steps_per_call=args.steps, rounds=args.rounds,
+        parameters=int(sum(np.size(x) for x in jax.tree_util.tree_leaves(grads))),
+        gradient_bytes=int(sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(grads))),
+        leaves=len(jax.tree_util.tree_leaves(grads)), bucket_bytes=trainer.bucket_bytes,
+        step_s=per_way, step_s_per_round={way: slowest[:, i].tolist() for i, way in enumerate(WAYS)},
+        allreduce_share={way: (per_way[way] - per_way["none"]) / per_way[way] for way in SYNCED},
+        check=check,
+    )
+    Path(args.job_json).write_text(json.dumps(record))
+
+
+class Step:
+    """One way's step: `first()` one step from the initial state (its outputs and new state, on the
+    host); `run(n)` n more steps queued, then waits."""
+
+    def __init__(self, program, state, batch, per_device: bool = False):
+        """`per_device`: the state and outputs carry a leading axis of local devices (pmap's)."""
+        self.program, self.state, self.batch, self.per_device = program, state, batch, per_device
+
+    def first(self):
+        import jax
+        import numpy as np
+
+        self.state, out = self.program(self.state, self.batch)
+        host = lambda x: np.asarray(x)[0] if self.per_device else np.asarray(x)  # noqa: E731
+        return jax.tree_util.tree_map(host, (out, self.state))
+
+    def run(self, n: int) -> None:
+        import jax
+
+        for _ in range(n):
+            self.state, out = self.program(self.state, self.batch)
+        jax.block_until_ready(out)
+
+
+def make_step(way, trainer, host_state, batch, world) -> Step:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from jaxring.engine.devices import replicate
+    from jaxring.engine.task import AXIS
+
+    if way == "jaxring":
+        return Step(trainer.train_step, replicate(host_state, trainer.devices), batch, per_device=True)
+    device = world.local_devices[0]
+    one_batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], batch)
+
+    def averaged_by(average):
+        """The engine's per-process step on one device's batch, `average` applied to what it averages."""
+        def step(state, one):
+            local = jax.vmap(trainer.step_parts.local, in_axes=(None, 0), axis_name=AXIS)(state, one)
+            return trainer.step_parts.finish(state, average(jax.tree_util.tree_map(lambda x: x[0], local)))
+        return step
+
+    if way == "lax_gloo":
+        mesh = Mesh(np.array(jax.devices()), ("hosts",))
+
+        def global_array(x, spec, shape):
+            return jax.make_array_from_single_device_arrays(shape, NamedSharding(mesh, spec),
+                                                            [jax.device_put(np.asarray(x), device)])
+
+        state = jax.tree_util.tree_map(lambda x: global_array(x, P(), np.shape(x)), host_state)
+        one_batch = jax.tree_util.tree_map(
+            lambda x: global_array(x, P("hosts"), (world.size,) + x.shape[1:]), one_batch)
+        mean = lambda tree: jax.tree_util.tree_map(lambda x: jax.lax.pmean(x, "hosts"), tree)  # noqa: E731
+        program = jax.jit(jax.shard_map(averaged_by(mean), mesh=mesh, in_specs=(P(), P("hosts")),
+                                        out_specs=(P(), P()), check_vma=False), donate_argnums=0)
+        return Step(program, state, one_batch)
+    if way == "mpi4jax":
+        import mpi4jax
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD.Clone()
+
+        def mean(tree):
+            return jax.tree_util.tree_map(
+                lambda x: (mpi4jax.allreduce(x, op=MPI.SUM, comm=comm) / world.size).astype(x.dtype), tree)
+    else:
+        mean = lambda tree: tree  # noqa: E731
+    return Step(jax.jit(averaged_by(mean), donate_argnums=0), jax.device_put(host_state, device),
+                jax.device_put(one_batch, device))
+
+
+def agreement(firsts: dict) -> dict:
+    """How far the synced ways' first steps are from the engine's: the largest difference in any float
+    leaf of (outputs, new state) over that leaf's largest magnitude; `failed` names what is beyond STATE_RTOL."""
+    import jax
+    import numpy as np
+
+    def relative(a, b):
+        if not np.issubdtype(np.asarray(b).dtype, np.floating):
+            return 0.0 if np.array_equal(a, b) else np.inf
+        return float(np.max(np.abs(a - b), initial=0.0) / max(float(np.max(np.abs(b), initial=0.0)), 1e-30))
+
+    result = {"failed": []}
+    for way in SYNCED[1:]:
+        worst = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(relative, firsts[way], firsts["jaxring"])))
+        result[way] = worst
+        if not worst <= STATE_RTOL:
+            result["failed"].append(f"{way}: a leaf {worst:.2e} of its magnitude from jaxring's")
+    return result
+
+
+# --- the launcher ------------------------------------------------------------------
+
+
+def job_command(config: str, out: Path, coordinator: str, args) -> list[str]:
+    return [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()), "--job", "--config", config,
+            "--job-json", str(out), "--coordinator-host", coordinator, "--batch-per-node", str(args.batch_per_node),
+            "--steps", str(args.steps), "--rounds", str(args.rounds), *(f"--set={o}" for o in args.set)]
+
+
+def print_record(r: dict) -> None:
+    t = r["step_s"]
+    print(f"{Path(r['config']).stem:<12} {r['processes']:>5} {r['rate']:>7} "
+          + " ".join(f"{1e3 * t[w]:>9.1f}" for w in WAYS)
+          + " ".join(f" {100 * r['allreduce_share'][w]:>5.0f}%" for w in SYNCED)
+          + f" {t['lax_gloo'] / t['jaxring']:>8.2f}x {t['mpi4jax'] / t['jaxring']:>8.2f}x", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--job", action="store_true", help="(internal) run as one process of the mpirun job")
+    parser.add_argument("--job-json", type=Path, help="(internal) where rank 0 writes the job's record")
+    parser.add_argument("--coordinator-host", default=None, help="(internal) jax.distributed's coordinator address")
+    parser.add_argument("--config", help="(internal) the job's config")
+    parser.add_argument("--configs", nargs="+", default=["configs/ds2_tiny.yaml"],
+                        help="experiment configs (a task in examples/ is found: examples/ is on PYTHONPATH)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"], help="link rates (tc syntax)")
+    parser.add_argument("--batch-per-node", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5, help="steps queued per timed call")
+    parser.add_argument("--rounds", type=int, default=5, help="timed calls of each way (median)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every config, e.g. train.allreduce_dtype=bfloat16")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.job:
+        return run_job(args)
+
+    from cluster import Cluster, interrupt_on_termination, parse_rate
+
+    interrupt_on_termination()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU, every emulated host on it; emulated links",
+              "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+              "command": " ".join(["python", *sys.argv]), "ways": list(WAYS), "records": []}
+    print(f"{'config':<12} {'procs':>5} {'rate':>7} " + " ".join(f"{w + ' ms':>9}" for w in WAYS)
+          + "".join(f" {w[:5]:>6}" for w in SYNCED) + f" {'gloo/jr':>9} {'m4j/jr':>9}")
+    for rate in args.rates:
+        for n in args.nodes:
+            with Cluster(n, rate) as cluster, tempfile.TemporaryDirectory() as tmp:
+                for config in args.configs:
+                    out = Path(tmp) / "record.json"
+                    command = cluster.mpirun(job_command(config, out, cluster.addresses[0], args),
+                                             env_names=["PYTHONPATH"], env=env)
+                    subprocess.run(command, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+                    record = json.loads(out.read_text())
+                    record.update(rate=rate, rate_bps=parse_rate(rate))
+                    result["records"].append(record)
+                    print_record(record)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
