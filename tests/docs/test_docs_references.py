@@ -21,7 +21,7 @@ BENCH = ROOT / "docs" / "bench"
 INDEX = "docs/bench/README.md"
 # PERFORMANCE.md grew by the training step across hosts (issue 46) and float64 in plain jit against
 # mpi4jax (issue 45), tables no other page holds.
-LINE_BUDGETS = {"README.md": 110, "docs/PERFORMANCE.md": 500, "docs/TRAINING.md": 450}
+LINE_BUDGETS = {"README.md": 110, "docs/ARCHITECTURE.md": 350, "docs/PERFORMANCE.md": 500, "docs/TRAINING.md": 450}
 README_PARAGRAPH_LINES, SCREEN_COLUMNS = 6, 80
 
 _FENCE = re.compile(r"^( *)```.*?^\1```", re.S | re.M)

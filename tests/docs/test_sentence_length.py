@@ -17,6 +17,9 @@ import pytest
 from tests.docs.test_docs_references import DOCS, prose
 
 MAX_WORDS = 40
+# A table cell longer than this is a paragraph in a cell: it belongs in the text under the table.
+MAX_CELL_WORDS = 80
+CELL_LIMITED = ["docs/ARCHITECTURE.md"]
 GENERATED = {"docs/REFERENCE.md", "docs/CONFIG.md"}
 ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.", "etc.", "approx.", "no.")
 
@@ -76,6 +79,14 @@ def long_sentences(doc: str) -> list[str]:
             if len(s.split()) > MAX_WORDS]
 
 
+def long_cells(markdown: str) -> list[str]:
+    """The table cells of `markdown` (fences already removed) over MAX_CELL_WORDS words, counted as
+    sentences count them (a code span or a link's text one word each)."""
+    cells = [cell for line in markdown.splitlines() if line.strip().startswith("|") for cell in units(line)]
+    return [f"{len(words)} words: {cell[:80]}..." for cell in cells
+            if len(words := _LINK.sub(r"\1", _CODE_SPAN.sub("CODE", cell)).split()) > MAX_CELL_WORDS]
+
+
 def test_the_splitter_follows_the_rules():
     assert units("A b.\nC d.\n\n- one\n- two\n  more\n| x | y \\| z |\n|---|:-:|\n# Head") == [
         "A b. C d.", "one", "two more", "x", "y \\| z", "Head"]
@@ -88,3 +99,15 @@ def test_no_sentence_is_longer_than_the_limit(doc):
     long = long_sentences(doc)
     assert not long, (f"{doc}: {len(long)} sentences over {MAX_WORDS} words; split each (keep every fact, "
                       "number and file reference):\n" + "\n".join(long))
+
+
+@pytest.mark.parametrize("doc", CELL_LIMITED)
+def test_no_table_cell_is_longer_than_the_limit(doc):
+    long = long_cells(prose(doc))
+    assert not long, f"{doc}: table cells over {MAX_CELL_WORDS} words; move the detail under the table:\n" + "\n".join(long)
+
+
+def test_a_cell_over_the_limit_is_found_and_one_at_it_is_not():
+    at_limit, over = " ".join(["word"] * MAX_CELL_WORDS), "`a b` " + " ".join(["word"] * MAX_CELL_WORDS)
+    assert long_cells(f"| x | {at_limit} |\n|---|---|\n| [a link](y.md) | {over} |") == [
+        f"{MAX_CELL_WORDS + 1} words: {over[:80]}..."]
