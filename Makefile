@@ -23,7 +23,8 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 .PHONY: test train train-voices bench clean
 
 # Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy
-# (fresh clones: 1211 s in one process and 859 s with two workers on 2026-11-27; 638 s with two on 2026-11-28, 2177 tests). TEST_WORKERS=0: one process.
+# (fresh clones: 1211 s in one process and 859 s with two workers on 2026-11-27; 638 s with two on 2026-11-28, 2177 tests;
+# 954 s on 2026-12-02, 2199 tests, a slower day: 983be23's 2177 took 925 s there). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
