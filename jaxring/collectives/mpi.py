@@ -92,11 +92,10 @@ _communicators = {}  # id -> Communicator
 _by_handle = {}  # MPI._handleof of the user's communicator -> Communicator
 
 
-def _register(handshake: MPI.Comm, device_comms, group: MPI.Group) -> Communicator:
+def _register(handshake: MPI.Comm, devices, device_comms, group: MPI.Group) -> Communicator:
     _leg_module()
-    world = topology.init()
     communicator = Communicator(len(_communicators), handshake.Get_size(), handshake, group)
-    for device, comm in zip(world.local_devices, device_comms):
+    for device, comm in zip(devices, device_comms):
         _leg_module().set_leg_comm(communicator.id, _ring_call.device_ordinal(device), MPI._handleof(comm))
     _communicators[communicator.id] = communicator
     return communicator
@@ -105,17 +104,17 @@ def _register(handshake: MPI.Comm, device_comms, group: MPI.Group) -> Communicat
 @functools.cache
 def _job() -> Communicator:
     world = topology.init()
-    job = _register(world.comm, world.device_comms, world.comm.Get_group())
+    job = _register(world.comm, world.local_devices, world.device_comms, world.comm.Get_group())
     _by_handle[MPI._handleof(MPI.COMM_WORLD)] = job  # processes=MPI.COMM_WORLD is processes=True
     return job
 
 
 def communicator(processes) -> Communicator:
     """The processes allreduce's `processes=` names: True for the whole job, or an mpi4py
-    intracommunicator of its processes, which every one of them passes (collective the first
-    time each communicator is seen: jaxring clones it, once per local device). Every process
-    of the job joins jaxring first (topology.init: collective over the job)."""
-    if processes is True:
+    intracommunicator of its processes, which every one of them passes (collective over it the
+    first time each communicator is seen: jaxring clones it, once per local device; the processes
+    outside it take no part). True and MPI.COMM_WORLD join the whole job (topology.init)."""
+    if processes is True or (isinstance(processes, MPI.Comm) and processes == MPI.COMM_WORLD):
         return _job()
     if not isinstance(processes, MPI.Comm):
         raise TypeError(
@@ -134,7 +133,7 @@ def communicator(processes) -> Communicator:
             "merge it first (Intercomm.Merge) or pass the communicator of one side"
         )
     group = processes.Get_group()
-    job_group = topology.init().comm.Get_group()
+    job_group = MPI.COMM_WORLD.Get_group()  # local: no message to any other process
     in_job = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
     job_group.Free()
     if MPI.UNDEFINED in in_job:
@@ -150,10 +149,12 @@ def communicator(processes) -> Communicator:
     if known is not None and MPI.Group.Compare(known.group, group) == MPI.IDENT:
         group.Free()
         return known
-    agreement.agree(processes, "jaxring.allreduce(processes=comm)", "joining")
+    devices = topology.devices_among(processes)
+    # The k-th device's leg meets the k-th device of every other process: the counts must match.
+    agreement.agree(processes, "jaxring.allreduce(processes=comm)", f"joining with {len(devices)} devices")
     handshake = processes.Clone()
-    device_comms = tuple(processes.Clone() for _ in topology.init().local_devices)
-    _by_handle[handle] = _register(handshake, device_comms, group)
+    device_comms = tuple(processes.Clone() for _ in devices)
+    _by_handle[handle] = _register(handshake, devices, device_comms, group)
     return _by_handle[handle]
 
 

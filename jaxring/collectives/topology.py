@@ -92,6 +92,23 @@ def init() -> World:
     )
 
 
+def devices_among(comm) -> tuple:
+    """The devices this process drives, found without the processes outside `comm`.
+
+    The World's where jaxring.init has run; else the rule of devices_for_process applied to
+    this node's processes of `comm` (collective over `comm` only), so that a communicator's
+    members alone can reduce over it. On accelerators shared by several processes of a node,
+    of which `comm` holds only some, call jaxring.init on every process first (or give each
+    process its own devices) so that each drives the same devices as under the whole job.
+    """
+    if init.cache_info().currsize:
+        return init().local_devices
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    return devices_for_process(jax.local_devices(), local_rank, local_size)
+
+
 def initialize_jax_distributed(host: str | None = None, port: int = 0, **options) -> None:
     """jax.distributed.initialize for this MPI job, so that JAX's process index is the MPI rank.
 

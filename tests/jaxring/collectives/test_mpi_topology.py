@@ -41,3 +41,15 @@ def test_each_process_drives_its_own_host_devices():
 def test_uneven_split_is_explained():
     with pytest.raises(ValueError, match="3 processes on this node cannot share its 4 gpu devices"):
         devices_for_process(devices(4), 0, 3)
+
+
+def test_a_communicators_devices_are_the_worlds_once_it_is_joined():
+    """devices_among, which a communicator's members call without the job: this process' own
+    devices, found over `comm` alone before jaxring.init and the World's after."""
+    import jax
+    from mpi4py import MPI
+
+    from jaxring.collectives import topology
+
+    assert topology.devices_among(MPI.COMM_SELF) == tuple(jax.local_devices())
+    assert topology.devices_among(MPI.COMM_SELF) == topology.init().local_devices
