@@ -7,6 +7,8 @@ processes= adds the MPI leg (across_processes.py); everything else is one bind o
 """
 
 import functools
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +67,8 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     timeout_ms = checked_timeout_ms(timeout)
     communicator = across_processes.communicator(processes)
     _check_allreduce_axes(names, groups, communicator)
+    if not names and communicator is None:
+        _warn_if_in_an_mpi_job(processes)
     wire_dtype = checked_wire_dtype(wire_dtype, processes)
 
     lax_reduce = LAX_OPS[op]
@@ -139,6 +143,19 @@ def _devices_in_mean(names, ranks, groups, communicator):
         counts = jnp.asarray([len(group) * processes for group in groups], np.int32)
         return counts[index_groups.own_group(names, groups)]
     return ranks * processes
+
+
+def _warn_if_in_an_mpi_job(processes):
+    """allreduce(x, ()) reduces over nothing and returns x, as lax.psum(x, ()): mpi4jax's users, whose comm
+    defaults to COMM_WORLD, met that as a silent wrong answer. Where MPI is running (mpi4py imported: never
+    started here) with several processes and processes= was left out, say so."""
+    mpi4py = sys.modules.get("mpi4py.MPI")
+    if processes is False and mpi4py is not None and mpi4py.Is_initialized() and mpi4py.COMM_WORLD.Get_size() > 1:
+        warnings.warn(
+            f"jaxring.allreduce(x, ()) names no axis and no processes, so it returns x (as lax.psum(x, ()) does), "
+            f"though this is one of {mpi4py.COMM_WORLD.Get_size()} MPI processes: pass processes=True (or "
+            "processes=comm) to reduce over them, or call jaxring.mpi4jax.allreduce(x, MPI.SUM), whose comm "
+            "defaults to MPI.COMM_WORLD", stacklevel=3)
 
 
 def _check_allreduce_axes(names, groups, communicator):

@@ -8,6 +8,7 @@ aborts the job); each rank prints "PASS rank <rank> <check>". 64-bit types are o
 """
 
 import sys
+import warnings
 
 import jax
 
@@ -109,6 +110,13 @@ def check_drop_in():
     # The transpose of a sum over processes is that sum (mpi4jax's is the identity).
     grad = jax.grad(lambda v: drop_in.allreduce(v, MPI.SUM).sum())(x)
     np.testing.assert_array_equal(np.asarray(grad), np.full(x.shape, float(SIZE)))
+
+    # Forgetting processes= returns x, as lax.psum(x, ()): in a job of several processes, with a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alone = jax.jit(lambda v: jaxring.allreduce(v, ()))(x)
+    np.testing.assert_array_equal(np.asarray(alone), x)
+    assert any("processes=True" in str(w.message) and "jaxring.mpi4jax" in str(w.message) for w in caught), caught
 
     def refused(call, error, *words):
         try:
