@@ -24,6 +24,15 @@ of 4 KiB .. --max-bytes per device, it times
               (an axis spanning jax.distributed processes: local ring, MPI leg,
               local ring), in jax_gloo's job
 
+--sizes 8 64 4K 64K times those sizes instead of 4 KiB .. --max-bytes (8 B: one float64, a
+dot product's). --busy-poll leaves Open MPI's waiting processes spinning (its default) instead of
+yielding the core (--mca mpi_yield_when_idle 1, this script's default); records carry `polling`.
+--cg times a CG-shaped loop instead: 200 iterations (--cg-iterations) of a 64x64 float64 block per
+process (--cg-side), each with a 5-point stencil on the block and two scalar sum reductions across
+processes, in one jit, by jaxring.mpi4jax.allreduce (cg_jaxring) and mpi4jax.allreduce (cg_mpi4jax),
+alternated; records carry median_s per solve and paired_speedup_vs_mpi4jax (median over rounds of
+mpi4jax's time over jaxring's).
+
 Each time is the slowest rank's, median over interleaved rounds (each
 timed call right after an untimed call of the same program, as a training
 loop runs its step). Records carry
@@ -93,9 +102,11 @@ def run_job(args):
     patience_us = _jaxring_mpi.DEFAULT_LEG_PATIENCE_US if args.leg_patience_us is None else args.leg_patience_us
     leg = dict(one_shot_max_bytes=mpi.ONE_SHOT_MAX_BYTES, piece_bytes=mpi.PIECE_BYTES, leg_patience_us=patience_us)
     impls = [i for i in args.impls if not (i in ONE_DEVICE_IMPLS and len(world.local_devices) > 1)]
+    if args.cg:
+        return write_records(args, world, time_cg(args, world, comm))
     records = []
-    for nbytes in sizes(args.max_bytes):
-        k = ops_per_program(nbytes)
+    for nbytes in args.sizes or sizes(args.max_bytes):
+        k = args.ops_per_program or ops_per_program(nbytes)
         steps = {}
         for impl in impls:
             steps.update(make_steps(impl, nbytes // np.dtype(args.dtype).itemsize, k, world, args.dtype))
@@ -105,13 +116,83 @@ def run_job(args):
             seconds = per_op(np.median(rounds[impl, k]), np.median(rounds[impl, BASE_OPS]), k)
             # round by round: the bare call's time over this impl's under the same load
             paired = float(np.median(per_round["mpi_bare"] / per_round[impl])) if "mpi_bare" in per_round else None
+            paired_mpi4jax = (float(np.median(per_round["mpi4jax"] / per_round[impl])) if "mpi4jax" in per_round
+                              else None)
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
-                                dtype=args.dtype, ops_per_program=k, median_s=float(seconds),
-                                paired_speedup_vs_mpi_allreduce=paired, **(leg if impl == "jaxring" else {})))
+                                dtype=args.dtype, ops_per_program=k, median_s=float(seconds), polling=polling(args),
+                                paired_speedup_vs_mpi_allreduce=paired, paired_speedup_vs_mpi4jax=paired_mpi4jax, **(leg if impl == "jaxring" else {})))
             if world.rank == 0:
                 print(f"  {impl:14s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
+    write_records(args, world, records)
+
+
+def write_records(args, world, records):
     if world.rank == 0:
         pathlib.Path(args.job_json).write_text(json.dumps(records))
+
+
+def polling(args):
+    return "busy" if args.busy_poll else "yield"
+
+
+CG_IMPLS = ("cg_jaxring", "cg_mpi4jax")
+
+
+def cg_solve(allreduce, b, iterations):
+    """`iterations` steps of conjugate gradients on this process' block of (4.5 - the 5-point
+    stencil) x = b, the dot products summed across processes by `allreduce(scalar)`: a
+    distributed CG's reductions, two scalars per iteration, without its halo exchange."""
+    import jax
+    import jax.numpy as jnp
+
+    def apply(p):
+        return 4.5 * p - sum(jnp.roll(p, shift, axis) for shift in (1, -1) for axis in (0, 1))
+
+    def step(_, state):
+        x, r, p, rr = state
+        ap = apply(p)
+        alpha = rr / jnp.maximum(allreduce(jnp.vdot(p, ap)), 1e-300)
+        x, r = x + alpha * p, r - alpha * ap
+        rr_new = allreduce(jnp.vdot(r, r))
+        p = r + rr_new / jnp.maximum(rr, 1e-300) * p
+        return x, r, p, rr_new
+
+    rr = allreduce(jnp.vdot(b, b))
+    return jax.lax.fori_loop(0, iterations, step, (jnp.zeros_like(b), b, b, rr))[0]
+
+
+def time_cg(args, world, comm):
+    """The slowest rank's seconds per solve of cg_solve by each of CG_IMPLS, alternated round by round."""
+    import jax
+    import mpi4jax
+    from mpi4py import MPI
+
+    import jaxring.mpi4jax as drop_in
+
+    jax.config.update("jax_enable_x64", True)
+    b = np.random.default_rng(world.rank).standard_normal((args.cg_side, args.cg_side))
+    libraries = {"cg_jaxring": drop_in, "cg_mpi4jax": mpi4jax}
+    solves = {impl: jax.jit(lambda v, library=library: cg_solve(lambda s: library.allreduce(s, MPI.SUM), v,
+                                                                  args.cg_iterations))
+              for impl, library in libraries.items()}
+    results = {impl: np.asarray(solve(b)) for impl, solve in solves.items()}
+    # The same solver, the same sums of two (or, over 4, of the same order here): results within rounding.
+    difference = np.linalg.norm(results["cg_jaxring"] - results["cg_mpi4jax"])
+    assert difference <= 1e-9 * np.linalg.norm(results["cg_mpi4jax"]), difference
+    steps = {impl: (lambda s=solve: s(b).block_until_ready()) for impl, solve in solves.items()}
+    times = {impl: times for (impl,), times in time_steps({(i,): f for i, f in steps.items()}, comm,
+                                                          args.min_time).items()}
+    records = []
+    for impl in CG_IMPLS:
+        paired = float(np.median(times["cg_mpi4jax"] / times[impl]))
+        records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=8, dtype="float64",
+                            cg_iterations=args.cg_iterations, cg_side=args.cg_side, rounds=len(times[impl]),
+                            median_s=float(np.median(times[impl])), paired_speedup_vs_mpi4jax=paired,
+                            polling=polling(args)))
+        if world.rank == 0:
+            print(f"  {impl:14s} {np.median(times[impl]) * 1e3:9.3f} ms per solve, mpi4jax/this {paired:.3f}",
+                  flush=True)
+    return records
 
 
 def start_jax_distributed(host):
@@ -195,7 +276,9 @@ def time_steps(steps, comm, min_time):
 def launch(args):
     records = []
     for n_procs in args.procs:
-        for impls in ([i for i in args.impls if i in OUR_IMPLS], [i for i in args.impls if i in DISTRIBUTED_IMPLS]):
+        groups = [list(CG_IMPLS)] if args.cg else [[i for i in args.impls if i in OUR_IMPLS],
+                                                  [i for i in args.impls if i in DISTRIBUTED_IMPLS]]
+        for impls in groups:
             if impls:
                 print(f"{n_procs} processes x {args.devices_per_proc} devices: {', '.join(impls)}", flush=True)
                 records += run_mpirun(args, n_procs, impls)
@@ -216,13 +299,17 @@ def run_mpirun(args, n_procs, impls):
         # The machine may be shared: MPI processes waiting for a message yield the
         # core rather than spin through the time slice of the one they wait for.
         command = [str(pathlib.Path(sys.executable).parent / "mpirun"), "--allow-run-as-root", "--oversubscribe"]
-        command += ["--mca", "mpi_yield_when_idle", "1", *shlex.split(args.mpirun_args)]
+        command += [*([] if args.busy_poll else ["--mca", "mpi_yield_when_idle", "1"]), *shlex.split(args.mpirun_args)]
         command += ["-np", str(n_procs)]
         for name in ("JAX_PLATFORMS", "XLA_FLAGS"):
             command += ["-x", name]
         command += [sys.executable, "-m", "mpi4py", __file__, "--job-json", str(job_json)]
         command += ["--impls", *impls, "--max-bytes", str(args.max_bytes), "--min-time", str(args.min_time),
-                    "--dtype", args.dtype,
+                    "--dtype", args.dtype, *(["--sizes", *map(str, args.sizes)] if args.sizes else []),
+                    *(["--busy-poll"] if args.busy_poll else []),
+                    *([f"--ops-per-program={args.ops_per_program}"] if args.ops_per_program else []),
+                    *(["--cg", "--cg-iterations", str(args.cg_iterations), "--cg-side", str(args.cg_side)]
+                      if args.cg else []),
                     "--coordinator-host", args.coordinator_host]
         command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes", "leg-patience-us")
                     if getattr(args, name.replace("-", "_")) is not None]
@@ -236,6 +323,8 @@ def add_bandwidths(records):
         if r["impl"] == "mpi_bare":
             baseline[r["n_procs"], r["bytes"]] = r["median_s"]
     for r in records:
+        if r["impl"] in CG_IMPLS:
+            continue
         n = r["n_devices"]
         r["algbw_GBps"] = r["bytes"] / r["median_s"] / 1e9
         r["busbw_GBps"] = r["algbw_GBps"] * 2 * (n - 1) / n
@@ -245,12 +334,16 @@ def add_bandwidths(records):
 
 def print_table(records):
     print(f"\n{'procs':>5} {'devs':>4} {'bytes':>10} {'impl':>14} {'median ms':>10} {'algbw GB/s':>10} "
-          f"{'busbw GB/s':>10} {'vs MPI':>7} {'paired':>7}")
-    for r in sorted(records, key=lambda r: (r["n_procs"], r["bytes"], r["impl"])):
+          f"{'busbw GB/s':>10} {'vs MPI':>7} {'paired':>7} {'mpi4jax/this':>12}")
+    for r in [r for r in records if r["impl"] in CG_IMPLS]:
+        print(f"{r['n_procs']:>5} procs {r['impl']:>14} {r['median_s'] * 1e3:>10.3f} ms per solve "
+              f"({r['cg_iterations']} iterations, {r['polling']} polling), mpi4jax/this {r['paired_speedup_vs_mpi4jax']:.3f}")
+    for r in sorted([r for r in records if r["impl"] not in CG_IMPLS], key=lambda r: (r["n_procs"], r["bytes"], r["impl"])):
         ratio = f"{r['speedup_vs_mpi_allreduce']:.2f}x" if r["speedup_vs_mpi_allreduce"] else "-"
         paired = f"{r['paired_speedup_vs_mpi_allreduce']:.2f}x" if r.get("paired_speedup_vs_mpi_allreduce") else "-"
         print(f"{r['n_procs']:>5} {r['n_devices']:>4} {r['bytes']:>10} {r['impl']:>14} {r['median_s'] * 1e3:>10.3f} "
-              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7} {paired:>7}")
+              f"{r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f} {ratio:>7} {paired:>7} "
+              f"{r['paired_speedup_vs_mpi4jax'] or 0:>11.2f}x")
 
 
 def parse_args(argv=None):
@@ -258,9 +351,17 @@ def parse_args(argv=None):
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="process counts, one mpirun job each")
     parser.add_argument("--devices-per-proc", type=int, default=1)
     parser.add_argument("--impls", nargs="+", default=[*OUR_IMPLS, *DISTRIBUTED_IMPLS],
-                        choices=[*OUR_IMPLS, *DISTRIBUTED_IMPLS])
+                        choices=[*OUR_IMPLS, *DISTRIBUTED_IMPLS, *CG_IMPLS])
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 << 20, help="largest buffer per device, e.g. 64M")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="the buffers' element type")
+    parser.add_argument("--sizes", type=parse_bytes, nargs="+", help="these sizes per device (e.g. 8 64 4K 64K) "
+                        "instead of 4 KiB .. --max-bytes")
+    parser.add_argument("--ops-per-program", type=int, help="K, the all-reduces in the timed program (default: "
+                        "ops_in_program.ops_per_program's, at most 21); more for small sizes on a loaded machine")
+    parser.add_argument("--busy-poll", action="store_true", help="Open MPI's default busy polling, not yielding")
+    parser.add_argument("--cg", action="store_true", help="time the CG-shaped loop (cg_jaxring, cg_mpi4jax) instead")
+    parser.add_argument("--cg-iterations", type=int, default=200)
+    parser.add_argument("--cg-side", type=int, default=64, help="the block per process: side x side float64")
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds of timed iterations per point (at least 5)")
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--mpirun-args", default="", help="more options for mpirun, e.g. '--mca btl tcp,self'")

@@ -103,6 +103,18 @@ def api_rows() -> list[str]:
     return rows
 
 
+def drop_in_rows() -> list[str]:
+    """jaxring.mpi4jax's functions (importing it starts MPI: a world of this process)."""
+    import jaxring.mpi4jax as drop_in
+
+    rows = ["| name | signature | what |", "|---|---|---|"]
+    for name in ("allreduce", "reduce", "allgather"):
+        value = getattr(drop_in, name)
+        rows.append(f"| `jaxring.mpi4jax.{name}` | `{name}{cell(str(inspect.signature(value)))}` | "
+                    f"{cell(first_paragraph(value.__doc__))} |")
+    return rows
+
+
 def collectives_modules() -> list[str]:
     rows = ["| module | what |", "|---|---|"]
     for path in sorted((ROOT / "jaxring" / "collectives").glob("[a-z]*.py")):
@@ -155,6 +167,7 @@ def reference() -> str:
     parts = [
         HEADER,
         "## Public API (`import jaxring`)", "", *api_rows(), "",
+        "## mpi4jax's reductions (`import jaxring.mpi4jax as mpi4jax`)", "", *drop_in_rows(), "",
         "## Modules of `jaxring.collectives`", "", *collectives_modules(), "",
         "## Environment variables", "", *environment_rows(), "",
         "## Config sections", "",

@@ -278,6 +278,13 @@ class Scratch {
   std::vector<char> bytes_;
 };
 
+// Up to this many bytes a one-shot leg ends without farewells: MPIs send a message this small
+// eagerly (Open MPI over shared memory up to 4 KiB, over TCP 64 KiB), so its send completes
+// without the receiver's help and no process can be left waiting on one that left MPI. The
+// farewells would add a second round trip to the exchange's one, on the scalar reductions of
+// a conjugate-gradient loop (docs/PERFORMANCE.md, "Small messages across processes").
+constexpr int64_t kNoFarewellMaxBytes = 256;
+
 // One-shot: every process sends its whole buffer to every other at once and
 // reduces all of them in rank order.
 template <typename T, Reduction R>
@@ -309,6 +316,10 @@ class OneShot final : public LegInFlight {
     }
     if (!AwaitAll(sends_, patience, "for its buffer to be taken", error)) return false;
     if (!error->empty()) return true;
+    if (elements_ * static_cast<int64_t>(sizeof(T)) <= kNoFarewellMaxBytes) {
+      others_.GiveBack();
+      return true;
+    }
     if (!farewells_.posted()) {
       std::vector<int> others;
       for (int p = 0; p < leg_.size; ++p) {
