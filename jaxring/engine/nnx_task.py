@@ -45,17 +45,18 @@ class NNXTask:
 
     def init(self, rng) -> dict:
         _, params, rest = nnx.split(self.create_model(nnx.Rngs(rng)), nnx.Param, ...)
-        return {"params": params.to_pure_dict(), STATE: _key_data(rest.to_pure_dict())}
+        return {"params": nnx.to_pure_dict(params), STATE: _key_data(nnx.to_pure_dict(rest))}
 
     def loss(self, variables, batch, rng):
         model = self._merged(variables, rng)
         model.train()
         loss = self.model_loss(model, batch)
         _, _, rest = nnx.split(model, nnx.Param, ...)
-        shapes = nnx.split(self._abstract_model, nnx.Param, ...)[2].to_pure_dict()
-        kept_keys = jax.tree_util.tree_map(lambda new, old, spec: old if _is_key(spec) else new,
-                                           _key_data(rest.to_pure_dict()), variables[STATE], shapes)
-        return loss, {STATE: kept_keys}
+        shapes = nnx.to_pure_dict(nnx.split(self._abstract_model, nnx.Param, ...)[2])
+        stored = nnx.restore_int_paths(variables[STATE])
+        keys_kept = jax.tree_util.tree_map(lambda new, old, spec: old if _is_key(spec) else new,
+                                           _key_data(nnx.to_pure_dict(rest)), stored, shapes)
+        return loss, {STATE: keys_kept}
 
     def predict(self, variables, batch):
         model = self._merged(variables, None)
@@ -79,8 +80,10 @@ class NNXTask:
             return key if salt is None else jax.random.fold_in(key, salt)
 
         nnx.replace_by_pure_dict(params, variables["params"])
-        nnx.replace_by_pure_dict(rest, jax.tree_util.tree_map(stream_key, variables[STATE], rest.to_pure_dict()))
+        nnx.replace_by_pure_dict(rest, jax.tree_util.tree_map(stream_key, nnx.restore_int_paths(variables[STATE]),
+                                                              nnx.to_pure_dict(rest)))
         return nnx.merge(graphdef, params, rest)
+
 
 def _is_key(leaf) -> bool:
     return jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
