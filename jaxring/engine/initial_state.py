@@ -21,8 +21,8 @@ def checked_variables(task, variables) -> dict:
     """`variables` (what `task.init` returned), or a TypeError naming what it got and what to return."""
     name = f"{type(task).__qualname__}.init"
     if not isinstance(variables, Mapping) or "params" not in variables:
-        got = (f"a mapping with keys {sorted(map(str, variables))}" if isinstance(variables, Mapping)
-               else f"a {type(variables).__module__}.{type(variables).__qualname__}")
+        got = f"a {type(variables).__module__}.{type(variables).__qualname__}"
+        got += f" with keys {sorted(map(str, variables))}" if isinstance(variables, Mapping) else ""
         raise TypeError(f"{name} returned {got}, with no 'params': {_WHAT_TO_RETURN}")
     if problems := unserialisable(dict(variables)):
         raise TypeError(f"{name} returned variables a checkpoint cannot hold: {'; '.join(problems[:8])}. "
