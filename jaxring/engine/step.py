@@ -80,7 +80,8 @@ class StepParts:
     first_replica: int = 0
 
     def local(self, state: TrainState, batch: dict):
-        """What the sync averages over every replica: (gradients, new model state, loss) of one device's
+        """What the sync averages over every replica: (gradients, new model state (its floating-point leaves:
+        model_state.py), loss) of one device's
         batch; with accumulate_steps k, the mean over its k micro-batches, taken in turn (a scan: the
         memory of one), each seeing the model state the one before left."""
         replica = jax.lax.axis_index(AXIS) + self.first_replica
@@ -109,14 +110,16 @@ class StepParts:
         dtype = precision.COMPUTE_DTYPES[self.compute_dtype]
         computed_batch = precision.cast_floats(batch, dtype) if dtype != jnp.float32 else batch
 
-        def loss_fn(params, model_state):  # an argument, not closed over: NNX's merge mutates it in this trace
+        def loss_fn(params):
             computed = precision.cast_floats(params, dtype) if dtype != jnp.float32 else params
-            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **model_state},
+            # Rebuilt in this trace: NNX mutates a Variable (merge(copy=False)) only in the trace that made it.
+            rebuilt = jax.tree_util.tree_map(lambda leaf: leaf, model_state)
+            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **rebuilt},
                                                                      computed_batch, rng))
             loss = loss.astype(jnp.float32)
             return (loss if scale is None else loss * scale), (loss, new_state)
 
-        (_, (loss, new_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, model_state)
+        (_, (loss, new_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         if scale is not None:
             grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
         return grads, precision.like(new_state, model_state), loss

@@ -59,6 +59,7 @@ def test_an_optimizer_state_a_checkpoint_cannot_hold_is_refused():
 
 
 def test_a_checkpointable_state_passes():
-    variables = {**VARIABLES, "n": {"count": jnp.zeros((), jnp.int32)}, "keys": [jax.random.key_data(jax.random.key(1))]}
+    variables = {**VARIABLES, "n": {"count": jnp.zeros((), jnp.int32)},
+                 "keys": [jax.random.key_data(jax.random.key(1))]}
     assert checked_variables(Returns(lambda v: v), variables) == variables
     assert checked_optimizer_state(optax.adam(0.1).init(variables["params"])) is not None

@@ -12,7 +12,7 @@ from flax import nnx
 from jaxring.engine.checkpoint import Checkpoints
 from jaxring.engine.devices import replicate, split_for_devices, unreplicate
 from jaxring.engine.nnx_task import STATE, NNXTask
-from jaxring.engine.step import StepParts, init_train_state, make_train_step
+from jaxring.engine.step import StepParts, TrainState, init_train_state, make_train_step
 from jaxring.engine.sync import make_sync
 
 FEATURES, WIDTH = 5, 7
@@ -129,3 +129,27 @@ def test_a_task_without_the_model_methods_is_refused_when_defined():
         class Half(NNXTask):  # noqa: F841
             def create_model(self, rngs):
                 return Net(rngs)
+
+
+def test_a_loss_of_its_own_may_merge_nnx_state_without_copying():
+    """A task of one's own (no NNXTask) holding nnx.State in its model state, in a loop of one's own (no
+    checkpoints): nnx.merge(copy=False) in the loss mutates BatchStat in the trace where the loss runs."""
+    graphdef, params, rest = nnx.split(nnx.Sequential(nnx.Linear(FEATURES, 3, rngs=nnx.Rngs(0)),
+                                                      nnx.BatchNorm(3, rngs=nnx.Rngs(1))), nnx.Param, ...)
+
+    class Merging:
+        def loss(self, variables, batch, rng):
+            model = nnx.merge(graphdef, variables["params"], variables["rest"], copy=False)
+            return jnp.mean(model(batch["x"]) ** 2), {"rest": nnx.state(model, nnx.Not(nnx.Param))}
+
+    optimizer = optax.sgd(0.1)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                       model_state={"rest": rest}, rng=jax.random.key_data(jax.random.key(0)))
+    x = np.random.default_rng(2).normal(size=(2, 4, FEATURES)).astype(np.float32)
+    step = make_train_step(StepParts(Merging(), optimizer), make_sync(1, "psum", 1 << 20), DEVICES)
+    _, metrics = step(replicate(state, DEVICES), {"x": x})
+    expected = []
+    for half in x:  # each device's batch, normalised by its own statistics (training mode)
+        hidden = half @ np.asarray(params["layers"][0]["kernel"][...]) + np.asarray(params["layers"][0]["bias"][...])
+        expected.append(np.mean(((hidden - hidden.mean(0)) / np.sqrt(hidden.var(0) + 1e-5)) ** 2))
+    np.testing.assert_allclose(np.asarray(metrics["loss"]), [np.mean(expected)] * 2, rtol=1e-5)
