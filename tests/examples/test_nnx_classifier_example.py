@@ -26,11 +26,12 @@ def rows(workdir) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """In this process (8 devices): 20 steps at once, and 10 steps resumed to 20; (the first, the second)."""
-    sys.path.insert(0, str(ROOT / "examples"))
     whole, stopped = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("stopped")
-    train.main(["--config", str(CONFIG), "--workdir", str(whole), *SHORT])
-    train.main(["--config", str(CONFIG), "--workdir", str(stopped), *SHORT, "--set", "train.max_steps=10"])
-    train.main(["--workdir", str(stopped), "--resume", "--set", "train.max_steps=20"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "examples"))
+        train.main(["--config", str(CONFIG), "--workdir", str(whole), *SHORT])
+        train.main(["--config", str(CONFIG), "--workdir", str(stopped), *SHORT, "--set", "train.max_steps=10"])
+        train.main(["--workdir", str(stopped), "--resume", "--set", "train.max_steps=20"])
     return whole, stopped
 
 
@@ -61,8 +62,9 @@ def _flat(tree, path=""):
         yield path, np.asarray(tree)
 
 
-def test_evaluate_scores_the_best_checkpoint_as_training_did(runs, capsys):
+def test_evaluate_scores_the_best_checkpoint_as_training_did(runs, capsys, monkeypatch):
     whole, _ = runs
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
     capsys.readouterr()
     evaluate.main(["--workdir", str(whole)])
     result = json.loads(capsys.readouterr().out)
