@@ -216,6 +216,37 @@ class Checkpoints:
         return _check_shapes(target, state), extra
 
 
+def unserialisable(tree) -> list[str]:
+    """What of `tree` the checkpoint format cannot write, one "path: why" each (empty: it all can).
+
+    Checkpoints hold flax's state dict of the tree: nested dicts, lists and tuples of numeric arrays. A
+    typed PRNG key, an object array, or a container flax does not know (an nnx.State) is named here.
+    """
+    problems = []
+
+    def walk(path, node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{path}[{key!r}]", value)
+        elif isinstance(node, (list, tuple)):
+            for index, value in enumerate(node):
+                walk(f"{path}[{index}]", value)
+        elif node is not None and (why := _unwritable(node)):
+            problems.append(f"{path or 'the state'}: {why}")
+
+    walk("", flax.serialization.to_state_dict(tree))
+    return problems
+
+
+def _unwritable(leaf) -> str | None:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return "a typed PRNG key (store its jax.random.key_data, a uint32 array, and wrap it again in the loss)"
+    if isinstance(leaf, (int, float, bool, np.number, np.bool_)) or (dtype is not None and hasattr(leaf, "shape")):
+        return None if np.asarray(leaf).dtype != object else "an object array"
+    return f"a {type(leaf).__module__}.{type(leaf).__qualname__}, not an array"
+
+
 def _step_number(which) -> int:
     if isinstance(which, bool) or not isinstance(which, (int, np.integer)):
         raise ValueError(f"a checkpoint is a step number, {LATEST!r} or {BEST!r}; got {which!r}")

@@ -79,7 +79,7 @@ class TrainConfig:
 class OptimConfig:
     # Model-neutral defaults: plain SGD at a constant rate, no clipping. A task's
     # recipe is written out in its configs (configs/*.yaml, examples/*/*.yaml).
-    name: str = "sgd"  # "sgd" | "adamw"
+    name: str = "sgd"  # "sgd" | "adamw" | "package.module:function": your own optax optimizer from the schedule (engine/own_optimizer.py)
     learning_rate: float = 3e-4  # the peak rate: schedules start from it (warmup_cosine reaches it after warmup_steps)
     momentum: float = 0.0  # sgd; 0: plain SGD
     nesterov: bool = False  # sgd
@@ -91,7 +91,8 @@ class OptimConfig:
     clip_norm: float | None = None  # global gradient-norm clipping; null: none
 
     def __post_init__(self):
-        _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
+        if ":" not in self.name:  # an import path is checked when the trainer imports it
+            _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
         _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
         _check_positive("optim.learning_rate", self.learning_rate)
         if self.schedule == "anneal" and self.anneal_factor is None:

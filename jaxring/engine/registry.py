@@ -50,6 +50,7 @@ OPTIONAL_METHODS = {
     "final_report": ("config", "workdir", "summary"),
     "add_evaluate_arguments": ("parser",),  # scripts/evaluate.py's, called on the class
     "evaluate": ("args", "config", "variables"),
+    "optimizer": ("schedule",),  # the task's own optax optimizer (jaxring/engine/own_optimizer.py)
 }
 
 
@@ -72,9 +73,9 @@ def task_class(name: str) -> type:
         raise ConfigError(f"{TASK_KEY} must name a task; got {name!r}")
     known = registered()
     if name in known:
-        cls = _import(known[name], f"task {name!r} (registered as {known[name]!r})")
+        cls = import_target(known[name], f"task {name!r} (registered as {known[name]!r})")
     elif ":" in name:
-        cls = _import(name, f"task {name!r}")
+        cls = import_target(name, f"task {name!r}")
     else:
         listed = ", ".join(f"{key} ({value})" for key, value in sorted(known.items())) or "none"
         raise ConfigError(f"unknown task {name!r}: it is not registered (registered tasks: {listed}) and is no "
@@ -83,7 +84,8 @@ def task_class(name: str) -> type:
     return cls
 
 
-def _import(target: str, what: str) -> Any:
+def import_target(target: str, what: str) -> Any:
+    """The object at import path `target` ("package.module:name"), or a ConfigError saying, for `what`, why not."""
     module_name, _, attribute = target.partition(":")
     try:
         module = importlib.import_module(module_name)

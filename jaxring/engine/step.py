@@ -26,6 +26,8 @@ import numpy as np
 import optax
 
 from jaxring.engine import precision
+from jaxring.engine.initial_state import checked_optimizer_state, checked_variables
+from jaxring.engine.model_state import mean_of_step
 from jaxring.engine.registry import checked_loss
 from jaxring.engine.sync import Sync
 from jaxring.engine.task import AXIS, Task
@@ -36,7 +38,7 @@ class TrainState:
     step: jax.Array
     params: Any  # float32 master weights; the model may compute in bfloat16
     opt_state: Any
-    model_state: Any  # non-param collections, averaged across replicas every step
+    model_state: Any  # non-param collections; model_state.py: which leaves the step averages over replicas
     rng: jax.Array
     loss_scale: Any = None  # precision.LossScale under train.compute_dtype float16, else None (no leaves)
 
@@ -45,12 +47,12 @@ def init_train_state(task: Task, optimizer: optax.GradientTransformation, seed: 
                      compute_dtype: str = "float32") -> TrainState:
     """The state before step 1, as host arrays: the task's initial variables from `seed`."""
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
-    variables = jax.jit(task.init)(init_rng)
+    variables = checked_variables(task, jax.jit(task.init)(init_rng))
     params = variables["params"]
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=optimizer.init(params),
+        opt_state=checked_optimizer_state(optimizer.init(params)),
         model_state={k: v for k, v in variables.items() if k != "params"},
         rng=step_rng,
         loss_scale=precision.LossScale.initial() if compute_dtype == "float16" else None,
@@ -78,7 +80,8 @@ class StepParts:
     first_replica: int = 0
 
     def local(self, state: TrainState, batch: dict):
-        """What the sync averages over every replica: (gradients, new model state, loss) of one device's
+        """What the sync averages over every replica: (gradients, new model state (its floating-point leaves:
+        model_state.py), loss) of one device's
         batch; with accumulate_steps k, the mean over its k micro-batches, taken in turn (a scan: the
         memory of one), each seeing the model state the one before left."""
         replica = jax.lax.axis_index(AXIS) + self.first_replica
@@ -109,7 +112,9 @@ class StepParts:
 
         def loss_fn(params):
             computed = precision.cast_floats(params, dtype) if dtype != jnp.float32 else params
-            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **model_state},
+            # Rebuilt in this trace: NNX mutates a Variable (merge(copy=False)) only in the trace that made it.
+            rebuilt = jax.tree_util.tree_map(lambda leaf: leaf, model_state)
+            loss, new_state = checked_loss(self.task, self.task.loss({"params": computed, **rebuilt},
                                                                      computed_batch, rng))
             loss = loss.astype(jnp.float32)
             return (loss if scale is None else loss * scale), (loss, new_state)
@@ -146,5 +151,5 @@ def make_train_step(parts: StepParts, sync: Sync, devices=None) -> TrainStep:
     pmap's default, every device of the job under jax.distributed, so a process passes its own) and
     donated, each leaf of `batch` split over them ([devices, rows per device, ...], devices.split_for_devices).
     The step queues without waiting: nothing in it reads a value on the host."""
-    return jax.pmap(lambda state, batch: parts.finish(state, sync.mean(parts.local(state, batch))),
+    return jax.pmap(lambda state, batch: parts.finish(state, mean_of_step(sync.mean, parts.local(state, batch))),
                     axis_name=AXIS, devices=devices, donate_argnums=0)

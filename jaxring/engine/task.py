@@ -73,8 +73,8 @@ class Task(Protocol):
     checks it has every member below with these arguments before anything runs.
     Required: `metrics` and the seven methods up to `eval_batches`. Optional,
     with the default named: `config_sections`, `from_config`, `check_data`,
-    `final_report`, and scripts/evaluate.py's `add_evaluate_arguments` and
-    `evaluate`.
+    `final_report`, `optimizer`, and scripts/evaluate.py's
+    `add_evaluate_arguments` and `evaluate`.
     """
 
     metrics: MetricNames
@@ -90,12 +90,17 @@ class Task(Protocol):
         return cls(**{name: config.sections[name] for name in getattr(cls, "config_sections", {})})
 
     def init(self, rng) -> dict:
-        """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats")."""
+        """Flax variables: "params" (float32) and any other collections (e.g. "batch_stats"), nested dicts of
+        numeric arrays, a PRNG key as its key data; checked before the first step (engine/initial_state.py).
+        An nnx.Module's: subclass jaxring.engine.nnx_task.NNXTask."""
 
     def loss(self, variables: dict, batch: dict, rng) -> tuple[jax.Array, dict]:
         """(mean loss of a device batch, updated non-param collections), training mode, inside pmap over AXIS.
 
-        The pair is required even without model state: return (loss, {})."""
+        The pair is required even without model state: return (loss, {}). `rng` is this replica's for this
+        step. Of the collections returned, the step averages the floating-point leaves over every replica
+        (statistics); integer, boolean and key-data leaves are never averaged: each replica keeps its own,
+        and a checkpoint holds the first device's, so they must advance alike (engine/model_state.py)."""
 
     def predict(self, variables: dict, batch: dict) -> Any:
         """Evaluation-mode outputs, every leaf with a leading batch axis; inside pmap over AXIS."""
@@ -137,6 +142,10 @@ class Task(Protocol):
         """Adds the task's options to evaluate.py's argparse parser (it has --workdir, --split,
         --checkpoint, --batch-size)."""
         return None
+
+    # optimizer(self, schedule) -> optax.GradientTransformation: optional, the task's own optimizer in place of
+    # optim.name's, given the engine's learning-rate schedule (jaxring/engine/own_optimizer.py). Not declared
+    # here, as evaluate below: the engine tells a task with one from one without.
 
     # evaluate(self, args, config, variables) -> tuple[dict, str | None]: (JSON-serialisable scores of
     # `variables` as `args` ask, an error to end with once they are printed, or None); raises ValueError

@@ -30,7 +30,8 @@ from jaxring.engine.checkpoint import BEST, LATEST, CheckpointError, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
 from jaxring.engine.host_exchange import HostExchange
-from jaxring.engine.optim import make_optimizer, planned_schedule
+from jaxring.engine.optim import planned_schedule
+from jaxring.engine.own_optimizer import optimizer_for
 from jaxring.engine.progress import Progress
 from jaxring.engine.registry import check_task_class
 from jaxring.engine.step import StepParts, TrainState, init_train_state, make_train_step, variables_of
@@ -144,7 +145,7 @@ class Trainer:
         """The schedule, optimizer and step of a run whose length is `plan` (optim.planned_schedule)."""
         self.schedule_plan = plan
         self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
-        self.optimizer = make_optimizer(self.config.optim, self.schedule)
+        self.optimizer = optimizer_for(self.config.optim, self.schedule, self.task)
         train = self.config.train
         self.step_parts = StepParts(self.task, self.optimizer, train.compute_dtype, train.accumulate_steps,
                                     first_replica=self.rank * self.n_local)

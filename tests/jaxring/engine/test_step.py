@@ -70,10 +70,11 @@ def test_the_pure_step_is_the_trainers_bit_for_bit(tmp_path, settings):
 
 def test_a_step_donates_the_state_and_leaves_the_batch():
     """make_train_step's contract: the old state's buffers are reused for the new one (memory), the batch is the
-    caller's; the step is finish(state, mean of local(state, batch))."""
+    caller's; the step is finish(state, mean of local(state, batch)), local's (gradients, model state, loss)."""
     devices = jax.local_devices()[:2]
     state, batch = replicate({"w": np.arange(3.0, dtype=np.float32)}, devices), replicate(np.ones(3, np.float32), devices)
-    parts = SimpleNamespace(local=lambda s, b: {"g": s["w"] * b}, finish=lambda s, mean: {"w": s["w"] - mean["g"]})
+    parts = SimpleNamespace(local=lambda s, b: ({"g": s["w"] * b}, {}, b.sum()),
+                            finish=lambda s, mean: {"w": s["w"] - mean[0]["g"]})
     new = make_train_step(parts, make_sync(1, "psum", bucket_bytes=64), devices)(state, batch)
     np.testing.assert_allclose(np.asarray(new["w"]), np.zeros((2, 3)))  # w - mean(w * 1)
     assert state["w"].is_deleted() and not batch.is_deleted()
