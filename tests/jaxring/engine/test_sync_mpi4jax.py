@@ -2,7 +2,6 @@
 under mpirun, the same bits on every process, and a stopped process ends the job (step_watchdog.py)."""
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -27,3 +26,15 @@ def test_mpi4jax_path_trains_as_jaxrings_with_the_same_bits_everywhere(n_procs, 
             found = re.search(rf"^rank {rank} {label} (\S+)$", output, re.MULTILINE)
             assert found, f"rank {rank} printed nothing for {label}:\n{output}"
             assert float(found[1]) <= TOLERANCE[label], (label, rank, found[1])
+
+
+@pytest.mark.parametrize("how", ["sleep", "exit"])
+def test_a_process_that_stops_ends_the_job(how):
+    """mpi4jax waits forever for a peer: the job still ends (finish() kills it at 120 s and returns None)."""
+    code, output = finish(mpirun(2, [WORKER.with_name("stopped_rank_worker.py"), how], with_mpi4py=True,
+                                 devices_per_proc=2, env={"JAXRING_TIMEOUT_S": "4"}), 120)
+    assert code not in (None, 0), output
+    assert "rank 1 stops" in output and "finished 50 steps" not in output, output
+    if how == "sleep":  # rank 0's watchdog names what happened
+        assert re.search(r"rank 0: a training step has not finished in 4 s \(JAXRING_TIMEOUT_S\): "
+                         r"train.across_processes is mpi4jax", output), output
