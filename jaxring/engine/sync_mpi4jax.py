@@ -91,12 +91,7 @@ class Mpi4jaxSync(Sync):
         program = whole if n_devices == 1 else self._split_step(parts, devices)
         watchdog = StepWatchdog(self.rank, WHY_NO_TIMEOUT)
 
-        def step(state, batch):
-            state, metrics = program(state, batch)
-            watchdog.watch(metrics["loss"])
-            return state, metrics
-
-        return step
+        return lambda state, batch: watchdog.step(lambda: program(state, batch))
 
     def _split_step(self, parts, devices):
         gradients = jax.pmap(lambda state, batch: self.local_mean(parts.local(state, batch)), axis_name=AXIS,

@@ -30,9 +30,9 @@ def test_mpi4jax_path_trains_as_jaxrings_with_the_same_bits_everywhere(n_procs, 
 
 @pytest.mark.parametrize("how", ["sleep", "exit"])
 def test_a_process_that_stops_ends_the_job(how):
-    """mpi4jax waits forever for a peer: the job still ends (finish() kills it at 120 s and returns None)."""
+    """mpi4jax waits forever for a peer: the job still ends (finish() kills it at 240 s and returns None)."""
     code, output = finish(mpirun(2, [WORKER.with_name("stopped_rank_worker.py"), how], with_mpi4py=True,
-                                 devices_per_proc=2, env={"JAXRING_TIMEOUT_S": "4"}), 120)
+                                 devices_per_proc=2, env={"JAXRING_TIMEOUT_S": "4"}), 240)
     assert code not in (None, 0), output
     assert "rank 1 stops" in output and "finished 50 steps" not in output, output
     if how == "sleep":  # rank 0's watchdog names what happened
