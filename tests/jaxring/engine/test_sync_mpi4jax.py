@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxring.engine import sync as sync_lib
 from tests.tiny_runs import finish, mpirun
 
 WORKER = Path(__file__).with_name("across_worker.py")
@@ -13,6 +14,12 @@ WORKER = Path(__file__).with_name("across_worker.py")
 # (2.6e-7 of the weights' magnitude seen with 3 x 2); a 16-bit wire rounds each process' share
 # (2.9e-3 seen with bfloat16 on 2 x 2, where jaxring's own bfloat16 wire rounds differently).
 TOLERANCE = {"mpi4jax": 1e-5, "mpi4jax:bfloat16": 2e-2}
+
+
+def test_one_process_has_nothing_to_cross():
+    """With one process no mean crosses processes: the setting changes nothing, and needs no MPI."""
+    sync = sync_lib.make_sync(1, "ring", bucket_bytes=64, across_processes="mpi4jax")
+    assert type(sync) is sync_lib.Sync and sync.across_processes == "jaxring"
 
 
 @pytest.mark.parametrize("n_procs,n_devices,labels", [(2, 1, ["mpi4jax"]), (2, 2, ["mpi4jax", "mpi4jax:bfloat16"]),
