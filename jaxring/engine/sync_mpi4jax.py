@@ -12,6 +12,10 @@ read on the host: the pmapped gradients and their local mean, a jit on the
 first local device that crosses processes, and the pmapped update, to which
 pmap hands that mean on every local device.
 
+On CPU, JAX runs a program that carries an ordered effect in the thread that
+calls it, once its inputs are ready (jax 0.10.2): on this path the host waits
+at every step, and steps do not queue as on jaxring's (docs/MULTI_NODE.md).
+
 train.allreduce_dtype: MPI has no 16-bit float sum (mpi4jax maps float32 and
 wider), so a 16-bit wire is mpi4jax.allgather of each process' local mean
 rounded to it, summed in float32 in rank order: each process' share rounded
@@ -90,7 +94,6 @@ class Mpi4jaxSync(Sync):
         n_devices = len(devices) if devices is not None else jax.local_device_count()
         program = whole if n_devices == 1 else self._split_step(parts, devices)
         watchdog = StepWatchdog(self.rank, WHY_NO_TIMEOUT)
-
         return lambda state, batch: watchdog.step(lambda: program(state, batch))
 
     def _split_step(self, parts, devices):
