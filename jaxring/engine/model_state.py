@@ -24,13 +24,24 @@ def is_averaged(leaf) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and not jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
+def averaged_part(local):
+    """What of `local` = (gradients, model state, loss) one replica's step averages: (gradients, the model
+    state's averaged leaves in order, loss)."""
+    grads, model_state, loss = local
+    return grads, [leaf for leaf in jax.tree_util.tree_leaves(model_state) if is_averaged(leaf)], loss
+
+
+def with_averaged(model_state, averaged):
+    """(gradients, model state, loss) from `averaged` (averaged_part's, after a mean over replicas) and this
+    replica's `model_state`, whose leaves that are not averaged stay its own."""
+    grads, means, loss = averaged
+    leaves, structure = jax.tree_util.tree_flatten(model_state)
+    means = iter(means)
+    leaves = [next(means) if is_averaged(leaf) else leaf for leaf in leaves]
+    return grads, jax.tree_util.tree_unflatten(structure, leaves), loss
+
+
 def mean_of_step(mean: Callable, local):
     """`local` = (gradients, model state, loss) of one replica, after `mean` (the sync's, over every replica) of
     the gradients, the loss and the model state's averaged leaves; its other leaves stay this replica's."""
-    grads, model_state, loss = local
-    leaves, structure = jax.tree_util.tree_flatten(model_state)
-    averaged = [leaf for leaf in leaves if is_averaged(leaf)]
-    grads, averaged, loss = mean((grads, averaged, loss))
-    averaged = iter(averaged)
-    leaves = [next(averaged) if is_averaged(leaf) else leaf for leaf in leaves]
-    return grads, jax.tree_util.tree_unflatten(structure, leaves), loss
+    return with_averaged(local[1], mean(averaged_part(local)))

@@ -150,6 +150,9 @@ def make_train_step(parts: StepParts, sync: Sync, devices=None) -> TrainStep:
     """(state, batch) -> (state, {"loss", "grad_norm"}), pmapped: `state` replicated over `devices` (None:
     pmap's default, every device of the job under jax.distributed, so a process passes its own) and
     donated, each leaf of `batch` split over them ([devices, rows per device, ...], devices.split_for_devices).
-    The step queues without waiting: nothing in it reads a value on the host."""
-    return jax.pmap(lambda state, batch: parts.finish(state, mean_of_step(sync.mean, parts.local(state, batch))),
-                    axis_name=AXIS, devices=devices, donate_argnums=0)
+    The step queues without waiting: nothing in it reads a value on the host. mpi4jax's sync splits
+    it into programs around its cross-process mean (jaxring/engine/sync_mpi4jax.py: on CPU, JAX runs
+    those with mpi4jax in the calling thread, so there the host waits)."""
+    whole = jax.pmap(lambda state, batch: parts.finish(state, mean_of_step(sync.mean, parts.local(state, batch))),
+                     axis_name=AXIS, devices=devices, donate_argnums=0)
+    return sync.train_step(whole, parts, devices)

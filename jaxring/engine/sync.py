@@ -7,7 +7,8 @@ in the same compiled program (jaxring.tree_allreduce(processes=True): local
 ring, MPI ring of processes, local ring). `train.allreduce: psum` does the
 local part with jax.lax's collectives instead of jaxring's ring
 (tree_allreduce(local="lax")); across processes it still needs jaxring's MPI
-leg. See docs/ARCHITECTURE.md, "Data flow of one step".
+leg. `train.across_processes: mpi4jax` crosses processes with mpi4jax instead
+(jaxring/engine/sync_mpi4jax.py). See docs/ARCHITECTURE.md, "Data flow of one step".
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from jaxring.engine.timing import median_seconds
 
 class Sync:
     """Mean over every device of every process, inside one pmapped step."""
+
+    across_processes = "jaxring"  # train.across_processes: whose collective crosses processes
 
     def __init__(self, world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None):
         # method: train.allreduce, "ring" or "psum"; wire_dtype: train.allreduce_dtype, what the
@@ -48,13 +51,26 @@ class Sync:
         def doubled(t):
             return jax.tree_util.tree_map(lambda leaf: leaf * 2, t)
 
-        with_mean = jax.pmap(lambda t: self.mean(doubled(t)), axis_name=AXIS)
+        with_mean = self._mean_after(doubled)
         alone = jax.pmap(doubled, axis_name=AXIS)
         return max(0.0, median_seconds(lambda: with_mean(tree), repeats, warmup)
                    - median_seconds(lambda: alone(tree), repeats, warmup))
 
+    def _mean_after(self, fn):
+        """The program time_mean times: the mean of fn(tree), pmapped."""
+        return jax.pmap(lambda t: self.mean(fn(t)), axis_name=AXIS)
 
-def make_sync(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None) -> Sync:
+    def train_step(self, whole, parts, devices):
+        """The step make_train_step returns: `whole`, its one pmapped program with this mean inside."""
+        return whole
+
+
+def make_sync(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None,
+              across_processes: str = "jaxring") -> Sync:
     """The sync for a run of `world_size` processes; `method` is train.allreduce ("ring" or "psum"),
-    `wire_dtype` train.allreduce_dtype."""
+    `wire_dtype` train.allreduce_dtype, `across_processes` train.across_processes (one process: no matter)."""
+    if across_processes == "mpi4jax" and world_size > 1:
+        from jaxring.engine.sync_mpi4jax import Mpi4jaxSync
+
+        return Mpi4jaxSync(world_size, method, bucket_bytes, wire_dtype)
     return Sync(world_size, method, bucket_bytes, wire_dtype)

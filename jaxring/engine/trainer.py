@@ -124,7 +124,8 @@ class Trainer:
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
         self.bucket_bytes = train.bucket_bytes or default_bucket_bytes(self.devices[0].platform)
-        self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes, train.allreduce_dtype)
+        self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes, train.allreduce_dtype,
+                              train.across_processes)
         self._plan([[0, self.total_steps]])
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)

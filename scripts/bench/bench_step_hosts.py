@@ -1,22 +1,24 @@
-"""A training step across emulated hosts, the gradients averaged three ways in the same run: jaxring, lax over jax.distributed, mpi4jax.
+"""A training step across emulated hosts, the gradients averaged several ways in the same run: the engine's two paths, lax, mpi4jax.
 
     sudo .venv/bin/python scripts/bench/bench_step_hosts.py --nodes 2 4 --rates 1gbit 10gbit \\
         --configs configs/ds2_tiny.yaml examples/charlm/charlm.yaml --json docs/bench/step-hosts-cpu2-DATE.json
 
 For each rate and node count, on a fresh emulated cluster (scripts/bench/cluster/cluster.py: one process and
-one host device per node), one mpirun job per config builds the config's task, optimizer and state
-(the engine's Trainer, the global batch --batch-per-node x nodes) and its first training batch, then
-times the same step with four ways of averaging what the step averages (gradients, model state, loss):
+--devices-per-node host devices per node), one mpirun job per config builds the config's task, optimizer
+and state (the engine's Trainer, the global batch --batch-per-node x nodes) and its first training batch,
+then times the same step with --ways of averaging what the step averages (gradients, model state, loss):
 
   jaxring   the engine's own step (jaxring/engine/sync.py: fused buckets, jaxring.allreduce(processes=True))
+  engine_mpi4jax  the engine's step under train.across_processes mpi4jax (jaxring/engine/sync_mpi4jax.py)
   lax_gloo  what JAX offers without jaxring: jax.distributed (gloo collectives) and lax.pmean of each
             leaf over a mesh of every process' device, in a jitted shard_map
   mpi4jax   mpi4jax.allreduce of each leaf, over the process count, in the jitted step
   none      no averaging (each process steps on its own gradients): the step's compute alone
 
 Every way runs in the one job (jax.distributed is started for lax_gloo, idle for the others). The
-per-process part of the step is the engine's (jaxring/engine/step.py, StepParts) in each; the engine
-maps it over its devices with pmap, the others with vmap over one device's batch. Timing: rounds in
+per-process part of the step is the engine's (jaxring/engine/step.py, StepParts) in each; the engine's
+paths map it over its devices with pmap, the others with vmap over one device's batch (so with several
+devices per node, time only the engine's: --ways jaxring engine_mpi4jax). Timing: rounds in
 a random order (scripts/bench/ops_in_program.py: each timed call right after an untimed one), each call
 --steps steps queued then waited for; the slowest process' time per round, median over rounds.
 all-reduce share = (step - none's step) / step. Before timing, one step from the same state by each
@@ -39,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
-WAYS = ("jaxring", "lax_gloo", "mpi4jax", "none")
-SYNCED = WAYS[:3]
+WAYS = ("jaxring", "engine_mpi4jax", "lax_gloo", "mpi4jax", "none")
+SYNCED = WAYS[:4]
 # One step by each way from the same state: the averages differ only in the order of their float32
 # additions (none with 2 processes: a sum of two is the same either way), so every float leaf of
 # the new state (weights, optimizer moments: the averaged gradients themselves, model state) and
@@ -75,7 +77,8 @@ def run_job(args) -> None:
         trainer = Trainer(build_task(config), config, workdir, world)
     batch, _ = split_sources(next(iter(trainer.batches)))
     host_state = trainer.init_state()  # rank 0's, broadcast
-    steps = {way: make_step(way, trainer, host_state, batch, world) for way in WAYS}
+    ways = args.ways
+    steps = {way: make_step(way, trainer, host_state, batch, world) for way in ways}
 
     firsts = {way: step.first() for way, step in steps.items()}
     check = agreement(firsts)
@@ -86,10 +89,10 @@ def run_job(args) -> None:
     calls = {way: (lambda s=step: s.run(args.steps)) for way, step in steps.items()}
     time_in_steady_state(calls, 1, comm.Barrier)  # compiles the runs of --steps and settles
     times = time_in_steady_state(calls, args.rounds, comm.Barrier)
-    slowest = np.max(comm.allgather(np.stack([times[way] for way in WAYS], axis=1)), axis=0) / args.steps
+    slowest = np.max(comm.allgather(np.stack([times[way] for way in ways], axis=1)), axis=0) / args.steps
     if world.rank != 0:
         return
-    per_way = {way: float(np.median(slowest[:, i])) for i, way in enumerate(WAYS)}
+    per_way = {way: float(np.median(slowest[:, i])) for i, way in enumerate(ways)}
     grads = host_state.params
     record = dict(
         config=str(args.config), processes=world.size, local_devices=len(world.local_devices),
@@ -97,8 +100,11 @@ def run_job(args) -> None:
         parameters=int(sum(np.size(x) for x in jax.tree_util.tree_leaves(grads))),
         gradient_bytes=int(sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(grads))),
         leaves=len(jax.tree_util.tree_leaves(grads)), bucket_bytes=trainer.bucket_bytes,
-        step_s=per_way, step_s_per_round={way: slowest[:, i].tolist() for i, way in enumerate(WAYS)},
-        allreduce_share={way: (per_way[way] - per_way["none"]) / per_way[way] for way in SYNCED},
+        step_s=per_way, step_s_per_round={way: slowest[:, i].tolist() for i, way in enumerate(ways)},
+        # per round, each way over jaxring's in the same round (the calls alternate): the noise of a shared machine
+        over_jaxring_per_round={way: (slowest[:, i] / slowest[:, 0]).tolist() for i, way in enumerate(ways)},
+        allreduce_share={way: (per_way[way] - per_way["none"]) / per_way[way]
+                         for way in ways if way in SYNCED and "none" in ways},
         check=check,
     )
     Path(args.job_json).write_text(json.dumps(record))
@@ -138,6 +144,16 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
 
     if way == "jaxring":
         return Step(trainer.train_step, replicate(host_state, trainer.devices), batch, per_device=True)
+    if way == "engine_mpi4jax":
+        from jaxring.engine.devices import split_for_devices
+        from jaxring.engine.step import make_train_step
+        from jaxring.engine.sync import make_sync
+
+        train = trainer.config.train
+        sync = make_sync(world.size, train.allreduce, trainer.bucket_bytes, train.allreduce_dtype, "mpi4jax")
+        step = make_train_step(trainer.step_parts, sync, trainer.devices)
+        return Step(lambda state, b: step(state, split_for_devices(b, len(trainer.devices))),
+                    replicate(host_state, trainer.devices), batch, per_device=True)
     device = world.local_devices[0]
     one_batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], batch)
 
@@ -189,7 +205,7 @@ def agreement(firsts: dict) -> dict:
         return float(np.max(np.abs(a - b), initial=0.0) / max(float(np.max(np.abs(b), initial=0.0)), 1e-30))
 
     result = {"failed": []}
-    for way in SYNCED[1:]:
+    for way in [way for way in SYNCED[1:] if way in firsts]:
         worst = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(relative, firsts[way], firsts["jaxring"])))
         result[way] = worst
         if not worst <= STATE_RTOL:
@@ -203,15 +219,16 @@ def agreement(firsts: dict) -> dict:
 def job_command(config: str, out: Path, coordinator: str, args) -> list[str]:
     return [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()), "--job", "--config", config,
             "--job-json", str(out), "--coordinator-host", coordinator, "--batch-per-node", str(args.batch_per_node),
-            "--steps", str(args.steps), "--rounds", str(args.rounds), *(f"--set={o}" for o in args.set)]
+            "--steps", str(args.steps), "--rounds", str(args.rounds), "--ways", *args.ways,
+            *(f"--set={o}" for o in args.set)]
 
 
-def print_record(r: dict) -> None:
+def print_record(r: dict, ways) -> None:
     t = r["step_s"]
-    print(f"{Path(r['config']).stem:<12} {r['processes']:>5} {r['rate']:>7} "
-          + " ".join(f"{1e3 * t[w]:>9.1f}" for w in WAYS)
-          + " ".join(f" {100 * r['allreduce_share'][w]:>5.0f}%" for w in SYNCED)
-          + f" {t['lax_gloo'] / t['jaxring']:>8.2f}x {t['mpi4jax'] / t['jaxring']:>8.2f}x", flush=True)
+    print(f"{Path(r['config']).stem:<12} {r['processes']:>5}x{r['local_devices']:<2} {r['rate']:>7} "
+          + " ".join(f"{1e3 * t[w]:>9.1f}" for w in ways)
+          + "".join(f" {t[w] / t['jaxring']:>8.2f}x" for w in ways[1:])
+          + "".join(f" {100 * r['allreduce_share'][w]:>5.0f}%" for w in r["allreduce_share"]), flush=True)
 
 
 def main(argv=None):
@@ -225,25 +242,30 @@ def main(argv=None):
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"], help="link rates (tc syntax)")
     parser.add_argument("--batch-per-node", type=int, default=8)
+    parser.add_argument("--devices-per-node", type=int, default=1, help="host devices of each node's process")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS),
+                        help="the ways to time (jaxring first: the others' ratios are over it)")
     parser.add_argument("--steps", type=int, default=5, help="steps queued per timed call")
     parser.add_argument("--rounds", type=int, default=5, help="timed calls of each way (median)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a config override for every config, e.g. train.allreduce_dtype=bfloat16")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.ways[0] != "jaxring":
+        parser.error("--ways: jaxring comes first (the others are timed against it)")
     if args.job:
         return run_job(args)
 
     from cluster import Cluster, interrupt_on_termination, parse_rate
 
     interrupt_on_termination()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices_per_node}",
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     result = {"machine": f"{os.cpu_count()}-core {platform.machine()} CPU, every emulated host on it; emulated links",
               "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-              "command": " ".join(["python", *sys.argv]), "ways": list(WAYS), "records": []}
-    print(f"{'config':<12} {'procs':>5} {'rate':>7} " + " ".join(f"{w + ' ms':>9}" for w in WAYS)
-          + "".join(f" {w[:5]:>6}" for w in SYNCED) + f" {'gloo/jr':>9} {'m4j/jr':>9}")
+              "command": " ".join(["python", *sys.argv]), "ways": args.ways, "records": []}
+    print(f"{'config':<12} {'shape':>8} {'rate':>7} " + " ".join(f"{w[:9] + ' ms':>9}" for w in args.ways)
+          + "".join(f" {w[:7] + '/jr':>9}" for w in args.ways[1:]) + " shares")
     for rate in args.rates:
         for n in args.nodes:
             with Cluster(n, rate) as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -255,7 +277,7 @@ def main(argv=None):
                     record = json.loads(out.read_text())
                     record.update(rate=rate, rate_bps=parse_rate(rate))
                     result["records"].append(record)
-                    print_record(record)
+                    print_record(record, args.ways)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""scripts/bench/bench_step_hosts.py: the three ways of averaging agree after a step over three emulated
+"""scripts/bench/bench_step_hosts.py: every way of averaging (the engine's two paths among them) agrees after a step over three emulated
 hosts (where the order of additions differs), its record has what docs/PERFORMANCE.md quotes, and a
 way that disagrees fails the job."""
 

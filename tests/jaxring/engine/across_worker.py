@@ -1,0 +1,59 @@
+"""Run under mpirun by test_sync_mpi4jax.py: the Trainer's step with each train.across_processes, 50 steps queued.
+
+Each process trains the toy task from the same state on its share of the same
+global batches, once per label (PATH or PATH:ALLREDUCE_DTYPE), with nothing read
+on the host between steps (a device-to-host transfer raises). It checks that
+every process holds the same bits and prints, per label, the largest difference
+of the final weights from jaxring's path's, relative to their largest magnitude.
+"""
+
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import jaxring  # noqa: E402
+from test_step import DropoutTask  # noqa: E402
+from toy_task import toy_config  # noqa: E402
+
+from jaxring.engine.devices import replicate  # noqa: E402
+from jaxring.engine.trainer import Trainer  # noqa: E402
+
+STEPS = 50
+world = jaxring.init()
+replicas = world.size * len(world.local_devices)
+
+
+def trained(label):
+    across, _, wire = label.partition(":")
+    train = {"batch_size": 3 * replicas, "max_steps": STEPS, "bucket_bytes": 64, "across_processes": across,
+             "allreduce_dtype": wire or None}
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = Trainer(DropoutTask(rows=96), toy_config(train=train), workdir, world)
+    state = replicate(trainer.init_state(), trainer.devices)
+    batches = [batch for _, batch in zip(range(STEPS), trainer.batches)]
+    losses = []
+    with jax.transfer_guard_device_to_host("disallow"):  # the steps queue: no value comes back between them
+        for batch in batches:
+            state, metrics = trainer.train_step(state, batch)
+            losses.append(metrics["loss"])
+    params = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state.params)]
+    assert all(np.array_equal(leaf[0], leaf[d]) for leaf in params for d in range(len(leaf))), label
+    digest = hashlib.sha256(b"".join(leaf.tobytes() for leaf in params)).hexdigest()
+    assert len(set(MPI.COMM_WORLD.allgather(digest))) == 1, f"{label}: the processes' weights differ"
+    # the steps changed the weights (a 16-bit wire rounds the averaged loss: some repeat)
+    assert len({float(np.asarray(loss)[0]) for loss in losses}) > STEPS // 2, label
+    return [leaf[0].astype(np.float64) for leaf in params]
+
+
+runs = {label: trained(label) for label in sys.argv[1:]}
+for label, params in runs.items():
+    reference = runs["jaxring"]  # float32 on the wire
+    worst = max(np.abs(a - b).max() / np.abs(b).max() for a, b in zip(params, reference))
+    print(f"rank {world.rank} {label} {worst:.3e}", flush=True)

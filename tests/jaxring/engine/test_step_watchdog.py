@@ -1,0 +1,70 @@
+"""The step watchdog (jaxring/engine/step_watchdog.py): it ends the job when a step stops making progress,
+and only then; its job-wide use under mpirun is in test_sync_mpi4jax.py."""
+
+import threading
+import time
+
+import jax.numpy as jnp
+import pytest
+
+from jaxring.engine.step_watchdog import StepWatchdog
+
+
+class Loss:
+    """A step's loss that is ready once `done` is set."""
+
+    def __init__(self, done=False):
+        self.done = done
+
+    def is_ready(self):
+        return self.done
+
+
+def queue(dog, loss):
+    """A step dispatched under the watchdog, returning `loss`."""
+    return dog.step(lambda: (None, {"loss": loss}))
+
+
+def watchdog(timeout_s):
+    ended = threading.Event()
+    messages = []
+    dog = StepWatchdog(rank=3, why="the reason", timeout_s=timeout_s,
+                       end=lambda message: (messages.append(message), ended.set()))
+    return dog, ended, messages
+
+
+def test_a_step_that_never_finishes_ends_the_job_with_words():
+    dog, ended, messages = watchdog(0.2)
+    queue(dog, Loss(done=True))
+    queue(dog, Loss())
+    assert ended.wait(30), "the watchdog never ended the job"
+    assert messages == ["rank 3: a training step has not finished in 0.2 s (JAXRING_TIMEOUT_S): the reason. "
+                        "A process of the job stopped or is stuck; ending the job."]
+
+
+def test_steps_that_finish_in_turn_are_left_alone():
+    """Queued steps finishing one after another, each within the timeout, however long the queue takes."""
+    dog, ended, _ = watchdog(2.0)
+    steps = [Loss() for _ in range(6)]
+    for step in steps:
+        queue(dog, step)
+    for step in steps:  # 6 x 0.5 s in all: more than the timeout, but each finishes within it of the last
+        time.sleep(0.5)
+        step.done = True
+    queue(dog, jnp.arange(3.0) * 2)  # a real step's output
+    assert not ended.wait(1.0)
+
+
+def test_a_dispatch_that_never_returns_ends_the_job():
+    """The host can wait inside the call that queues a step, before any output exists."""
+    dog, ended, _ = watchdog(0.2)
+    threading.Thread(target=dog.step, args=(threading.Event().wait,), daemon=True).start()
+    assert ended.wait(30), "the watchdog never ended the job"
+
+
+def test_an_infinite_timeout_watches_nothing_and_a_bad_one_is_refused():
+    dog, _, _ = watchdog(float("inf"))
+    queue(dog, Loss())
+    assert dog._thread is None
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        watchdog(0)
