@@ -138,11 +138,12 @@ class ShardedUpdate:
         processes = _process_count(self.processes)
         mine = [self._summed_block(flat) for flat in _padded_flats(grads, blocks, jnp)]
         mine = [accumulation.mean(g, devices * processes) for g in mine]
-        # One scalar pair over every device and process: the sum of squares (a global norm) and the
-        # count of non-finite values (not inferred from the norm: large finite values square to inf).
+        # One scalar pair over the devices: the sum of squares (a global norm) and the count of
+        # non-finite values (not inferred from the norm: large finite values square to inf). Not over
+        # the processes: each holds the same blocks.
         squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in mine)
         bad = sum(jnp.sum(~jnp.isfinite(g)).astype(jnp.float32) for g in mine)
-        totals = allreduce(jnp.stack([squares, bad]), self.axis_name, processes=self.processes)
+        totals = allreduce(jnp.stack([squares, bad]), self.axis_name)
         grad_norm, finite = jnp.sqrt(totals[0]), totals[1] == 0
         if self.clip_norm is not None:
             # optax.clip_by_global_norm's formula, with the norm over every block.

@@ -1,16 +1,20 @@
 """train.shard_optimizer (jaxring/engine/sharded_step.py): the replicated step's training, each device holding
 its blocks of the optimizer state; checkpoints in the replicated layout, so a run resumes across the setting."""
 
+from pathlib import Path
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
-from tests.jaxring.engine.toy_task import ToyTask, toy_config, world_of
+from tests.jaxring.engine.toy_task import SHARDED_CONFIG, ToyTask, toy_config, world_of
+from tests.jaxring.engine.test_resume_shapes import stopped_at
+from tests.tiny_runs import finish, mpirun
 
 STEPS = 12
+WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
 class LoudTask(ToyTask):
@@ -39,15 +43,13 @@ def assert_same_bits_on_every_device(state):
         assert (leaf == leaf[:1]).all()
 
 
-# Each case against the replicated step on the same seeds. Clipping divides by a norm summed in
-# another order (blocks, not leaves), and adamw's arithmetic runs on flat blocks, where XLA's
-# vectorised loops may contract a multiply-add differently: a few float32 ulps a step.
+# Each case against the replicated step on the same seeds (adamw, clipping and a schedule: the mpirun
+# run below). Clipping divides by a norm summed in another order (blocks, not leaves), and
+# adamw's arithmetic runs on flat blocks, where XLA's vectorised loops may contract a multiply-add
+# differently: a few float32 ulps a step.
 CASES = {
-    "sgd-nesterov-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None}, {}, 2),
-    "adamw-clip-cosine-accumulated-4": (
-        {"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.1, "clip_norm": 0.3, "schedule": "warmup_cosine",
-         "warmup_steps": 3}, {"accumulate_steps": 2}, 4),
-    "sgd-momentum-psum-3": ({"name": "sgd", "momentum": 0.9}, {"allreduce": "psum", "batch_size": 9}, 3),
+    "sgd-nesterov-accumulated-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None},
+                                   {"accumulate_steps": 2}, 2),
 }
 
 
@@ -75,11 +77,13 @@ def test_the_sharded_step_trains_as_the_replicated_one(case):
 
 
 def test_float16_skips_the_same_overflowed_steps():
-    """Loss scaling: a step whose gradients overflowed on any device's block is skipped on every device."""
+    """Loss scaling: a step whose gradients overflowed on any device's block is skipped on every device
+    (with lax's reduce-scatter and all-gather: train.allreduce psum)."""
     runs = []
     for shard in (False, True):
         config = toy_config(train={"max_steps": STEPS, "shard_optimizer": shard, "compute_dtype": "float16",
-                                   "bucket_bytes": 64}, optim={"name": "adamw", "learning_rate": 0.01})
+                                   "bucket_bytes": 64, "allreduce": "psum"},
+                            optim={"name": "adamw", "learning_rate": 0.01})
         runs.append(queued_run(LoudTask(), config, 4))
     (_, _, replicated, _), (_, _, sharded, _) = runs
     scale = float(np.asarray(replicated.loss_scale.scale)[0])
@@ -99,26 +103,37 @@ def test_an_optimizer_that_is_not_elementwise_is_refused_at_start_up(monkeypatch
         trainer_lib.Trainer(ToyTask(), config, "unused", world_of(2))
 
 
-def test_a_sharded_run_resumes_without_the_setting_on_other_devices(tmp_path):
-    """Checkpoints hold the replicated layout: 4 devices sharded to step 6, then 2 devices replicated to 12,
-    goes on as 2 devices replicated straight through (the replicas' summation order apart)."""
-    optim = {"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.05, "clip_norm": 0.5}
-    settings = {"epochs": 1, "bucket_bytes": 64}
-    checkpoint = {"every_steps": 6, "keep": 5}
-    eval_ = {"every_steps": 0}
-    straight = tmp_path / "straight"
-    trainer_lib.Trainer(ToyTask(), toy_config(train=settings, optim=optim, checkpoint=checkpoint, eval=eval_),
-                        straight, world_of(2)).fit()
-    resumed = tmp_path / "resumed"
-    trainer_lib.Trainer(ToyTask(), toy_config(train={**settings, "shard_optimizer": True, "max_steps": 6},
-                                              optim=optim, checkpoint=checkpoint, eval=eval_),
-                        resumed, world_of(4)).fit()
-    trainer_lib.Trainer(ToyTask(), toy_config(train={**settings, "max_steps": 12}, optim=optim, checkpoint=checkpoint,
-                                              eval=eval_), resumed, world_of(2)).fit(resume=True)
-    template = trainer_lib.Trainer(ToyTask(), toy_config(optim=optim), tmp_path / "t", world_of(1)).init_state()
-    a, _ = Checkpoints(straight / "checkpoints").restore(template)
-    b, _ = Checkpoints(resumed / "checkpoints").restore(template)
-    assert int(a.step) == int(b.step) == 12
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """SHARDED_CONFIG's run sharded on 2 processes x 2 local devices, and replicated on 1 x 4."""
+    directory = tmp_path_factory.mktemp("sharded")
+    code, output = finish(mpirun(2, [WORKER, directory / "mpi"], with_mpi4py=True, devices_per_proc=2), 300)
+    assert code == 0, output
+    assert "2 local cpu devices x 2 processes" in output
+    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), directory / "one", world_of(4)).fit()
+    return directory
+
+
+def final_state(workdir: Path):
+    template = trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), workdir / "t", world_of(1)).init_state()
+    state, _ = Checkpoints(workdir / "checkpoints").restore(template)
+    assert int(state.step) == 24 and not np.array_equal(state.params["w1"], template.params["w1"])
+    return state
+
+
+def assert_close(a, b):
+    """The same training: another summation order of the replicas (and of the norm's blocks) apart."""
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_allclose(y, x, rtol=2e-5, atol=1e-6)
-    assert not jnp.array_equal(a.params["w1"], template.params["w1"])
+
+
+def test_under_mpirun_2x2_it_trains_as_one_process_of_4_replicated(runs):
+    """Across processes the blocks are summed by the all-reduce's MPI leg: every process holds the same blocks."""
+    assert_close(final_state(runs / "one"), final_state(runs / "mpi"))
+
+
+def test_a_sharded_run_resumes_without_the_setting_on_another_shape(runs, tmp_path):
+    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on replicated on 1 x 2."""
+    resumed = stopped_at(runs / "mpi", tmp_path / "run")
+    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), resumed, world_of(2)).fit(resume=True)
+    assert_close(final_state(runs / "one"), final_state(resumed))
