@@ -6,6 +6,7 @@ from jaxring.collectives.fusion import tree_allreduce
 from jaxring.collectives.all_gather import all_gather
 from jaxring.collectives.allreduce import allreduce
 from jaxring.collectives.reduce_scatter import reduce_scatter
+from jaxring.collectives.sharded_update import ShardedUpdate
 from jaxring.collectives.timeout import default_timeout, set_default_timeout
 from jaxring.collectives.xla_threads import reserve_client_threads
 
@@ -33,6 +34,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "ShardedUpdate",
     "all_gather",
     "allreduce",
     "default_timeout",
