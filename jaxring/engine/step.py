@@ -151,7 +151,7 @@ def make_train_step(parts: StepParts, sync: Sync, devices=None) -> TrainStep:
     donated, each leaf of `batch` split over them ([devices, rows per device, ...], devices.split_for_devices).
     The step queues without waiting: nothing in it reads a value on the host. With parts.shard_optimizer,
     `state`'s opt_state is each device's blocks (sharded_step.on_devices) and the update sharded_step's."""
-    if parts.shard_optimizer:
+    if getattr(parts, "shard_optimizer", False):  # any object with local and finish is a step's parts
         return jax.pmap(lambda state, batch: sharded_step.finish(parts, sync, state, parts.local(state, batch)),
                         axis_name=AXIS, devices=devices, donate_argnums=0)
     return jax.pmap(lambda state, batch: parts.finish(state, sync.mean(parts.local(state, batch))),
