@@ -133,11 +133,10 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from jaxring.engine.devices import replicate
     from jaxring.engine.task import AXIS
 
     if way == "jaxring":
-        return Step(trainer.train_step, replicate(host_state, trainer.devices), batch, per_device=True)
+        return Step(trainer.train_step, trainer.on_devices(host_state), batch, per_device=True)
     device = world.local_devices[0]
     one_batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], batch)
 
