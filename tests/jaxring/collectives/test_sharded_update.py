@@ -1,6 +1,8 @@
 """jaxring.ShardedUpdate (jaxring/collectives/sharded_update.py) in one's own pmap loop: against the replicated
 update (jaxring.allreduce's mean and the whole optax update on every device), and its two state layouts."""
 
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -79,3 +81,27 @@ def test_bad_arguments_are_refused_when_built():
         jaxring.ShardedUpdate(optax.sgd(0.1), "d", local="nccl")
     with pytest.raises(ValueError, match="clip_norm=0"):
         jaxring.ShardedUpdate(optax.sgd(0.1), "d", clip_norm=0)
+
+
+def test_the_mean_gradients_are_the_allreduce_bits():
+    """The reduce-scatter adds each element in the all-reduce's order (the CPU engine): with plain sgd at rate 1,
+    whose update rounds once per element however XLA fuses it, the weights are the replicated ones bit for bit.
+    (An update of more arithmetic, momentum's or adam's, may round a multiply-add differently in another program.)"""
+    rng = np.random.default_rng(3)
+    optimizer = optax.sgd(1.0)
+    sharded = jaxring.ShardedUpdate(optimizer, "d", bucket_bytes=64)
+    params = jax.tree.map(lambda a: np.stack([a] * DEVICES), tree(rng))
+    grads = [tree(rng, (DEVICES,)) for _ in range(3)]
+
+    @functools.partial(jax.pmap, axis_name="d")
+    def both(p, g0, g1, g2):
+        s, q, r = sharded.init(p), p, optimizer.init(p)
+        for g in (g0, g1, g2):
+            p, s, _, _ = sharded.update(g, s, p)
+            updates, r = optimizer.update(jaxring.allreduce(g, "d", op="mean"), r, q)
+            q = optax.apply_updates(q, updates)
+        return p, q
+
+    ours, theirs = both(params, *grads)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
