@@ -6,7 +6,6 @@ from jaxring.collectives.fusion import tree_allreduce
 from jaxring.collectives.all_gather import all_gather
 from jaxring.collectives.allreduce import allreduce
 from jaxring.collectives.reduce_scatter import reduce_scatter
-from jaxring.collectives.sharded_update import ShardedUpdate
 from jaxring.collectives.timeout import default_timeout, set_default_timeout
 from jaxring.collectives.xla_threads import reserve_client_threads
 
@@ -24,6 +23,7 @@ _LAZY = {
     "replicas_consistent": "jaxring.collectives.replicas",
     "check_replicas": "jaxring.collectives.replicas",
     "ReplicasDivergedError": "jaxring.collectives.replicas",
+    "ShardedUpdate": "jaxring.collectives.sharded_update",  # optax's import, for those who use it
 }
 
 
@@ -34,7 +34,6 @@ def __getattr__(name):
 
 
 __all__ = [
-    "ShardedUpdate",
     "all_gather",
     "allreduce",
     "default_timeout",
