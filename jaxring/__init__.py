@@ -23,6 +23,7 @@ _LAZY = {
     "replicas_consistent": "jaxring.collectives.replicas",
     "check_replicas": "jaxring.collectives.replicas",
     "ReplicasDivergedError": "jaxring.collectives.replicas",
+    "ShardedUpdate": "jaxring.collectives.sharded_update",  # optax's import, for those who use it
 }
 
 

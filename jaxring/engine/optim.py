@@ -20,6 +20,10 @@ OPTIMIZERS: dict[str, Callable[[OptimSection, optax.Schedule], optax.GradientTra
     "adamw": lambda cfg, schedule: optax.adamw(schedule, weight_decay=cfg.weight_decay),
 }
 
+# What train.shard_optimizer takes (jaxring/collectives/sharded_update.py): updates that are elementwise once the
+# gradients' global norm is known, so each device can apply them to its own block of the weights.
+ELEMENTWISE_OPTIMIZERS = ("sgd", "adamw")
+
 # name -> (optim config, steps per epoch, total steps) -> schedule
 SCHEDULES: dict[str, Callable[[OptimSection, int, int], optax.Schedule]] = {
     "anneal": lambda cfg, epoch_steps, total_steps: optax.exponential_decay(
@@ -70,3 +74,15 @@ def make_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.Gradien
     if cfg.clip_norm is None:
         return optimizer
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optimizer)
+
+
+def make_sharded_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """make_optimizer's optimizer for train.shard_optimizer: the clipping is left to the sharded update
+    (its norm is a sum over every device's block), optax.identity in its place keeping the state's
+    layout, so a checkpoint resumes with or without the setting."""
+    if cfg.name not in ELEMENTWISE_OPTIMIZERS:
+        raise ValueError(f"train.shard_optimizer applies optim.name {cfg.name!r} to each device's block of the "
+                         f"weights, which needs an elementwise update; it takes {', '.join(ELEMENTWISE_OPTIMIZERS)}. "
+                         "Set train.shard_optimizer false for this optimizer.")
+    optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(cfg, schedule)
+    return optimizer if cfg.clip_norm is None else optax.chain(optax.identity(), optimizer)

@@ -19,18 +19,24 @@ import dataclasses
 import optax
 
 from jaxring.engine.config import ConfigError
-from jaxring.engine.optim import make_optimizer
+from jaxring.engine.optim import ELEMENTWISE_OPTIMIZERS, make_optimizer, make_sharded_optimizer
 from jaxring.engine.registry import import_target
 
 NAMED_OPTIMIZERS_SETTINGS = ("momentum", "nesterov", "weight_decay")  # optim.py's sgd and adamw read these
 
 
-def optimizer_for(cfg, schedule: optax.Schedule, task=None) -> optax.GradientTransformation:
-    """The run's optimizer: the task's or the config's own (module docstring), else optim.py's by optim.name."""
+def optimizer_for(cfg, schedule: optax.Schedule, task=None, sharded: bool = False) -> optax.GradientTransformation:
+    """The run's optimizer: the task's or the config's own (module docstring), else optim.py's by optim.name;
+    `sharded` (train.shard_optimizer): optim.py's elementwise ones only, whose update each device applies to
+    its block of the weights (jaxring/collectives/sharded_update.py)."""
     source = _own_source(cfg, task)
     if source is None:
-        return make_optimizer(cfg, schedule)
+        return (make_sharded_optimizer if sharded else make_optimizer)(cfg, schedule)
     where, function = source
+    if sharded:
+        raise ConfigError(f"train.shard_optimizer applies the update to each device's block of the weights, which "
+                          f"only the elementwise optim.name {', '.join(ELEMENTWISE_OPTIMIZERS)} are known to allow; "
+                          f"the optimizer is {where}'s own: set train.shard_optimizer false for it")
     defaults = {field.name: field.default for field in dataclasses.fields(cfg)}
     if changed := [f"optim.{key}" for key in NAMED_OPTIMIZERS_SETTINGS if getattr(cfg, key) != defaults[key]]:
         raise ConfigError(f"{', '.join(changed)} set, but the optimizer is {where}'s own: pass such settings to "

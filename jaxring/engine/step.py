@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxring.engine import precision
+from jaxring.engine import precision, sharded_step
 from jaxring.engine.initial_state import checked_optimizer_state, checked_variables
 from jaxring.engine.model_state import mean_of_step
 from jaxring.engine.registry import checked_loss
@@ -71,6 +71,8 @@ class StepParts:
     `compute_dtype`: train.compute_dtype; `accumulate_steps`: train.accumulate_steps; `first_replica`:
     the global index of this process's first device (rank x local devices), from which each replica
     folds its own random draws, so that none repeats across the replicas of every process.
+    `shard_optimizer`: train.shard_optimizer (sharded_step.py), whose `optimizer` leaves the
+    clipping by optim.clip_norm (`clip_norm`) to the sharded update (optim.make_sharded_optimizer).
     """
 
     task: Task
@@ -78,6 +80,8 @@ class StepParts:
     compute_dtype: str = "float32"
     accumulate_steps: int = 1
     first_replica: int = 0
+    shard_optimizer: bool = False
+    clip_norm: float | None = None
 
     def local(self, state: TrainState, batch: dict):
         """What the sync averages over every replica: (gradients, new model state (its floating-point leaves:
@@ -150,9 +154,13 @@ def make_train_step(parts: StepParts, sync: Sync, devices=None) -> TrainStep:
     """(state, batch) -> (state, {"loss", "grad_norm"}), pmapped: `state` replicated over `devices` (None:
     pmap's default, every device of the job under jax.distributed, so a process passes its own) and
     donated, each leaf of `batch` split over them ([devices, rows per device, ...], devices.split_for_devices).
-    The step queues without waiting: nothing in it reads a value on the host. mpi4jax's sync splits
-    it into programs around its cross-process mean (jaxring/engine/sync_mpi4jax.py: on CPU, JAX runs
-    those with mpi4jax in the calling thread, so there the host waits)."""
+    The step queues without waiting: nothing in it reads a value on the host. With parts.shard_optimizer,
+    `state`'s opt_state is each device's blocks (sharded_step.on_devices) and the update sharded_step's.
+    mpi4jax's sync splits the step into programs around its cross-process mean (jaxring/engine/sync_mpi4jax.py:
+    on CPU, JAX runs those with mpi4jax in the calling thread, so there the host waits)."""
+    if getattr(parts, "shard_optimizer", False):  # any object with local and finish is a step's parts
+        return jax.pmap(lambda state, batch: sharded_step.finish(parts, sync, state, parts.local(state, batch)),
+                        axis_name=AXIS, devices=devices, donate_argnums=0)
     whole = jax.pmap(lambda state, batch: parts.finish(state, mean_of_step(sync.mean, parts.local(state, batch))),
                      axis_name=AXIS, devices=devices, donate_argnums=0)
     return sync.train_step(whole, parts, devices)

@@ -24,7 +24,7 @@ import numpy as np
 from jaxring.collectives.fusion import default_bucket_bytes
 from jaxring.engine import config as config_lib
 from jaxring.engine import metrics as metrics_lib
-from jaxring.engine import run_shape, rundir
+from jaxring.engine import run_shape, rundir, sharded_step
 from jaxring.engine.batch_check import BatchCheck
 from jaxring.engine.checkpoint import BEST, LATEST, CheckpointError, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
@@ -146,11 +146,23 @@ class Trainer:
         """The schedule, optimizer and step of a run whose length is `plan` (optim.planned_schedule)."""
         self.schedule_plan = plan
         self.schedule = planned_schedule(self.config.optim, self.batches.steps_per_epoch, plan)
-        self.optimizer = optimizer_for(self.config.optim, self.schedule, self.task)
         train = self.config.train
+        self.optimizer = optimizer_for(self.config.optim, self.schedule, self.task, sharded=train.shard_optimizer)
         self.step_parts = StepParts(self.task, self.optimizer, train.compute_dtype, train.accumulate_steps,
-                                    first_replica=self.rank * self.n_local)
+                                    first_replica=self.rank * self.n_local, shard_optimizer=train.shard_optimizer,
+                                    clip_norm=self.config.optim.clip_norm)
         self._step = make_train_step(self.step_parts, self.sync, self.devices)
+        self.sharded = sharded_step.sharded_update(self.step_parts, self.sync) if train.shard_optimizer else None
+
+    def on_devices(self, state: TrainState) -> TrainState:
+        """A host state on the local devices, as the step takes it (under train.shard_optimizer, each
+        device's blocks of the optimizer state: sharded_step.py)."""
+        return replicate(state, self.devices) if self.sharded is None else sharded_step.on_devices(
+            state, self.sharded, self.devices)
+
+    def on_host(self, state: TrainState) -> TrainState:
+        """The host state, in the replicated step's layout, of a state on the local devices."""
+        return unreplicate(state) if self.sharded is None else sharded_step.on_host(state, self.sharded)
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
@@ -184,7 +196,7 @@ class Trainer:
         self.exchange.check_replicas(state.params)  # collective: every process verifies before rank 0 writes
         if self.rank != 0:
             return
-        host_state = unreplicate(state)
+        host_state = self.on_host(state)
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
         extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),
@@ -262,7 +274,7 @@ class Trainer:
         log = None  # the lead process's alone: it writes the run directory
         if self.rank == 0:
             log = self._open_run_directory(data_report, start if resume else None, resumed_row, n_params)
-        state = replicate(state, self.devices)
+        state = self.on_devices(state)
         sync_s = self.time_sync(state)
         self.progress.status(f"sync of a gradient-shaped tree alone: {1e3 * sync_s:.1f} ms (timed once at start-up)")
         state, row, last = self._train(state, start, log, sync_s)
@@ -429,8 +441,8 @@ class Trainer:
         """test_* of the best checkpoint's weights (the final state's when it is the best), and their step."""
         if best_step is not None and best_step != self.total_steps:
             # BEST: a damaged best checkpoint falls back to the newest intact one, named on stderr.
-            best, _ = self.load_checkpoint(unreplicate(state), BEST)
-            state = replicate(best, self.devices)
+            best, _ = self.load_checkpoint(self.on_host(state), BEST)
+            state = self.on_devices(best)
         test = self.evaluate(state, "test")
         # The step whose weights produced test_*: best_step unless its checkpoint was damaged.
         return {"test_step": int(np.asarray(state.step)[0]), **{f"test_{k}": v for k, v in test.items()}}

@@ -139,11 +139,10 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from jaxring.engine.devices import replicate
     from jaxring.engine.task import AXIS
 
     if way == "jaxring":
-        return Step(trainer.train_step, replicate(host_state, trainer.devices), batch, per_device=True)
+        return Step(trainer.train_step, trainer.on_devices(host_state), batch, per_device=True)
     if way == "engine_mpi4jax":
         from jaxring.engine.devices import split_for_devices
         from jaxring.engine.step import make_train_step
@@ -153,7 +152,7 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
         sync = make_sync(world.size, train.allreduce, trainer.bucket_bytes, train.allreduce_dtype, "mpi4jax")
         step = make_train_step(trainer.step_parts, sync, trainer.devices)
         return Step(lambda state, b: step(state, split_for_devices(b, len(trainer.devices))),
-                    replicate(host_state, trainer.devices), batch, per_device=True)
+                    trainer.on_devices(host_state), batch, per_device=True)
     device = world.local_devices[0]
     one_batch = jax.tree_util.tree_map(lambda x: np.asarray(x)[None], batch)
 

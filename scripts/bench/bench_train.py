@@ -102,7 +102,6 @@ def bench(name: str, allreduce: str, args, world) -> dict:
     import jax
 
     import models  # noqa: F401  (registers deepspeech2)
-    from jaxring.engine.devices import replicate
     from jaxring.engine.experiment import build_task, load_config
     from jaxring.engine.timing import median_seconds
     from jaxring.engine.trainer import Trainer
@@ -112,7 +111,7 @@ def bench(name: str, allreduce: str, args, world) -> dict:
     config = load_config(ROOT / "configs" / f"{name}.yaml", overrides, ROOT)
     batch = random_batch(args.batch_size // world.size, args.seconds)
     trainer = Trainer(build_task(config), config, ROOT / "runs" / "bench_train", world, batches=FixedBatches(batch))
-    state = replicate(trainer.init_state(), trainer.devices)
+    state = trainer.on_devices(trainer.init_state())
     start = time.perf_counter()
     state, out = trainer.train_step(state, batch)
     jax.block_until_ready(out)

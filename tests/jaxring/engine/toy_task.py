@@ -116,3 +116,8 @@ SHAPE_CONFIG = {
     "checkpoint": {"every_steps": 5, "keep": 10},
     "eval": {"every_steps": 0},
 }
+
+# test_sharded_step.py's run under mpirun (sharded_worker.py) and its references: SHAPE_CONFIG with adamw
+# and clipping (toy_config's).
+SHARDED_CONFIG = {**SHAPE_CONFIG, "optim": {**SHAPE_CONFIG["optim"], "name": "adamw", "learning_rate": 0.01,
+                                            "weight_decay": 0.05}}

@@ -1,0 +1,139 @@
+"""train.shard_optimizer (jaxring/engine/sharded_step.py): the replicated step's training, each device holding
+its blocks of the optimizer state; checkpoints in the replicated layout, so a run resumes across the setting."""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxring.engine import trainer as trainer_lib
+from jaxring.engine.checkpoint import Checkpoints
+from tests.jaxring.engine.toy_task import SHARDED_CONFIG, ToyTask, toy_config, world_of
+from tests.jaxring.engine.test_resume_shapes import stopped_at
+from tests.tiny_runs import finish, mpirun
+
+STEPS = 12
+WORKER = Path(__file__).with_name("sharded_worker.py")
+
+
+class LoudTask(ToyTask):
+    """ToyTask with targets 300 times larger: float16's first loss scales overflow, so steps are skipped."""
+
+    def __init__(self):
+        super().__init__()
+        self.y = self.y * 300
+
+
+def queued_run(task, config, devices):
+    """The losses, gradient norms and final state (on the devices) of STEPS queued steps of the Trainer's step."""
+    trainer = trainer_lib.Trainer(task, config, "unused", world_of(devices))
+    state = trainer.on_devices(trainer.init_state())
+    losses, norms = [], []
+    for _, batch in zip(range(STEPS), trainer.batches):
+        state, metrics = trainer.train_step(state, batch)
+        losses.append(metrics["loss"])
+        norms.append(metrics["grad_norm"])
+    return np.asarray(losses), np.asarray(norms), state, trainer
+
+
+def assert_same_bits_on_every_device(state):
+    for leaf in jax.tree_util.tree_leaves((state.params, state.loss_scale)):
+        leaf = np.asarray(leaf)
+        assert (leaf == leaf[:1]).all()
+
+
+# Each case against the replicated step on the same seeds (adamw, clipping and a schedule: the mpirun
+# run below). Clipping divides by a norm summed in another order (blocks, not leaves), and
+# adamw's arithmetic runs on flat blocks, where XLA's vectorised loops may contract a multiply-add
+# differently: a few float32 ulps a step.
+CASES = {
+    "sgd-nesterov-accumulated-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None},
+                                   {"accumulate_steps": 2}, 2),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_sharded_step_trains_as_the_replicated_one(case):
+    optim, train, devices = CASES[case]
+    runs = {}
+    for shard in (False, True):
+        config = toy_config(train={"max_steps": STEPS, "shard_optimizer": shard, "bucket_bytes": 64, **train},
+                            optim=optim)
+        runs[shard] = queued_run(ToyTask(), config, devices)
+    (losses, norms, replicated, trainer), (sharded_losses, sharded_norms, sharded, sharded_trainer) = runs.values()
+    assert len(set(losses[:, 0].tolist())) == STEPS
+    np.testing.assert_allclose(sharded_losses, losses, rtol=1e-5)
+    np.testing.assert_allclose(sharded_norms, norms, rtol=1e-5)
+    assert_same_bits_on_every_device(sharded)
+    # Each device holds its own blocks: 1/devices of the state (rounded up), not a copy.
+    moments = [x for x in jax.tree_util.tree_leaves(sharded.opt_state) if np.ndim(x) > 1]
+    assert moments and all(not np.array_equal(np.asarray(x)[0], np.asarray(x)[1]) for x in moments)
+    whole = trainer.on_host(replicated)
+    gathered = sharded_trainer.on_host(sharded)
+    assert jax.tree_util.tree_structure(whole) == jax.tree_util.tree_structure(gathered)
+    for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(gathered)):
+        np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-6)
+
+
+def test_float16_skips_the_same_overflowed_steps():
+    """Loss scaling: a step whose gradients overflowed on any device's block is skipped on every device
+    (with lax's reduce-scatter and all-gather: train.allreduce psum)."""
+    runs = []
+    for shard in (False, True):
+        config = toy_config(train={"max_steps": STEPS, "shard_optimizer": shard, "compute_dtype": "float16",
+                                   "bucket_bytes": 64, "allreduce": "psum"},
+                            optim={"name": "adamw", "learning_rate": 0.01})
+        runs.append(queued_run(LoudTask(), config, 4))
+    (_, _, replicated, _), (_, _, sharded, _) = runs
+    scale = float(np.asarray(replicated.loss_scale.scale)[0])
+    assert scale < 2.0**15  # some steps overflowed and were skipped
+    np.testing.assert_array_equal(np.asarray(sharded.loss_scale.scale), np.asarray(replicated.loss_scale.scale))
+    assert_same_bits_on_every_device(sharded)
+    for a, b in zip(jax.tree_util.tree_leaves(replicated.params), jax.tree_util.tree_leaves(sharded.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=1e-6)
+
+
+def test_an_optimizer_that_is_not_elementwise_is_refused_at_start_up(monkeypatch):
+    from jaxring.engine import optim
+
+    monkeypatch.setitem(optim.OPTIMIZERS, "lamb", lambda cfg, schedule: None)  # a layer-wise trust ratio
+    config = toy_config(train={"shard_optimizer": True}, optim={"name": "lamb"})
+    with pytest.raises(ValueError, match="train.shard_optimizer applies optim.name 'lamb'.*sgd, adamw"):
+        trainer_lib.Trainer(ToyTask(), config, "unused", world_of(2))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """SHARDED_CONFIG's run sharded on 2 processes x 2 local devices, and replicated on 1 x 4."""
+    directory = tmp_path_factory.mktemp("sharded")
+    code, output = finish(mpirun(2, [WORKER, directory / "mpi"], with_mpi4py=True, devices_per_proc=2), 300)
+    assert code == 0, output
+    assert "2 local cpu devices x 2 processes" in output
+    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), directory / "one", world_of(4)).fit()
+    return directory
+
+
+def final_state(workdir: Path):
+    template = trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), workdir / "t", world_of(1)).init_state()
+    state, _ = Checkpoints(workdir / "checkpoints").restore(template)
+    assert int(state.step) == 24 and not np.array_equal(state.params["w1"], template.params["w1"])
+    return state
+
+
+def assert_close(a, b):
+    """The same training: another summation order of the replicas (and of the norm's blocks) apart."""
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(y, x, rtol=2e-5, atol=1e-6)
+
+
+def test_under_mpirun_2x2_it_trains_as_one_process_of_4_replicated(runs):
+    """Across processes the blocks are summed by the all-reduce's MPI leg: every process holds the same blocks."""
+    assert_close(final_state(runs / "one"), final_state(runs / "mpi"))
+
+
+def test_a_sharded_run_resumes_without_the_setting_on_another_shape(runs, tmp_path):
+    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on replicated on 1 x 2."""
+    resumed = stopped_at(runs / "mpi", tmp_path / "run")
+    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), resumed, world_of(2)).fit(resume=True)
+    assert_close(final_state(runs / "one"), final_state(resumed))
