@@ -65,12 +65,7 @@ class Sync:
         return whole
 
 
-def make_sync(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None,
-              across_processes: str = "jaxring") -> Sync:
-    """The sync for a run of `world_size` processes; `method` is train.allreduce ("ring" or "psum"),
-    `wire_dtype` train.allreduce_dtype, `across_processes` train.across_processes (one process: no matter)."""
-    if across_processes == "mpi4jax" and world_size > 1:
-        from jaxring.engine.sync_mpi4jax import Mpi4jaxSync
-
-        return Mpi4jaxSync(world_size, method, bucket_bytes, wire_dtype)
+def make_sync(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None) -> Sync:
+    """jaxring's sync for a run of `world_size` processes; `method` is train.allreduce ("ring" or "psum"),
+    `wire_dtype` train.allreduce_dtype (train.across_processes mpi4jax: sync_mpi4jax.sync_for)."""
     return Sync(world_size, method, bucket_bytes, wire_dtype)

@@ -36,7 +36,7 @@ import jaxring
 from jaxring.collectives.fusion import fused
 from jaxring.engine.model_state import averaged_part, with_averaged
 from jaxring.engine.step_watchdog import StepWatchdog
-from jaxring.engine.sync import Sync
+from jaxring.engine.sync import Sync, make_sync
 from jaxring.engine.task import AXIS
 
 WHY_NO_TIMEOUT = "train.across_processes is mpi4jax, whose allreduce has no timeout"
@@ -124,3 +124,11 @@ class Mpi4jaxSync(Sync):
         first = jax.tree_util.tree_map(lambda x: x.addressable_shards[0].data, per_device)
         return self._across_one(first)  # a jit on the device that holds them
 
+
+def sync_for(world_size: int, method: str, bucket_bytes: int, wire_dtype: str | None = None,
+             across_processes: str = "jaxring") -> Sync:
+    """The run's sync: train.across_processes' (`across_processes`); with one process nothing crosses
+    processes, and the setting changes nothing. The other arguments as sync.make_sync's."""
+    if across_processes == "mpi4jax" and world_size > 1:
+        return Mpi4jaxSync(world_size, method, bucket_bytes, wire_dtype)
+    return make_sync(world_size, method, bucket_bytes, wire_dtype)

@@ -35,7 +35,7 @@ from jaxring.engine.own_optimizer import optimizer_for
 from jaxring.engine.progress import Progress
 from jaxring.engine.registry import check_task_class
 from jaxring.engine.step import StepParts, TrainState, init_train_state, make_train_step, variables_of
-from jaxring.engine.sync import make_sync
+from jaxring.engine.sync_mpi4jax import sync_for
 from jaxring.engine.task import Shard, Task
 
 # The most training steps left in flight: JAX queues steps without waiting, and
@@ -124,8 +124,8 @@ class Trainer:
         best_metric = config_lib.best_metric(config.checkpoint, task.metrics)  # a name the task reports
         self.checkpoints = Checkpoints(self.workdir / "checkpoints", config.checkpoint.keep, best_metric)
         self.bucket_bytes = train.bucket_bytes or default_bucket_bytes(self.devices[0].platform)
-        self.sync = make_sync(self.world_size, train.allreduce, self.bucket_bytes, train.allreduce_dtype,
-                              train.across_processes)
+        self.sync = sync_for(self.world_size, train.allreduce, self.bucket_bytes, train.allreduce_dtype,
+                             train.across_processes)
         self._plan([[0, self.total_steps]])
         self.predict = make_predict(task)
         self.progress = Progress(enabled=self.rank == 0)

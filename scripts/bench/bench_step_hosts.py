@@ -146,10 +146,10 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
     if way == "engine_mpi4jax":
         from jaxring.engine.devices import split_for_devices
         from jaxring.engine.step import make_train_step
-        from jaxring.engine.sync import make_sync
+        from jaxring.engine.sync_mpi4jax import Mpi4jaxSync
 
         train = trainer.config.train
-        sync = make_sync(world.size, train.allreduce, trainer.bucket_bytes, train.allreduce_dtype, "mpi4jax")
+        sync = Mpi4jaxSync(world.size, train.allreduce, trainer.bucket_bytes, train.allreduce_dtype)
         step = make_train_step(trainer.step_parts, sync, trainer.devices)
         return Step(lambda state, b: step(state, split_for_devices(b, len(trainer.devices))),
                     trainer.on_devices(host_state), batch, per_device=True)

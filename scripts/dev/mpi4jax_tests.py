@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -56,10 +57,15 @@ def sdist(version: str, cache: Path = CACHE) -> Path:
     path = cache / f"mpi4jax-{version}.tar.gz"
     if path.exists():
         return path
-    with urllib.request.urlopen(f"https://pypi.org/pypi/mpi4jax/{version}/json", timeout=60) as answer:
-        release = json.load(answer)
-    (source,) = [url for url in release["urls"] if url["packagetype"] == "sdist"]
-    with urllib.request.urlopen(source["url"], timeout=120) as answer:
+    # The project's JSON, not the release's (pypi.org/pypi/mpi4jax/VERSION/json answered 404 here on 2026-12-03,
+    # and its mirror gives the files' addresses relative to the JSON's)
+    index = "https://pypi.org/pypi/mpi4jax/json"
+    with urllib.request.urlopen(index, timeout=60) as answer:
+        releases = json.load(answer)["releases"]
+    if version not in releases:
+        raise RuntimeError(f"PyPI lists no mpi4jax {version} (installed here); its releases: {', '.join(releases)}")
+    (source,) = [url for url in releases[version] if url["packagetype"] == "sdist"]
+    with urllib.request.urlopen(urllib.parse.urljoin(index, source["url"]), timeout=120) as answer:
         data = answer.read()
     if hashlib.sha256(data).hexdigest() != source["digests"]["sha256"]:
         raise RuntimeError(f"{source['url']}: the download's sha256 is not PyPI's")

@@ -5,6 +5,8 @@ global batches, once per label (PATH or PATH:ALLREDUCE_DTYPE), with nothing read
 on the host between steps (a device-to-host transfer raises). It checks that
 every process holds the same bits and prints, per label, the largest difference
 of the final weights from jaxring's path's, relative to their largest magnitude.
+The task also counts its steps and keeps its replica's index, int32 leaves that
+neither path may average (jaxring/engine/model_state.py).
 """
 
 import hashlib
@@ -15,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
@@ -23,6 +26,7 @@ from test_step import DropoutTask  # noqa: E402
 from toy_task import toy_config  # noqa: E402
 
 from jaxring.engine.devices import replicate  # noqa: E402
+from jaxring.engine.task import AXIS  # noqa: E402
 from jaxring.engine.trainer import Trainer  # noqa: E402
 
 STEPS = 50
@@ -30,12 +34,22 @@ world = jaxring.init()
 replicas = world.size * len(world.local_devices)
 
 
+class CountingDropoutTask(DropoutTask):
+    def init(self, rng):
+        return {**super().init(rng), "counts": {"steps": jnp.zeros((), jnp.int32), "replica": jnp.zeros((), jnp.int32)}}
+
+    def loss(self, variables, batch, rng):
+        loss, state = super().loss(variables, batch, rng)
+        counts = {"steps": variables["counts"]["steps"] + 1, "replica": jax.lax.axis_index(AXIS)}
+        return loss, {**state, "counts": counts}
+
+
 def trained(label):
     across, _, wire = label.partition(":")
     train = {"batch_size": 3 * replicas, "max_steps": STEPS, "bucket_bytes": 64, "across_processes": across,
              "allreduce_dtype": wire or None}
     with tempfile.TemporaryDirectory() as workdir:
-        trainer = Trainer(DropoutTask(rows=96), toy_config(train=train), workdir, world)
+        trainer = Trainer(CountingDropoutTask(rows=96), toy_config(train=train), workdir, world)
     state = replicate(trainer.init_state(), trainer.devices)
     batches = [batch for _, batch in zip(range(STEPS), trainer.batches)]
     losses = []
@@ -44,6 +58,9 @@ def trained(label):
             state, metrics = trainer.train_step(state, batch)
             losses.append(metrics["loss"])
     params = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state.params)]
+    counts = jax.tree_util.tree_map(np.asarray, state.model_state["counts"])
+    assert counts["steps"].dtype == np.int32 and counts["steps"].tolist() == [STEPS] * len(trainer.devices), label
+    assert counts["replica"].tolist() == list(range(len(trainer.devices))), label  # each device's own
     assert all(np.array_equal(leaf[0], leaf[d]) for leaf in params for d in range(len(leaf))), label
     digest = hashlib.sha256(b"".join(leaf.tobytes() for leaf in params)).hexdigest()
     assert len(set(MPI.COMM_WORLD.allgather(digest))) == 1, f"{label}: the processes' weights differ"

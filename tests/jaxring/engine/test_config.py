@@ -50,6 +50,8 @@ def test_defaults_and_types():
         ({"train": {"allreduce": "nccl"}}, "train.allreduce must be one of ring, psum; got 'nccl'"),
         ({"train": {"allreduce_dtype": "int8"}}, "train.allreduce_dtype must be one of bfloat16, float16, float32; got 'int8'"),
         ({"train": {"across_processes": "gloo"}}, "train.across_processes must be one of jaxring, mpi4jax; got 'gloo'"),
+        ({"train": {"across_processes": "mpi4jax", "shard_optimizer": True}},
+         "train.shard_optimizer: true needs train.across_processes: jaxring"),
         ({"train": {"batch_size": 0}}, "train.batch_size must be positive"),
         ({"data": {"splits": "train"}}, "data.splits must be a list"),
         ({"model": {"widht": 3}}, "unknown key 'widht' in model; did you mean 'width'"),

@@ -105,6 +105,14 @@ def test_conflicts_are_refused_clearly():
     assert f"optim.name '{HERE}:lion': module '{HERE}'" in refusal(ToyTask(), name=f"{HERE}:lion")
 
 
+def test_an_own_optimizer_is_refused_under_shard_optimizer():
+    """train.shard_optimizer updates each device's block with optim.py's elementwise optimizers only."""
+    for task, optim in ((LionTask(), {}), (ToyTask(), {"name": f"{HERE}:frozen_w2"})):
+        with pytest.raises(ConfigError, match=r"^train.shard_optimizer applies the update to each device's block .* "
+                                              r"set train.shard_optimizer false for it$"):
+            optimizer_for(config(**optim).optim, optax.constant_schedule(0.1), task, sharded=True)
+
+
 def test_a_task_optimizer_with_other_arguments_is_refused_with_the_task():
     class Wrong(ToyTask):
         def optimizer(self):

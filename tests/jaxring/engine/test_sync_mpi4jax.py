@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from jaxring.engine import sync as sync_lib
+from jaxring.engine.sync_mpi4jax import sync_for
 from tests.tiny_runs import finish, mpirun
 
 WORKER = Path(__file__).with_name("across_worker.py")
@@ -18,7 +19,7 @@ TOLERANCE = {"mpi4jax": 1e-5, "mpi4jax:bfloat16": 2e-2}
 
 def test_one_process_has_nothing_to_cross():
     """With one process no mean crosses processes: the setting changes nothing, and needs no MPI."""
-    sync = sync_lib.make_sync(1, "ring", bucket_bytes=64, across_processes="mpi4jax")
+    sync = sync_for(1, "ring", bucket_bytes=64, across_processes="mpi4jax")
     assert type(sync) is sync_lib.Sync and sync.across_processes == "jaxring"
 
 
