@@ -25,10 +25,12 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 # Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy
 # (fresh clones: 1211 s in one process and 859 s with two workers on 2026-11-27; 638 s with two on 2026-11-28, 2177 tests;
 # 954 s on 2026-12-02, 2199 tests, a slower day: 983be23's 2177 took 925 s there). TEST_WORKERS=0: one process.
+# worksteal: a worker that runs out takes tests queued for the other, so a long mpirun test at the end of
+# one worker's share does not leave the other core idle (e6fd4fb's 2255 tests: 991 s with xdist's default).
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # A second `make train` needs TRAIN_FLAGS=--resume or TRAIN_FLAGS=--overwrite: a run is never deleted implicitly.
 TRAIN_FLAGS ?=

@@ -36,7 +36,7 @@ def assert_passed(output, checks, ranks):
             assert f"PASS rank {rank} {check}\n" in output, f"rank {rank} did not pass {check}:\n{output}"
 
 
-@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (2, 3), (3, 1), (3, 2)])
+@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (2, 3), (3, 2)])
 def test_collectives_across_processes(n_procs, devices_per_proc):
     checks = CHECKS + (["operand_kinds"] if (n_procs, devices_per_proc) in OPERAND_KINDS_LAYOUTS else [])
     output = run_workers("collectives.py", checks, n_procs, devices_per_proc)
@@ -65,14 +65,14 @@ def test_processes_that_arrive_late_hand_legs_to_task_threads_and_sum_right():
 
 
 def test_a_process_that_leaves_mpi_after_its_legs_holds_up_no_other(tmp_path):
-    """4 processes, 64 MiB legs, a wait outside MPI after each program (mpi_workers/leaves_mpi.py).
+    """4 processes, 16 MiB legs, a wait outside MPI after each program (mpi_workers/leaves_mpi.py).
 
     Without the legs' farewells a process was left waiting for its sends to be
     taken in about one launch in three (`rank 2 of 4 waited 10 s for a chunk
     to be taken; no answer from rank 3`): the failure is one of timing, so
     this catches their loss often, not always.
     """
-    output = run_workers("leaves_mpi.py", [tmp_path, 1 << 24, 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
+    output = run_workers("leaves_mpi.py", [tmp_path, 1 << 22, 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
     assert_passed(output, ["leaves_mpi"], range(4))
 
 
@@ -126,7 +126,7 @@ def test_bad_timeout_variable_is_explained(monkeypatch):
         global_ops.global_allreduce(np.zeros((8, 2), np.float32))
 
 
-@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (3, 2)])
 def test_jax_distributed_axis_spanning_processes_works_as_processes_true(n_procs, devices_per_proc):
     output = run_workers("distributed.py", [], n_procs, devices_per_proc)
     assert_passed(output, ["distributed"], range(n_procs))

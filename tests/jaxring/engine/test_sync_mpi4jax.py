@@ -13,7 +13,7 @@ from tests.tiny_runs import finish, mpirun
 WORKER = Path(__file__).with_name("across_worker.py")
 # After 50 steps from the same state: float32 averages differ only in the order of their additions
 # (2.6e-7 of the weights' magnitude seen with 3 x 2); a 16-bit wire rounds each process' share
-# (2.9e-3 seen with bfloat16 on 2 x 2, where jaxring's own bfloat16 wire rounds differently).
+# (2.9e-3 seen with bfloat16 on 2 x 2 before it moved to 3 x 2, where jaxring's own bfloat16 wire rounds differently).
 TOLERANCE = {"mpi4jax": 1e-5, "mpi4jax:bfloat16": 2e-2}
 
 
@@ -23,8 +23,8 @@ def test_one_process_has_nothing_to_cross():
     assert type(sync) is sync_lib.Sync and sync.across_processes == "jaxring"
 
 
-@pytest.mark.parametrize("n_procs,n_devices,labels", [(2, 1, ["mpi4jax"]), (2, 2, ["mpi4jax", "mpi4jax:bfloat16"]),
-                                                      (3, 2, ["mpi4jax"])], ids=["2x1", "2x2", "3x2"])
+@pytest.mark.parametrize("n_procs,n_devices,labels", [(2, 1, ["mpi4jax"]), (3, 2, ["mpi4jax", "mpi4jax:bfloat16"])],
+                         ids=["2x1", "3x2"])
 def test_mpi4jax_path_trains_as_jaxrings_with_the_same_bits_everywhere(n_procs, n_devices, labels):
     code, output = finish(mpirun(n_procs, [WORKER, "jaxring", *labels], with_mpi4py=True,
                                  devices_per_proc=n_devices), 240)
@@ -36,7 +36,7 @@ def test_mpi4jax_path_trains_as_jaxrings_with_the_same_bits_everywhere(n_procs, 
             assert float(found[1]) <= TOLERANCE[label], (label, rank, found[1])
 
 
-@pytest.mark.parametrize("how", ["sleep", "exit"])
+@pytest.mark.parametrize("how", ["sleep"])  # stopped_rank_worker.py's "exit": mpirun ends that job by itself
 def test_a_process_that_stops_ends_the_job(how):
     """mpi4jax waits forever for a peer: the job still ends (finish() kills it at 240 s and returns None)."""
     code, output = finish(mpirun(2, [WORKER.with_name("stopped_rank_worker.py"), how], with_mpi4py=True,
