@@ -22,12 +22,12 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 
 .PHONY: test train train-voices bench clean
 
-# Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy
-# (fresh clones: 1211 s in one process and 859 s with two workers on 2026-11-27; 638 s with two on 2026-11-28, 2177 tests;
-# 954 s on 2026-12-02, 2199 tests, a slower day: 983be23's 2177 took 925 s there). TEST_WORKERS=0: one process.
-# worksteal: a worker that runs out takes tests queued for the other, so a long mpirun test at the end of
-# one worker's share does not leave the other core idle (e6fd4fb's 2255 tests: 991 s with xdist's default).
-TEST_WORKERS ?= 2
+# Three pytest-xdist workers on this 2-core machine: many tests wait on the processes they launch
+# (mpirun, emulated hosts), so a third keeps the cores busier. Fresh clones, 2 workers: 871-954 s on
+# 2026-12-02 (2199 tests); 961 s for 28ec7b2's 2250 with worksteal, 991 s for e6fd4fb's without.
+# worksteal: a worker that runs out takes tests queued for another, so a long mpirun test at the
+# end of one share does not leave a core idle. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
