@@ -22,12 +22,12 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 
 .PHONY: test train train-voices bench clean
 
-# Three pytest-xdist workers on this 2-core machine: many tests wait on the processes they launch
-# (mpirun, emulated hosts), so a third keeps the cores busier. Fresh clones, 2 workers: 871-954 s on
-# 2026-12-02 (2199 tests); 961 s for 28ec7b2's 2250 with worksteal, 991 s for e6fd4fb's without.
-# worksteal: a worker that runs out takes tests queued for another, so a long mpirun test at the
-# end of one share does not leave a core idle. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+# Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy.
+# Fresh clones on 2026-12-03: 991 s for e6fd4fb's 2255 tests, 961 s for 28ec7b2's 2250 with
+# worksteal; three workers took 967 s for 2249 (no faster). worksteal: a worker that runs out takes
+# tests queued for the other, so a long mpirun test at the end of one share leaves no core idle.
+# TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
