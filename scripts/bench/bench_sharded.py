@@ -26,30 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench_train import FixedBatches  # noqa: E402  (scripts/bench/bench_train.py: one batch, every step)
 from jaxring.engine.launch import expose_host_devices  # noqa: E402
 
 CHARLM = ROOT / "examples" / "charlm" / "charlm.yaml"
 # --model: overrides of examples/charlm's model section. charlm_4m: 4.8 M parameters in 6 layers of width 256.
 MODELS = {"charlm": [], "charlm_4m": ["model.width=256", "model.layers=6", "model.heads=8"]}
-
-
-class FixedBatches:
-    """One batch, every step (time: the data pipeline is left out)."""
-
-    steps_per_epoch = 1 << 30
-
-    def __init__(self, batch):
-        self.batch = batch
-
-    def __iter__(self):
-        while True:
-            yield self.batch
-
-    def state(self):
-        return {}
-
-    def restore(self, state):
-        pass
 
 
 def trainers(args, world, batches=None):
