@@ -19,9 +19,9 @@ from tests.docs.markdown import ROOT, blocks
 DOCS = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*.md"))]
 BENCH = ROOT / "docs" / "bench"
 INDEX = "docs/bench/README.md"
-# PERFORMANCE.md grew by the training step across hosts (issue 46) and float64 in plain jit against
-# mpi4jax (issue 45), tables no other page holds.
-LINE_BUDGETS = {"README.md": 110, "docs/ARCHITECTURE.md": 350, "docs/PERFORMANCE.md": 500, "docs/TRAINING.md": 450}
+# Budgets never go up (issue 58): when content grows, the history moves to INDEX's evidence log.
+LINE_BUDGETS = {"README.md": 110, "docs/ARCHITECTURE.md": 350, "docs/PERFORMANCE.md": 450, "docs/TRAINING.md": 450,
+                "docs/USAGE.md": 350}
 README_PARAGRAPH_LINES, SCREEN_COLUMNS = 6, 80
 
 _FENCE = re.compile(r"^( *)```.*?^\1```", re.S | re.M)
