@@ -9,7 +9,7 @@ invariant_p and retyped_p) cost what roofline's standard rule says, as lax's pva
 Checkpoint policies (jax.checkpoint, jax.checkpoint_policies) name no collective in JAX 0.10.2:
 they decide by primitive (dot_general, the `name` of checkpoint_name) or save everything or
 nothing, so a policy treats ring_p as it treats lax.psum, and there is nothing to hook
-(docs/USAGE.md).
+(docs/COLLECTIVES.md).
 """
 
 import jax.experimental.roofline as roofline
