@@ -1,7 +1,7 @@
 """What the README and docs point at still holds: every docs/bench JSON a page names exists and the
 index (docs/bench/README.md) lists every JSON there; every command line in a shell block names a
 script that exists and takes the flags given (parsed, never run) or a make target the Makefile has;
-every relative link resolves, its #anchor included; and the README and the two long pages keep
+every relative link resolves, its #anchor included; and the README and the long pages keep
 within their line budgets (LINE_BUDGETS)."""
 
 import json
