@@ -1,0 +1,138 @@
+"""The numbers README's "Is it faster?" table and PERFORMANCE.md's summaries give, and how each is computed
+from the JSON it cites: tests/docs/test_doc_numbers.py finds each claim's text in its page and checks every
+number in it against the computation, to the digits the page shows.
+
+A claim: the page, a regular expression whose groups are the numbers (it must match the page once, its
+whitespace folded), the JSON files, and a function from their records to the numbers, in group order."""
+
+import dataclasses
+import json
+import statistics
+from typing import Callable
+
+from tests.docs.markdown import ROOT
+
+BENCH = "docs/bench/"
+
+
+def records(path: str) -> list[dict]:
+    data = json.loads((ROOT / path).read_text())
+    return data["records"] if isinstance(data, dict) else data
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    doc: str
+    pattern: str
+    sources: tuple[str, ...]
+    compute: Callable[..., tuple[float, ...]]  # the sources' records, in order -> the numbers
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(self.compute(*(records(source) for source in self.sources)))
+
+
+def span(values) -> tuple[float, float]:
+    values = list(values)
+    return min(values), max(values)
+
+
+# -- all-reduce on 8 host devices against psum (PERFORMANCE.md, "All-reduce on host devices")
+
+STEADY = tuple(f"{BENCH}allreduce-cpu8-steady-2026-11-25-run{run}.json" for run in (1, 2, 3))
+
+
+def steady_against_psum(*runs):
+    """(smallest, largest ratio to psum over the runs' cells, the cells faster than psum in every run); the
+    last is "N of M" where some cell is not, so that "in all N cells" fails."""
+    by_cell = {}
+    for run in runs:
+        for r in run:
+            if r["impl"] == "jaxring":
+                by_cell.setdefault((r["bytes"], r["dtype"]), []).append(r["ratio_to_psum"])
+    assert all(len(ratios) == len(runs) for ratios in by_cell.values())
+    faster = sum(all(ratio > 1 for ratio in ratios) for ratios in by_cell.values())
+    low, high = span(ratio for ratios in by_cell.values() for ratio in ratios)
+    return low, high, faster if faster == len(by_cell) else f"{faster} of {len(by_cell)}"
+
+
+# -- the training step on 8 host devices, ring against psum (PERFORMANCE.md, "The training step")
+
+STEP_8 = tuple(f"{BENCH}train-cpu8-inplace-2026-11-25-run{run}.json" for run in (1, 2))
+
+
+def step_of(run, config, allreduce, key):
+    (found,) = [r[key] for r in run if r["config"] == config and r["allreduce"] == allreduce]
+    return found
+
+
+def tiny_step_against_psum(*runs):
+    """psum's step time over the ring's, ds2_tiny, each run (with the runs' device and process counts)."""
+    (devices,) = {r["local_devices"] for run in runs for r in run}
+    (processes,) = {r["processes"] for run in runs for r in run}
+    return (devices, processes, *sorted(step_of(run, "ds2_tiny", "psum", "step_s") / step_of(run, "ds2_tiny", "ring", "step_s")
+                                        for run in runs))
+
+
+def sync_alone_against_psum(*runs):
+    """psum's all-reduce time over the ring's, ds2_tiny's range over the runs, then ds2_small's."""
+    found = []
+    for config in ("ds2_tiny", "ds2_small"):
+        found += span(step_of(run, config, "psum", "allreduce_s") / step_of(run, config, "ring", "allreduce_s")
+                      for run in runs)
+    return found
+
+
+# -- across processes on one node (PERFORMANCE.md, "Across processes")
+
+MPI_1DEV = (f"{BENCH}allreduce-mpi-all-1dev-cpu2-2026-11-26.json",)
+MIB = 1 << 20
+
+
+def against_bare_call(run):
+    """jaxring's speed against the bare MPI_Allreduce: range from 1 MiB, range up to 64 KiB."""
+    jaxring = [r for r in run if r["impl"] == "jaxring"]
+    return (*span(r["speedup_vs_mpi_allreduce"] for r in jaxring if r["bytes"] >= MIB),
+            *span(r["speedup_vs_mpi_allreduce"] for r in jaxring if r["bytes"] <= 64 << 10))
+
+
+def median_of(run, impl, procs, size):
+    (found,) = [r["median_s"] for r in run if r["impl"] == impl and r["n_procs"] == procs and r["bytes"] == size]
+    return found
+
+
+def cells(run, impl):
+    return sorted({(r["n_procs"], r["bytes"]) for r in run if r["impl"] == impl})
+
+
+def against_mpi4jax(run):
+    """Cells where jaxring is faster than mpi4jax, all cells; mpi4jax's range against the bare call."""
+    both = cells(run, "mpi4jax")
+    faster = sum(median_of(run, "jaxring", *cell) < median_of(run, "mpi4jax", *cell) for cell in both)
+    return (faster, len(both), *span(r["speedup_vs_mpi_allreduce"] for r in run if r["impl"] == "mpi4jax"))
+
+
+def against_gloo(run):
+    """gloo's time over jaxring_global's: range up to 256 KiB, range above."""
+    ratios = {cell: median_of(run, "jax_gloo", *cell) / median_of(run, "jaxring_global", *cell)
+              for cell in cells(run, "jax_gloo")}
+    return (*span(v for (_, size), v in ratios.items() if size <= 256 << 10),
+            *span(v for (_, size), v in ratios.items() if size > 256 << 10))
+
+
+CLAIMS = [
+    Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
+          r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
+    Claim("docs/PERFORMANCE.md", r"Faster than psum in all (\d+) cells of each run: ([\d.]+)-([\d.]+)x per op in a program",
+          STEADY, lambda *runs: (lambda low, high, count: (count, low, high))(*steady_against_psum(*runs))),
+    Claim("README.md", r"CPU, ds2_tiny's training step, (\d+) host devices in (\d+) process \| `lax.psum` \| "
+          r"\[([\d.]+)x and ([\d.]+)x\]", STEP_8, tiny_step_against_psum),
+    Claim("docs/PERFORMANCE.md", r"The sync alone is ([\d.]+)-([\d.]+)x faster with the ring for ds2_tiny, "
+          r"([\d.]+)-([\d.]+)x for ds2_small", STEP_8, sync_alone_against_psum),
+    Claim("docs/PERFORMANCE.md", r"from 1 MiB\): ([\d.]+)-([\d.]+)x from 1 MiB, ([\d.]+)-([\d.]+)x up to 64 KiB in this run",
+          MPI_1DEV, against_bare_call),
+    Claim("docs/PERFORMANCE.md", r"jaxring is faster in (\d+) of (\d+) cells \(not at 4 KiB on 2 x 1\); mpi4jax is "
+          r"([\d.]+)-([\d.]+)x as fast as the bare call", MPI_1DEV, against_mpi4jax),
+    Claim("docs/PERFORMANCE.md", r"Against JAX's gloo psum\*\*: (\d+)-(\d+)x faster up to 256 KiB, (\d+)-(\d+)x above",
+          MPI_1DEV, against_gloo),
+    Claim("README.md", r"JAX's gloo psum \| \[(\d+)-(\d+)x up to 256 KiB, (\d+)-(\d+)x above\]", MPI_1DEV, against_gloo),
+]
