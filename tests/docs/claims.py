@@ -15,9 +15,11 @@ from tests.docs.markdown import ROOT
 BENCH = "docs/bench/"
 
 
-def records(path: str) -> list[dict]:
+def records(source: str) -> list[dict]:
+    """The records of `source`: a JSON file's "records" (or the file, a list), or "PATH:KEY"'s list at KEY."""
+    path, _, key = source.partition(":")
     data = json.loads((ROOT / path).read_text())
-    return data["records"] if isinstance(data, dict) else data
+    return data[key or "records"] if isinstance(data, dict) else data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +121,47 @@ def against_gloo(run):
             *span(v for (_, size), v in ratios.items() if size > 256 << 10))
 
 
+# -- over an emulated network (PERFORMANCE.md, "Over an emulated network")
+
+NETWORK = (f"{BENCH}network-cpu2-2026-11-25.json:allreduce",)
+
+
+def network_large_1gbit(run):
+    """>= 16 MiB at 1 Gbit/s: jaxring's share of the TCP stream (range), MPI_Allreduce's time over jaxring's
+    (range), MPI_Allreduce's share of the stream (range), gloo's time over jaxring's (range)."""
+    def of(impl):
+        return {(r["n_procs"], r["bytes"]): r for r in run
+                if r["impl"] == impl and r["rate_bps"] == 1e9 and r["bytes"] >= 16 * MIB}
+
+    def stream_share(r):
+        return r["busbw_GBps"] * 8e9 / r["tcp_bits_per_s"]
+
+    jaxring, bare, gloo = of("jaxring"), of("mpi_bare"), of("jax_gloo")
+    assert set(jaxring) == set(bare) == set(gloo) and len(jaxring) == 6
+    return (*span(map(stream_share, jaxring.values())),
+            *span(bare[cell]["median_s"] / jaxring[cell]["median_s"] for cell in jaxring),
+            *span(map(stream_share, bare.values())),
+            *span(gloo[cell]["median_s"] / jaxring[cell]["median_s"] for cell in jaxring))
+
+
+# -- the training step across hosts, three ways (PERFORMANCE.md, "The training step across hosts")
+
+STEP_HOSTS = tuple(f"{BENCH}step-hosts-{name}-2026-11-28.json"
+                   for name in ("cpu2", "ds2_tiny-1mib-cpu2", "charlm-cpu2"))
+
+
+def step_hosts(*runs):
+    """gloo's and mpi4jax's step over jaxring's, every host count, link and run: (ratios > 1, ratios,
+    ds2_tiny's range, charlm's range)."""
+    ratios = {"ds2_tiny": [], "charlm": []}
+    for run in runs:
+        for r in run:
+            model = "ds2_tiny" if "ds2_tiny" in r["config"] else "charlm"
+            ratios[model] += [r["step_s"][way] / r["step_s"]["jaxring"] for way in ("lax_gloo", "mpi4jax")]
+    every = ratios["ds2_tiny"] + ratios["charlm"]
+    return (sum(ratio > 1 for ratio in every), len(every), *span(ratios["ds2_tiny"]), *span(ratios["charlm"]))
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -135,4 +178,15 @@ CLAIMS = [
     Claim("docs/PERFORMANCE.md", r"Against JAX's gloo psum\*\*: (\d+)-(\d+)x faster up to 256 KiB, (\d+)-(\d+)x above",
           MPI_1DEV, against_gloo),
     Claim("README.md", r"JAX's gloo psum \| \[(\d+)-(\d+)x up to 256 KiB, (\d+)-(\d+)x above\]", MPI_1DEV, against_gloo),
+    Claim("docs/PERFORMANCE.md", r"\*\*met\*\* on 2, 3 and 4 nodes: ([\d.]+)-([\d.]+) of the stream, ([\d.]+)-([\d.]+)x "
+          r"MPI_Allreduce \(which reaches ([\d.]+)-([\d.]+) of the stream\)\. Gloo's psum is within ([\d.]+)-([\d.]+)x",
+          NETWORK, network_large_1gbit),
+    Claim("README.md", r"2-4 emulated nodes at 1 Gbit/s, >= 16 MiB \| `MPI_Allreduce` \| \[([\d.]+)-([\d.]+)x; "
+          r"([\d.]+)-([\d.]+) of a TCP stream's rate\]", NETWORK,
+          lambda run: (lambda low, high, mpi_low, mpi_high, *_: (mpi_low, mpi_high, low, high))(*network_large_1gbit(run))),
+    Claim("docs/PERFORMANCE.md", r"jaxring's step was faster in (\d+) of (\d+) ratios: ([\d.]+)-([\d.]+)x for ds2_tiny, "
+          r"([\d.]+)-([\d.]+)x for charlm", STEP_HOSTS, step_hosts),
+    Claim("README.md", r"\[([\d.]+)-([\d.]+)x \(ds2_tiny\), ([\d.]+)-([\d.]+)x \(charlm, a transformer LM\): "
+          r"faster in (\d+) of (\d+)\]", STEP_HOSTS,
+          lambda *runs: (lambda faster, total, *ranges: (*ranges, faster, total))(*step_hosts(*runs))),
 ]
