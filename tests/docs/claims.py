@@ -15,8 +15,8 @@ from tests.docs.markdown import ROOT
 BENCH = "docs/bench/"
 
 
-def records(source: str) -> list[dict]:
-    """The records of `source`: a JSON file's "records" (or the file, a list), or "PATH:KEY"'s list at KEY."""
+def records(source: str) -> list[dict] | dict:
+    """The records of `source`: a JSON file's "records" (or the file, a list), or "PATH:KEY"'s value at KEY."""
     path, _, key = source.partition(":")
     data = json.loads((ROOT / path).read_text())
     return data[key or "records"] if isinstance(data, dict) else data
@@ -162,6 +162,19 @@ def step_hosts(*runs):
     return (sum(ratio > 1 for ratio in every), len(every), *span(ratios["ds2_tiny"]), *span(ratios["charlm"]))
 
 
+# -- 16 bits on the wire (PERFORMANCE.md, "Over an emulated network")
+
+WIRE_BFLOAT16 = (f"{BENCH}network-wire-dtype-2026-11-28.json:runs",)
+WIRE_FLOAT16 = (f"{BENCH}network-wire-float16-2026-11-28.json:runs",)
+
+
+def wire_speedups(runs, dtype):
+    """float32's all-reduce time over `dtype`'s on the wire, ds2_tiny, each alternated round."""
+    rounds = sorted(name.rsplit("-r", 1)[1] for name in runs if name.startswith(f"wire-{dtype}-r"))
+    return [runs[f"wire-float32-r{n}"]["train"][0]["allreduce_s"] / runs[f"wire-{dtype}-r{n}"]["train"][0]["allreduce_s"]
+            for n in rounds]
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -189,4 +202,9 @@ CLAIMS = [
     Claim("README.md", r"\[([\d.]+)-([\d.]+)x \(ds2_tiny\), ([\d.]+)-([\d.]+)x \(charlm, a transformer LM\): "
           r"faster in (\d+) of (\d+)\]", STEP_HOSTS,
           lambda *runs: (lambda faster, total, *ranges: (*ranges, faster, total))(*step_hosts(*runs))),
+    Claim("README.md", r"\[([\d.]+)-([\d.]+)x with `train.allreduce_dtype: float16`\].*? ([\d.]+)-([\d.]+)x with bfloat16 at",
+          WIRE_FLOAT16 + WIRE_BFLOAT16,
+          lambda f16, bf16: (*span(wire_speedups(f16, "float16")), *span(wire_speedups(bf16, "bfloat16")))),
+    Claim("docs/PERFORMANCE.md", r"and ([\d.]+)-([\d.]+)x in float16 for ds2_tiny", WIRE_FLOAT16,
+          lambda runs: span(1 / ratio for ratio in wire_speedups(runs, "float16"))),
 ]
