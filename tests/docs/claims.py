@@ -175,6 +175,34 @@ def wire_speedups(runs, dtype):
             for n in rounds]
 
 
+# -- the CUDA ring on one H200 (PERFORMANCE.md, "CUDA ring on one GPU")
+
+H200 = tuple(f"{BENCH}gpu-h200-2026-11-26-run{run}.json" for run in range(1, 8))
+
+
+def per_call_us(run, engine, ranks, size, path=None):
+    return [r["device_us"] for r in run if r["kind"] == "per_call" and r["dtype"] == "float32"
+            and r["engine"] == engine and r["ranks"] == ranks and r["bytes"] == size and path in (None, r["path"])]
+
+
+def sizes_up_to(run, largest):
+    return sorted({r["bytes"] for r in run if r["kind"] == "per_call" and r["bytes"] <= largest})
+
+
+def device_engine_latency(*runs):
+    """Host-staged's time over the device engine's best path, 4 KiB to 1 MiB, every run: k = 2's range,
+    then k = 8's."""
+    found = []
+    for ranks in (2, 8):
+        found += span(min(per_call_us(run, "host", ranks, size)) / min(per_call_us(run, "device", ranks, size))
+                      for run in runs for size in sizes_up_to(run, MIB) if per_call_us(run, "host", ranks, size))
+    return found
+
+
+def host_staged_k8_4kib_ms(*runs):
+    return span(us / 1000 for run in runs for us in per_call_us(run, "host", 8, 4 << 10))
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -207,4 +235,9 @@ CLAIMS = [
           lambda f16, bf16: (*span(wire_speedups(f16, "float16")), *span(wire_speedups(bf16, "bfloat16")))),
     Claim("docs/PERFORMANCE.md", r"and ([\d.]+)-([\d.]+)x in float16 for ds2_tiny", WIRE_FLOAT16,
           lambda runs: span(1 / ratio for ratio in wire_speedups(runs, "float16"))),
+    Claim("docs/PERFORMANCE.md", r"the device engine is ([\d.]+)-([\d.]+)x faster than host-staged at k = 2 and "
+          r"([\d.]+)-([\d.]+)x at k = 8 \(4 KiB to 1 MiB, best path, every run\)", H200, device_engine_latency),
+    Claim("README.md", r"one H200, k virtual ranks \| the default host-staged engine \| \[device engine ([\d.]+)-([\d.]+)x "
+          r"up to 1 MiB\]", H200, lambda *runs: (lambda low, _, __, high: (low, high))(*device_engine_latency(*runs))),
+    Claim("README.md", r"4 KiB: the default host-staged engine, \[([\d.]+)-([\d.]+) ms\]", H200, host_staged_k8_4kib_ms),
 ]
