@@ -15,8 +15,24 @@ from tests.docs.markdown import ROOT
 BENCH = "docs/bench/"
 
 
+def table_rows(doc: str, first_header: str) -> list[dict]:
+    """The rows of the Markdown table of `doc` whose header starts `| first_header |`, as header -> cell."""
+    lines = (ROOT / doc).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
+    return rows
+
+
 def records(source: str) -> list[dict] | dict:
-    """The records of `source`: a JSON file's "records" (or the file, a list), or "PATH:KEY"'s value at KEY."""
+    """The records of `source`: a JSON file's "records" (or the file, a list), "PATH:KEY"'s value at KEY, or
+    for a page's table without a JSON behind it, "DOC#FIRST HEADER"'s rows."""
+    if "#" in source:
+        return table_rows(*source.split("#"))
     path, _, key = source.partition(":")
     data = json.loads((ROOT / path).read_text())
     return data[key or "records"] if isinstance(data, dict) else data
@@ -104,6 +120,16 @@ def median_of(run, impl, procs, size):
 
 def cells(run, impl):
     return sorted({(r["n_procs"], r["bytes"]) for r in run if r["impl"] == impl})
+
+
+MPI_FINAL = tuple(f"{BENCH}allreduce-mpi-final-cpu2-2026-11-26-run{run}.json" for run in (1, 2, 3))
+
+
+def at_least_091_from_1mib(*runs):
+    """Cells from 1 MiB where jaxring is at least 0.91x the bare call, over the runs; the cells; devices per process."""
+    cells = [r for run in runs for r in run if r["impl"] == "jaxring" and r["bytes"] >= MIB]
+    (per_process,) = {r["n_devices"] // r["n_procs"] for r in cells}
+    return per_process, sum(round(r["speedup_vs_mpi_allreduce"], 2) >= 0.91 for r in cells), len(cells)
 
 
 def against_mpi4jax(run):
@@ -203,6 +229,35 @@ def host_staged_k8_4kib_ms(*runs):
     return span(us / 1000 for run in runs for us in per_call_us(run, "host", 8, 4 << 10))
 
 
+# -- make train, seeds 0-2 (docs/TRAINING.md's table of seeds: no JSON behind it)
+
+SEEDS = ("docs/TRAINING.md#seed",)
+
+
+def percent(cell: str, part: int = 0) -> float:
+    return float(cell.replace("*", "").split(" / ")[part].split("%")[0])
+
+
+def make_train_seeds(rows):
+    """The seeds' mean greedy test CER, mean beam + LM test CER, training seconds' range, all-reduce share's range."""
+    seeds = [row for row in rows if row["seed"].isdigit()]
+    assert len(seeds) == 3
+    return (statistics.mean(percent(row["test CER / WER, greedy"]) for row in seeds),
+            statistics.mean(percent(row["test CER / WER, beam 16 + word 3-gram"]) for row in seeds),
+            *span(float(row["training"].split()[0]) for row in seeds),
+            *span(percent(row["all-reduce share"]) for row in seeds))
+
+
+def seeds_mean_row(rows):
+    """The table's own mean (spread) row: greedy mean, lowest, highest; the same beam + LM."""
+    seeds = [row for row in rows if row["seed"].isdigit()]
+    found = []
+    for column in ("test CER / WER, greedy", "test CER / WER, beam 16 + word 3-gram"):
+        values = [percent(row[column]) for row in seeds]
+        found += [statistics.mean(values), *span(values)]
+    return found
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -240,4 +295,10 @@ CLAIMS = [
     Claim("README.md", r"one H200, k virtual ranks \| the default host-staged engine \| \[device engine ([\d.]+)-([\d.]+)x "
           r"up to 1 MiB\]", H200, lambda *runs: (lambda low, _, __, high: (low, high))(*device_engine_latency(*runs))),
     Claim("README.md", r"4 KiB: the default host-staged engine, \[([\d.]+)-([\d.]+) ms\]", H200, host_staged_k8_4kib_ms),
+    Claim("README.md", r"CPU, 2-4 processes of (\d+) device on one node \| bare `MPI_Allreduce` \| \[0.91x or more from 1 MiB "
+          r"in (\d+) of (\d+) cells\]\([^)]*\) per three runs", MPI_FINAL, at_least_091_from_1mib),
+    Claim("README.md", r"\[([\d.]+)% test CER greedy, ([\d.]+)% with a word 3-gram; (\d+)-(\d+) s of training; "
+          r"all-reduce ([\d.]+)-([\d.]+)% of the step\]", SEEDS, make_train_seeds),
+    Claim("docs/TRAINING.md", r"\| mean \(spread\) \| \*\*([\d.]+)%\*\* \(([\d.]+)-([\d.]+)\) \| \*\*([\d.]+)%\*\* "
+          r"\(([\d.]+)-([\d.]+)\) \| [\d.]+% \| \| \| \| \|", SEEDS, seeds_mean_row),
 ]
