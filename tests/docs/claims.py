@@ -100,6 +100,16 @@ def sync_alone_against_psum(*runs):
     return found
 
 
+PAIRS = tuple(f"{BENCH}train-{shape}-pair{pair}-cpu2-2026-11-26.json" for pair in (11, 12, 13, 14)
+              for shape in ("1x2", "2x1"))
+
+
+def two_processes_against_one(*runs):
+    """The step of 2 processes of 1 device over that of 1 process of 2 devices, each pair: the range."""
+    steps = [run[0]["step_s"] for run in runs]
+    return span(across / within for within, across in zip(steps[::2], steps[1::2]))
+
+
 # -- across processes on one node (PERFORMANCE.md, "Across processes")
 
 MPI_1DEV = (f"{BENCH}allreduce-mpi-all-1dev-cpu2-2026-11-26.json",)
@@ -301,4 +311,6 @@ CLAIMS = [
           r"all-reduce ([\d.]+)-([\d.]+)% of the step\]", SEEDS, make_train_seeds),
     Claim("docs/TRAINING.md", r"\| mean \(spread\) \| \*\*([\d.]+)%\*\* \(([\d.]+)-([\d.]+)\) \| \*\*([\d.]+)%\*\* "
           r"\(([\d.]+)-([\d.]+)\) \| [\d.]+% \| \| \| \| \|", SEEDS, seeds_mean_row),
+    Claim("docs/PERFORMANCE.md", r"The step across processes is ([\d.]+)-([\d.]+)x the in-process one", PAIRS,
+          two_processes_against_one),
 ]
