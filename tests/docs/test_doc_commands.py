@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.docs.markdown import NOT_RUN, ROOT, RUN_BY, SHELL_TAGS, fenced_blocks
-from tests.docs.test_docs_references import DOCS, command_of
+from tests.docs.test_docs_references import _ENTRY_POINTS, DOCS, command_of
 
 BLOCKS = [block for doc in DOCS for block in fenced_blocks(doc)]
 SHELL = [block for block in BLOCKS if block.tag in SHELL_TAGS]
@@ -182,6 +182,19 @@ def runnable(block) -> list[str]:
     return block.instead() if NOT_RUN.match(block.marker) else block.commands()
 
 
+def in_process(line: str, checkout) -> dict:
+    """{"script", "args"} of a `python SCRIPT ... --help` line, or of an installed command's (its file in
+    the venv is a Python script): the runner runs those in its own process; else no script."""
+    words, found = words_of(line), command_of(words_of(line))
+    if not (found and found[0] == "python" and {"--help", "-h"} & set(found[2])):
+        return {"script": None, "args": []}
+    if words[0] in ("python", "python3", ".venv/bin/python"):
+        return {"script": str(checkout / found[1]), "args": found[2]}
+    if words[0] in _ENTRY_POINTS:
+        return {"script": str(checkout / ".venv" / "bin" / words[0]), "args": words[1:]}
+    return {"script": None, "args": []}
+
+
 def test_every_shell_block_runs_as_written_or_in_its_cheaper_form(tmp_path):
     (tmp_path / "checkout").mkdir()
     checkout = mirror_checkout(tmp_path / "checkout")
@@ -192,11 +205,7 @@ def test_every_shell_block_runs_as_written_or_in_its_cheaper_form(tmp_path):
             placeholders = [w for w in words_of(line) if w in _PLACEHOLDER_WORDS]
             assert not placeholders, (f"{where(block)}: {line!r} holds the reader's own arguments: mark the block "
                                       "`<!-- not run here: WHY; instead: COMMAND -->`")
-            found = command_of(words_of(line))
-            in_process = (words_of(line)[0] in ("python", "python3", ".venv/bin/python") and found
-                          and found[0] == "python" and {"--help", "-h"} & set(found[2]))
-            commands.append({"line": line, "script": str(checkout / found[1]) if in_process else None,
-                             "args": found[2] if in_process else []})
+            commands.append({"line": line, **in_process(line, checkout)})
             origin[line] = where(block)
     assert len(commands) >= 20, commands
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "XLA_FLAGS"))}
