@@ -239,6 +239,18 @@ def host_staged_k8_4kib_ms(*runs):
     return span(us / 1000 for run in runs for us in per_call_us(run, "host", 8, 4 << 10))
 
 
+# -- the cost model's projection (docs/SCALING.md)
+
+PROJECTION = (f"{BENCH}scaling-projection-2026-11-26.json:projection",)
+
+
+def efficiency_at_1024(rows):
+    """The weak-scaling efficiency at 1024 GPUs, 64 MiB buckets, 8 NICs a node: the lowest and highest of
+    the three engines the model fits (host-staged, device, device on the H200)."""
+    return span(100 * r["efficiency"] for r in rows
+                if r["bucket_MiB"] == 64 and r["gpus"] == 1024 and r["nics"] == 8)
+
+
 # -- make train, seeds 0-2 (docs/TRAINING.md's table of seeds: no JSON behind it)
 
 SEEDS = ("docs/TRAINING.md#seed",)
@@ -313,4 +325,10 @@ CLAIMS = [
           r"\(([\d.]+)-([\d.]+)\) \| [\d.]+% \| \| \| \| \|", SEEDS, seeds_mean_row),
     Claim("docs/PERFORMANCE.md", r"The step across processes is ([\d.]+)-([\d.]+)x the in-process one", PAIRS,
           two_processes_against_one),
+    Claim("docs/CUDA_RING.md", r"the device-synchronised engine, ([\d.]+)-([\d.]+)x faster up to 1 MiB there", H200,
+          lambda *runs: (lambda low, _, __, high: (low, high))(*device_engine_latency(*runs))),
+    Claim("README.md", r"ds2_paper on 1024 H100s \(cost model, 64 MiB buckets\) \| \[(\d+)% weak-scaling efficiency\]",
+          PROJECTION, lambda rows: efficiency_at_1024(rows)[:1]),
+    Claim("docs/SCALING.md", r"and (\d+)% at 1024 for all three", PROJECTION, lambda rows: efficiency_at_1024(rows)[:1]),
+    Claim("docs/SCALING.md", r"and (\d+)% at 1024 for all three", PROJECTION, lambda rows: efficiency_at_1024(rows)[1:]),
 ]

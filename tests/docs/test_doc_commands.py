@@ -75,6 +75,9 @@ def test_every_marker_is_one_of_the_two_forms():
              if block.marker and not (NOT_RUN.match(block.marker) or RUN_BY.match(block.marker))]
     assert not wrong, ("markers above shell blocks must read `<!-- not run here: WHY; instead: COMMAND -->` or "
                        f"`<!-- run by tests/PATH.py -->`: {wrong}")
+    elsewhere = [(where(block), block.tag) for block in BLOCKS if block.tag not in SHELL_TAGS
+                 and (NOT_RUN.match(block.marker) or RUN_BY.match(block.marker))]
+    assert not elsewhere, f"run markers above blocks that are not shell blocks (tag them sh): {elsewhere}"
 
 
 def string_literals(path) -> set[str]:
