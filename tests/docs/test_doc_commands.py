@@ -138,8 +138,8 @@ def config_arguments(line: str) -> tuple[str | None, list[str]]:
 def test_every_config_a_command_names_loads_with_its_keys():
     """Each --config loads and validates with the line's --set values; a --set without a --config (a
     resumed run) names a key of some section the engine or a task has."""
-    sys.path.insert(0, str(ROOT / "examples"))  # the examples' tasks, as their commands' PYTHONPATH gives
-    sys.path.insert(0, str(ROOT / "scripts" / "docs"))
+    saved = list(sys.path)
+    sys.path[:0] = [str(ROOT / "scripts" / "docs"), str(ROOT / "examples")]  # examples: as the commands' PYTHONPATH
     try:
         import config_reference
         from jaxring.engine import experiment
@@ -161,7 +161,7 @@ def test_every_config_a_command_names_loads_with_its_keys():
             except Exception as e:  # noqa: BLE001 - the finding
                 wrong.append((where(block), line, f"{type(e).__name__}: {e}"))
     finally:
-        sys.path[:2] = []
+        sys.path[:] = saved
     assert not wrong, "commands whose config does not load (doc:line, command, why):\n" + "\n".join(map(str, wrong))
     assert checked >= 10, checked
 
