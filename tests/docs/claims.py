@@ -49,6 +49,11 @@ class Claim:
         return tuple(self.compute(*(records(source) for source in self.sources)))
 
 
+def devices_per_process(run):
+    (per_process,) = {r["n_devices"] // r["n_procs"] for r in run}
+    return per_process
+
+
 def span(values) -> tuple[float, float]:
     values = list(values)
     return min(values), max(values)
@@ -138,8 +143,7 @@ MPI_FINAL = tuple(f"{BENCH}allreduce-mpi-final-cpu2-2026-11-26-run{run}.json" fo
 def at_least_091_from_1mib(*runs):
     """Cells from 1 MiB where jaxring is at least 0.91x the bare call, over the runs; the cells; devices per process."""
     cells = [r for run in runs for r in run if r["impl"] == "jaxring" and r["bytes"] >= MIB]
-    (per_process,) = {r["n_devices"] // r["n_procs"] for r in cells}
-    return per_process, sum(round(r["speedup_vs_mpi_allreduce"], 2) >= 0.91 for r in cells), len(cells)
+    return devices_per_process(cells), sum(round(r["speedup_vs_mpi_allreduce"], 2) >= 0.91 for r in cells), len(cells)
 
 
 def against_mpi4jax(run):
@@ -165,11 +169,6 @@ NETWORK = (f"{BENCH}network-cpu2-2026-11-25.json:allreduce",)
 def network_cells(run, impl, rate_bps, sizes):
     return {(r["n_procs"], r["bytes"]): r for r in run
             if r["impl"] == impl and r["rate_bps"] == rate_bps and sizes(r["bytes"])}
-
-
-def devices_per_process(run):
-    (per_process,) = {r["n_devices"] // r["n_procs"] for r in run}
-    return per_process
 
 
 def stream_share(r):
