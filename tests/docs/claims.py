@@ -15,10 +15,10 @@ from tests.docs.markdown import ROOT
 BENCH = "docs/bench/"
 
 
-def table_rows(doc: str, first_header: str) -> list[dict]:
-    """The rows of the Markdown table of `doc` whose header starts `| first_header |`, as header -> cell."""
+def table_rows(doc: str, header: str) -> list[dict]:
+    """The rows of the Markdown table of `doc` whose header line starts `| header`, as header -> cell."""
     lines = (ROOT / doc).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(f"| {header}")]
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     rows = []
     for line in lines[start + 2:]:
@@ -272,7 +272,8 @@ def efficiency_at_1024(rows):
 
 # -- make train, seeds 0-2 (docs/TRAINING.md's table of seeds: no JSON behind it)
 
-SEEDS = ("docs/TRAINING.md#seed",)
+SEEDS = ("docs/TRAINING.md#seed | test CER / WER, greedy |",)
+VOICES = ("docs/TRAINING.md#seed | test CER / WER greedy (Flite clustergen, held out) |",)
 
 
 def percent(cell: str, part: int = 0) -> float:
@@ -287,6 +288,27 @@ def make_train_seeds(rows):
             statistics.mean(percent(row["test CER / WER, beam 16 + word 3-gram"]) for row in seeds),
             *span(float(row["training"].split()[0]) for row in seeds),
             *span(percent(row["all-reduce share"]) for row in seeds))
+
+
+def voices_greedy_mean(rows):
+    """make train-voices, seeds 0-2: the mean greedy test CER on the held-out synthesizers."""
+    seeds = [row for row in rows if row["seed"].isdigit()]
+    assert len(seeds) == 3
+    return (statistics.mean(percent(row["test CER / WER greedy (Flite clustergen, held out)"]) for row in seeds),)
+
+
+# -- the optimizer state split over host devices (PERFORMANCE.md, "The training step")
+
+SHARDED = (f"{BENCH}sharded_time.json",)
+
+
+def sharded_step(rows):
+    """The sharded step's time over the replicated one's (median of the pairs), lowest and highest over models
+    and device counts; the optimizer state per device, replicated over sharded, against the devices (1 if equal)."""
+    shares = {round(r["opt_state_bytes_per_device_replicated"] / r["opt_state_bytes_per_device_sharded"])
+              == r["local_devices"] for r in rows}
+    return (*span(r["ratio_sharded_over_replicated_median"] for r in rows), min(r["local_devices"] for r in rows),
+            max(r["local_devices"] for r in rows), 1 if shares == {True} else 0)
 
 
 def seeds_mean_row(rows):
@@ -356,4 +378,9 @@ CLAIMS = [
     Claim("docs/PERFORMANCE.md", r"met from 4 to 64 KiB \((\d+)-(\d+)x at 1 Gbit/s, (\d+)-(\d+)x at 10 Gbit/s\) and at 256 KiB "
           r"on 10 Gbit/s \(([\d.]+)-(\d+)x\)\. Not met at 256 KiB on 1 Gbit/s \(([\d.]+)-([\d.]+)x",
           NETWORK, network_small_against_gloo),
+    Claim("README.md", r"`make train-voices` \(held-out synthesizers\) \| \[([\d.]+)% test CER greedy, seeds 0-2", VOICES,
+          voices_greedy_mean),
+    Claim("README.md", r"CPU, (\d+)-(\d+) host devices, adamw's state split over them \(`train.shard_optimizer`\) \| the replicated "
+          r"step \| \[(1)/N of the optimizer state per device; step ([\d.]+)-([\d.]+)x", SHARDED,
+          lambda rows: (lambda low, high, fewest, most, shares: (fewest, most, shares, low, high))(*sharded_step(rows))),
 ]

@@ -47,3 +47,17 @@ def test_a_wrong_number_fails():
     claim = Claim("README.md", r"\[([\d.]+)x and ([\d.]+)x\]\(docs/PERFORMANCE.md#the-training-step\)",
                   STEP_8, lambda *runs: (1.01, 0.97))
     assert checked(claim) and "1.01" in checked(claim)[0]
+
+
+def readme_result_rows() -> list[str]:
+    """The rows of README's "Is it faster?" table and of the training table after it."""
+    section = (ROOT / "README.md").read_text().split("## Is it faster?")[1].split("\n## ")[0]
+    return [" ".join(line.split()) for line in section.splitlines()
+            if line.startswith("|") and not line.startswith(("|---", "| where, what |", "| what |"))]
+
+
+def test_every_result_row_of_the_readme_has_a_claim():
+    rows = readme_result_rows()
+    patterns = [claim.pattern for claim in CLAIMS if claim.doc == "README.md"]
+    bare = [row[:90] for row in rows if not any(re.search(pattern, row) for pattern in patterns)]
+    assert len(rows) >= 12 and not bare, f"README result rows no claim in tests/docs/claims.py recomputes: {bare}"
