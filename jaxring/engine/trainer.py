@@ -103,7 +103,8 @@ class Trainer:
         if train.batch_size % replicas:
             raise ValueError(
                 f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
-                f"({self.world_size} processes x {self.n_local} local devices): run on a number of replicas that "
+                f"({counted(self.world_size, 'process')} x {counted(self.n_local, 'local device')}): run on a number "
+                "of replicas that "
                 "divides it (--host-devices N on CPU, N processes under mpirun), or --set train.batch_size=M with M "
                 f"a multiple of {replicas} (on a resume, a new global batch does not keep the data order)"
             )
