@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.docs.markdown import NOT_RUN, ROOT, RUN_BY, SHELL_TAGS, fenced_blocks
-from tests.docs.test_docs_references import _ENTRY_POINTS, DOCS, command_of
+from tests.docs.test_docs_references import _ENTRY_POINTS, DOCS, command_of, prose
 
 BLOCKS = [block for doc in DOCS for block in fenced_blocks(doc)]
 SHELL = [block for block in BLOCKS if block.tag in SHELL_TAGS]
@@ -164,6 +164,25 @@ def test_every_config_a_command_names_loads_with_its_keys():
         sys.path[:] = saved
     assert not wrong, "commands whose config does not load (doc:line, command, why):\n" + "\n".join(map(str, wrong))
     assert checked >= 10, checked
+
+
+def test_every_config_key_the_prose_names_exists():
+    """A key in backticks (`data.corpus`, `train.allreduce_dtype: float16`) is a field of its section in
+    the engine, a task of the checkout or an example; docs/MULTI_NODE.md named `data.source` once."""
+    sys.path[:0] = [str(ROOT / "scripts" / "docs")]
+    try:
+        import config_reference
+    finally:
+        sys.path.pop(0)
+    fields: dict[str, set[str]] = {}
+    for _, sections in config_reference.all_sections():
+        for name, cls in sections.items():
+            fields.setdefault(name, set()).update(cls.__dataclass_fields__)
+    named = re.compile(r"`(" + "|".join(fields) + r")\.(\w+)(?:[=: ][^`]*)?`")
+    unknown = [(doc, found.group(0)) for doc in DOCS for found in named.finditer(prose(doc))
+               if found.group(2) not in fields[found.group(1)]]
+    assert not unknown, f"config keys the docs name that no section has (doc, text): {unknown}"
+    assert named.search("`data.source`") and named.search("`train.allreduce_dtype: float16`")
 
 
 # -- run
