@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxring.collectives.abort import abort_on_uncaught_exception, start_mpi  # noqa: E402
+from jaxring.engine.progress import counted  # noqa: E402
 
 
 def what_must_match() -> dict[str, str]:
@@ -51,19 +52,19 @@ def main(argv=None) -> int:
     total = float(np.asarray(jax.device_get(jaxring.global_allreduce(values, "sum")))[0, 0])
     expected = world.n_devices * (world.n_devices + 1) / 2
     platform = world.local_devices[0].platform
-    mine = {"rank": world.rank, "host": socket.gethostname(), "devices": f"{n_local} {platform}",
+    mine = {"rank": world.rank, "host": socket.gethostname(), "devices": counted(n_local, f"{platform} device"),
             "sum_right": total == expected, **what_must_match()}
     everyone = world.comm.gather(mine, root=0)
     if world.rank != 0:
         return 0 if mine["sum_right"] else 1
     for process in everyone:
-        print(f"rank {process['rank']} on {process['host']}: {process['devices']} device(s), "
+        print(f"rank {process['rank']} on {process['host']}: {process['devices']}, "
               f"python {process['python']}, jaxring {process['jaxring']}, jax {process['jax']}", flush=True)
     wrong = [p for p in everyone if not p["sum_right"]]
     differing = [key for key in what_must_match() if len({p[key] for p in everyone}) > 1]
     hosts = sorted({p["host"] for p in everyone})
-    print(f"all-reduce over {world.size} processes on {len(hosts)} hosts ({', '.join(hosts)}), "
-          f"{world.n_devices} devices: " + ("right" if not wrong else
+    print(f"all-reduce over {counted(world.size, 'process')} on {counted(len(hosts), 'host')} ({', '.join(hosts)}), "
+          f"{counted(world.n_devices, 'device')}: " + ("right" if not wrong else
                                             "WRONG on " + ", ".join(f"rank {p['rank']} ({p['host']})" for p in wrong)))
     for key in differing:
         print(f"differs between hosts: {key}: "

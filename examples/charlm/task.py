@@ -43,8 +43,8 @@ class DataConfig:
 class ModelConfig:
     context: int = 64  # characters the model sees; each training example predicts this many
     width: int = 96  # d_model
-    heads: int = 4
-    layers: int = 4
+    heads: int = 4  # attention heads; width must be a multiple of them
+    layers: int = 4  # transformer blocks
     mlp_ratio: int = 4  # the feed-forward layer's width over d_model
 
     def __post_init__(self):

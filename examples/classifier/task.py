@@ -25,10 +25,10 @@ log = logging.getLogger(__name__)  # scripts/train.py shows the task package's I
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     examples: int = 4096  # all splits together: 80% train, 10% dev, 10% test
-    features: int = 16
-    classes: int = 4
+    features: int = 16  # inputs per example
+    classes: int = 4  # at least 2
     spread: float = 0.3  # the noise around each class's centre (centres are about 1.4 apart)
-    seed: int = 0
+    seed: int = 0  # the data's: the same seed makes the same examples on every machine
 
     def __post_init__(self):
         for key in ("examples", "features", "classes", "spread"):

@@ -31,6 +31,11 @@ def launched_by_mpi() -> bool:
     return any(name in os.environ for name in MPI_LAUNCHER_VARIABLES)
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and the noun in proper number: "1 process", "2 processes", "1 host", "8 devices"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
+
+
 def timestamp() -> str:
     return datetime.datetime.now().astimezone().strftime(TIMESTAMP_FORMAT)
 

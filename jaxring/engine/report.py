@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxring.engine.progress import counted
 from jaxring.engine.task import MetricNames
 
 # What ends every finished run's last line before its directory: scripts/run_checked.py
@@ -32,8 +33,8 @@ def metrics_result(metrics: MetricNames, summary: dict) -> str:
 def trained_by(summary: dict, platform: str) -> str:
     """How many devices and processes trained the run, and the all-reduce's share of its steps."""
     devices, processes = summary["local_devices"], summary["processes"]
-    line = (f"trained on {devices} {platform} device{'s' if devices != 1 else ''} x {processes} "
-            f"process{'es' if processes != 1 else ''}, {summary['allreduce']} all-reduce")
+    line = (f"trained on {counted(devices, f'{platform} device')} x {counted(processes, 'process')}, "
+            f"{summary['allreduce']} all-reduce")
     share = summary.get("last_window_allreduce_share_estimate")
     if devices * processes == 1:
         return line + " over one replica (no exchange)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxring.engine.progress import counted
 from jaxring.engine.rundir import RunDirectoryError
 
 # The key of a checkpoint's extra dict that records the shape it trained on (`shape`).
@@ -51,10 +52,10 @@ def resume_note(trained: dict, now: dict, step: int, batches) -> str | None:
     loader = type(batches)
     if trained["processes"] != now["processes"] and not getattr(batches, "global_order", False):
         raise RunDirectoryError(
-            f"the checkpoint of step {step} trained on {trained['processes']} processes and this run has "
+            f"the checkpoint of step {step} trained on {counted(trained['processes'], 'process')} and this run has "
             f"{now['processes']}; the task's training batches ({loader.__module__}.{loader.__qualname__}) do not "
             f"set global_order, so their order would change with the process count: resume on "
-            f"{trained['processes']} processes (mpirun -np {trained['processes']}), local devices as you like "
+            f"{counted(trained['processes'], 'process')} (mpirun -np {trained['processes']}), local devices as you like "
             "(docs/MULTI_NODE.md, \"Resuming on another shape\")")
     return (f"resuming step {step} on {new} (processes x local devices; trained on {was}): the same global batch "
             f"{batch} ({batch // (now['processes'] * now['local_devices'])} per device), data order and "

@@ -32,7 +32,7 @@ from jaxring.engine.evaluation import evaluate, make_predict
 from jaxring.engine.host_exchange import HostExchange
 from jaxring.engine.optim import planned_schedule
 from jaxring.engine.own_optimizer import optimizer_for
-from jaxring.engine.progress import Progress
+from jaxring.engine.progress import Progress, counted
 from jaxring.engine.registry import check_task_class
 from jaxring.engine.step import StepParts, TrainState, init_train_state, make_train_step, variables_of
 from jaxring.engine.sync_mpi4jax import sync_for
@@ -103,7 +103,8 @@ class Trainer:
         if train.batch_size % replicas:
             raise ValueError(
                 f"train.batch_size {train.batch_size} must be a multiple of the {replicas} replicas "
-                f"({self.world_size} processes x {self.n_local} local devices): run on a number of replicas that "
+                f"({counted(self.world_size, 'process')} x {counted(self.n_local, 'local device')}): run on a number "
+                "of replicas that "
                 "divides it (--host-devices N on CPU, N processes under mpirun), or --set train.batch_size=M with M "
                 f"a multiple of {replicas} (on a resume, a new global batch does not keep the data order)"
             )
@@ -313,7 +314,8 @@ class Trainer:
         log = metrics_lib.RunLog(self.workdir, resume_step=resume_step, resumed_row=resumed_row)
         per_device = cfg.train.batch_size // (self.world_size * self.n_local)
         self.progress.status(
-            f"jaxring: {self.n_local} local {self.devices[0].platform} devices x {self.world_size} processes, "
+            f"jaxring: {counted(self.n_local, f'local {self.devices[0].platform} device')} x "
+            f"{counted(self.world_size, 'process')}, "
             f"global batch {cfg.train.batch_size} ({per_device} per device), {n_params:,} parameters, "
             f"all-reduce {cfg.train.allreduce} in buckets of {self.bucket_bytes:,} B, {self.total_steps} steps "
             f"({self.batches.steps_per_epoch} per epoch)"

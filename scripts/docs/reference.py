@@ -35,6 +35,10 @@ def _gpu_check_default(name: str) -> str:
     return re.search(rf'\${{{name}:-([^}}]*)}}', GPU_CHECK.read_text()).group(1)
 
 
+def _cuda_home_default() -> str:
+    return re.search(r'environ\.get\("CUDA_HOME", "([^"]+)"\)', (ROOT / "scripts/dev/sanitize_rnn_kernels.py").read_text()).group(1)
+
+
 # (name, the file that reads it, values, default, effect). Who reads it sets the scope: the
 # library (jaxring/) for every user, scripts/ for that script's runs.
 ENVIRONMENT = [
@@ -67,7 +71,8 @@ ENVIRONMENT = [
      "keeps JAX from taking the GPU's memory the harness needs"),
     ("JAX_PLATFORMS", "scripts/bench/cluster/cluster.py", "`cpu`, `cuda`", "`cpu` (if unset)",
      "the emulated cluster's processes run on CPU; also scripts/dev/lax_conformance.py's runs"),
-    ("CUDA_HOME", "scripts/dev/sanitize_rnn_kernels.py", "a CUDA toolkit folder", "nvcc's", "where compute-sanitizer is"),
+    ("CUDA_HOME", "scripts/dev/sanitize_rnn_kernels.py", "a CUDA toolkit folder", f"`{_cuda_home_default()}`",
+     "its `include/` holds the CUDA headers the ThreadSanitizer build of the RNN kernels compiles against"),
     ("PYTHONPATH", "scripts/dev/mutation_test.py", "paths", "inherited",
      "passed on to the test runs with the checkout first; also scripts/dev/lax_conformance.py"),
     ("PYTEST_XDIST_WORKER", "scripts/dev/lax_conformance.py", "set by pytest-xdist", "unset",
@@ -112,6 +117,52 @@ def drop_in_rows() -> list[str]:
         value = getattr(drop_in, name)
         rows.append(f"| `jaxring.mpi4jax.{name}` | `{name}{cell(str(inspect.signature(value)))}` | "
                     f"{cell(first_paragraph(value.__doc__))} |")
+    return rows
+
+
+# The engine's API a user calls or implements (docs/YOUR_MODEL.md): module -> names ("Class.method" for
+# one method). The documented methods of SUBCLASSED get a row each: what a task implements or overrides.
+ENGINE_API = {
+    "jaxring.engine": ("run", "evaluate_run"),
+    "jaxring.engine.registry": ("register",),
+    "jaxring.engine.task": ("Task", "MetricNames", "Shard", "DataError"),
+    "jaxring.engine.global_batches": ("GlobalBatches",),
+    "jaxring.engine.nnx_task": ("NNXTask",),
+    "jaxring.engine.trainer": ("Trainer", "Trainer.fit"),
+}
+SUBCLASSED = ("Task", "GlobalBatches")
+
+
+def signature_of(value, name: str) -> str:
+    """`name(arguments) -> result`, annotations as the source writes them (postponed ones unquoted)."""
+    try:
+        signature = str(inspect.signature(value))
+    except (TypeError, ValueError):
+        return name
+    return name + re.sub(r"(: |-> )'([^']*)'", r"\1\2", re.sub(r"ForwardRef\('([^']*)'\)", r"\1", signature))
+
+
+def engine_rows() -> list[str]:
+    rows = ["| name | signature | what |", "|---|---|---|"]
+    for module_name, names in ENGINE_API.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = module
+            for part in name.split("."):
+                value = getattr(value, part)
+            short = name.split(".")[-1]
+            shown = "class " + signature_of(value, short) if inspect.isclass(value) else signature_of(value, short)
+            if getattr(value, "_is_protocol", False):
+                shown = f"class {name}(Protocol)"
+            rows.append(f"| `{module_name}.{name}` | `{cell(shown)}` | {cell(first_paragraph(value.__doc__))} |")
+            if name not in SUBCLASSED:
+                continue
+            for member, attribute in vars(value).items():
+                function = attribute.__func__ if isinstance(attribute, (classmethod, staticmethod)) else attribute
+                if member.startswith("_") or not callable(function) or not function.__doc__:
+                    continue  # undocumented: the engine's own, not what a task writes
+                rows.append(f"| `{module_name}.{name}.{member}` | `{cell(signature_of(function, member))}` | "
+                            f"{cell(first_paragraph(function.__doc__))} |")
     return rows
 
 
@@ -167,6 +218,8 @@ def reference() -> str:
     parts = [
         HEADER,
         "## Public API (`import jaxring`)", "", *api_rows(), "",
+        "## The engine and the task API (`jaxring.engine`)", "",
+        "Training from Python, and what a task implements (docs/YOUR_MODEL.md).", "", *engine_rows(), "",
         "## mpi4jax's reductions (`import jaxring.mpi4jax as mpi4jax`)", "", *drop_in_rows(), "",
         "## Modules of `jaxring.collectives`", "", *collectives_modules(), "",
         "## Environment variables", "", *environment_rows(), "",

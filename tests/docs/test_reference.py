@@ -77,3 +77,26 @@ def test_every_public_name_and_script_is_on_the_page():
     assert not missing and "reserve_client_threads" in imported, missing
     scripts = [p for p in (ROOT / "scripts").rglob("*") if p.suffix in (".py", ".sh")]
     assert all(f"| `{p.relative_to(ROOT)}` |" in page for p in scripts)
+
+
+def engine_names_users_are_shown() -> set[str]:
+    """jaxring.engine.MODULE.NAME for each name the examples import from the engine and each the docs name
+    or import (`from jaxring.engine.task import MetricNames`, `jaxring.engine.registry.register`)."""
+    texts = [p.read_text() for p in (ROOT / "examples").rglob("*.py")]
+    texts += [p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] if p.name != "REFERENCE.md"]
+    found = set()
+    for text in texts:
+        for module, names in re.findall(r"from (jaxring\.engine(?:\.\w+)?) import ([\w, ]+)", text):
+            found |= {f"{module}.{name.strip()}" for name in names.split(",") if not name.strip().startswith("_")}
+        found |= set(re.findall(r"\b(jaxring\.engine\.[a-z_]+\.[A-Z]\w*|jaxring\.engine\.registry\.register)\b", text))
+    return found
+
+
+def test_the_engine_api_the_examples_and_docs_use_is_on_the_page():
+    page = (ROOT / "docs" / "REFERENCE.md").read_text()
+    shown = engine_names_users_are_shown()
+    assert {"jaxring.engine.task.MetricNames", "jaxring.engine.registry.register", "jaxring.engine.task.Task",
+            "jaxring.engine.global_batches.GlobalBatches"} <= shown, shown
+    missing = sorted(name for name in shown | {"jaxring.engine.run", "jaxring.engine.evaluate_run"}
+                     if f"| `{name}` |" not in page)
+    assert not missing, f"engine names users are shown that docs/REFERENCE.md lacks (scripts/docs/reference.py's ENGINE_API): {missing}"

@@ -91,7 +91,7 @@ def test_the_host_check_names_both_hosts_and_sums_right(hosts):
     code, output = run_as_written(hosts, page_command("scripts/check_hosts.py"))
     assert code == 0, output
     for rank, host in enumerate(names.values()):
-        assert re.search(rf"^rank {rank} on {host}: 1 cpu device\(s\), python ", output, re.M), output
+        assert re.search(rf"^rank {rank} on {host}: 1 cpu device, python ", output, re.M), output
     first, second = names.values()
     assert f"all-reduce over 2 processes on 2 hosts ({first}, {second}), 2 devices: right" in output, output
     assert "differs between hosts" not in output
@@ -101,7 +101,7 @@ def test_a_training_run_across_the_two_hosts_finishes(hosts):
     _, checkout, _ = hosts
     code, output = run_as_written(hosts, page_command("--workdir runs/two_hosts", without="--resume"))
     assert code == 0, output[-4000:]
-    assert "1 local cpu devices x 2 processes, global batch 64 (32 per device)" in output
+    assert "1 local cpu device x 2 processes, global batch 64 (32 per device)" in output
     summary = json.loads((checkout / "runs" / "two_hosts" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["local_devices"] == 1 and summary["epochs"] == 2
     assert summary["test_error_rate"] < 0.1, summary  # it learnt: 4 classes, chance is 0.75

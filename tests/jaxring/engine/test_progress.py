@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from jaxring.engine.progress import MPI_LAUNCHER_VARIABLES, Progress
+from jaxring.engine.progress import MPI_LAUNCHER_VARIABLES, Progress, counted
 
 TIMESTAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
@@ -64,3 +64,11 @@ def test_under_an_mpi_launcher_a_terminal_still_gets_lines(monkeypatch, variable
     assert [line[20:] for line in stream.getvalue().splitlines()] == [
         "compiling", "step 2/4 loss 0.500", "step 4/4 loss 0.250", "evaluating dev"
     ]
+
+
+@pytest.mark.parametrize("n, noun, said", [(1, "process", "1 process"), (2, "process", "2 processes"),
+                                           (1, "host", "1 host"), (3, "host", "3 hosts"), (0, "host", "0 hosts"),
+                                           (1, "local cpu device", "1 local cpu device"),
+                                           (8, "local gpu device", "8 local gpu devices")])
+def test_a_count_is_said_in_proper_number(n, noun, said):
+    assert counted(n, noun) == said
