@@ -44,7 +44,7 @@ def _cuda_home_default() -> str:
 ENVIRONMENT = [
     ("JAXRING_TIMEOUT_S", "jaxring/collectives/timeout.py", "seconds > 0, or `inf`",
      f"{timeout.FALLBACK_S:g}", "how long a collective waits for its peers before it fails naming them; "
-     "read once, at the first collective (docs/USAGE.md, Timeouts)"),
+     "read once, at the first collective (docs/USAGE.md, 'When a device never arrives')"),
     ("JAXRING_CUDA_ENGINE", "jaxring/collectives/csrc/cuda/engine_choice.cc", "`host`, `device`, `device-any-link`",
      "`host`", "the CUDA engine of the ring; any other value fails the process's first collective "
      "(docs/CUDA_RING.md)"),
