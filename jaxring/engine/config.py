@@ -30,7 +30,7 @@ from typing import Annotated, Any, Mapping
 
 import yaml
 
-from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
+from jaxring.engine.optim import DECAY_MASKS, OPTIMIZERS, SCHEDULES
 
 
 class ConfigError(ValueError):
@@ -91,6 +91,7 @@ class OptimConfig:
     momentum: float = 0.0  # sgd; 0: plain SGD
     nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # adamw
+    weight_decay_mask: str = "all"  # adamw: the weights that decay: "all" | "matrices" (leaves of two or more dimensions: no biases, no norms' scales)
     schedule: str = "constant"  # "constant" | "anneal" | "warmup_cosine"
     anneal_factor: float | None = None  # anneal (required): learning rate divided by this after each epoch
     warmup_steps: int = 0  # warmup_cosine
@@ -101,6 +102,7 @@ class OptimConfig:
         if ":" not in self.name:  # an import path is checked when the trainer imports it
             _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
         _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
+        _check_choice("optim.weight_decay_mask", self.weight_decay_mask, tuple(DECAY_MASKS))
         _check_positive("optim.learning_rate", self.learning_rate)
         if self.schedule == "anneal" and self.anneal_factor is None:
             raise ConfigError("optim.schedule anneal needs optim.anneal_factor, the learning rate's divisor after "
