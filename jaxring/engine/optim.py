@@ -6,7 +6,6 @@ OptimConfig in config.py); the config accepts exactly the names listed here.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -94,8 +93,11 @@ def make_sharded_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax
         raise ValueError(f"train.shard_optimizer applies optim.name {cfg.name!r} to each device's block of the "
                          f"weights, which needs an elementwise update; it takes {', '.join(ELEMENTWISE_OPTIMIZERS)}. "
                          "Set train.shard_optimizer false for this optimizer.")
-    optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(dataclasses.replace(cfg, weight_decay_mask="all"),
-                                                             schedule)
+    if decay_mask_of(cfg) is None:
+        optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(cfg, schedule)
+    else:  # optax.masked's state, as the replicated step's; every block decays, but for the weights outside the mask
+        optimizer = optax.adamw(schedule, weight_decay=cfg.weight_decay,
+                                mask=lambda blocks: jax.tree_util.tree_map(lambda _: True, blocks))
     return optimizer if cfg.clip_norm is None else optax.chain(optax.identity(), optimizer)
 
 

@@ -63,8 +63,8 @@ def assert_same_bits_on_every_device(state):
 CASES = {
     "sgd-nesterov-accumulated-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None},
                                    {"accumulate_steps": 2}, 2),
-    "adamw-decay-mask-3": ({"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.5,
-                            "weight_decay_mask": "matrices"}, {}, 3),
+    "adamw-decay-mask-4": ({"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.5,
+                            "weight_decay_mask": "matrices"}, {}, 4),
 }
 
 
