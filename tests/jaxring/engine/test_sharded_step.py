@@ -165,8 +165,11 @@ def test_under_mpirun_2x2_the_library_update_holds_a_quarter_of_the_state(runs):
         assert sorted(leaves["adamw_block_sizes"].tolist()) == [2, 23, 90]
 
 
-def test_a_sharded_run_resumes_without_the_setting_on_another_shape(runs, tmp_path):
-    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on replicated on 1 x 2."""
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_sharded_run_resumes_on_another_shape(runs, tmp_path, shard):
+    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on in one process of
+    2 devices, replicated or sharded (its state in 2 blocks, not 4)."""
     resumed = stopped_at(runs / "mpi", tmp_path / "run")
-    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), resumed, world_of(2)).fit(resume=True)
+    config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": shard}})
+    trainer_lib.Trainer(ToyTask(), config, resumed, world_of(2)).fit(resume=True)
     assert_close(final_state(runs / "one"), final_state(resumed))
