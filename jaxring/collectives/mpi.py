@@ -18,6 +18,9 @@ jit) it is step 2 alone:
    other's messages, nor those of another communicator's legs;
 3. local ring all-gather of the reduced chunks, in the input's dtype.
 
+phase_over_processes runs one half of step 2's ring alone, its reduce-scatter or its all-gather
+(jaxring.ShardedUpdate updates its block of the weights between the two).
+
 Every chunk is reduced once, in one order, and rounded once (at each hop of the leg with a
 16-bit wire_dtype): every device of every process gets the same bits. The checks that every process compiled the
 same collective (shape, dtype, op) run once, when the leg is lowered

@@ -59,7 +59,7 @@ class TrainConfig:
     accumulate_steps: int = 1  # micro-batches per update: each device's batch is split into this many, whose gradients are summed before the one all-reduce
     allreduce_dtype: str | None = None  # what gradients cross processes in: null (their accumulation type, rounded once) | "bfloat16" | "float16" (half float32's bytes; each hop adds in float32); no effect within one process
     across_processes: str = "jaxring"  # what carries the gradient mean across processes: "jaxring" (its MPI ring, in the step's one program) | "mpi4jax" (mpi4jax.allreduce; with several local devices, between the pmapped gradients and update); docs/MULTI_NODE.md
-    shard_optimizer: bool = False  # ZeRO-1/2: gradients reduce-scattered, each local device updates its block of the weights with its block of the optimizer state (1/devices of it), the weights all-gathered; sgd and adamw only (collectives/sharded_update.py)
+    shard_optimizer: bool = False  # ZeRO-1/2: gradients reduce-scattered, each device of every process updates its block of the weights with its block of the optimizer state (1/N of it, N devices in all), the weights all-gathered; sgd and adamw only (collectives/sharded_update.py)
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
