@@ -1,4 +1,4 @@
-"""train.shard_optimizer: the step's update split over every device of every process (jaxring/collectives/sharded_update.py).
+"""train.shard_optimizer: the step's update split over every device of every process (collectives/sharded_update.py).
 
 The gradients skip the sync's all-reduce: they are reduce-scattered, each device
 updates its block of the weights with its block of the optimizer state, and the

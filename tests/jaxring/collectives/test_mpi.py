@@ -17,7 +17,8 @@ from tests.tiny_runs import finish, mpirun
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 CHECKS = ["topology", "allreduce", "algorithms", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
-          "host_leaf_divergence", "equal_legs", "phases"]
+          "host_leaf_divergence", "equal_legs",
+          "phases"]
 # Every kind of operand lax takes (operand_kinds.py) compiles some forty legs: two layouts, not all five.
 OPERAND_KINDS_LAYOUTS = [(2, 2), (3, 2)]
 
