@@ -42,6 +42,14 @@ def communicator(processes):
     return named if named.size > 1 else None
 
 
+def phase_over_processes(flat, mode: str, processes, wire_dtype=None):
+    """mpi.phase_over_processes ("reduce_scatter" or "all_gather") over the processes `processes=` names,
+    with the default timeout: the leg alone, for ShardedUpdate (sharded_update.py)."""
+    named = communicator(processes)
+    what = f"{mode} of {np.dtype(flat.dtype).name}[{flat.size}] over {named.size} processes (ShardedUpdate)"
+    return _mpi().phase_over_processes(flat, mode, named, arguments.timeout_ms(None), what, wire_dtype)
+
+
 def allreduce_over_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype, bind_ring):
     """allreduce(processes=...)'s reduction of one leaf over several processes, a mean's sum (`op` is part of
     what every process must agree on, so a sum meeting a mean is refused): the local ring's reduce-scatter,

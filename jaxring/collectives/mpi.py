@@ -18,6 +18,9 @@ jit) it is step 2 alone:
    other's messages, nor those of another communicator's legs;
 3. local ring all-gather of the reduced chunks, in the input's dtype.
 
+phase_over_processes runs one half of step 2's ring alone, its reduce-scatter or its all-gather
+(jaxring.ShardedUpdate updates its block of the weights between the two).
+
 Every chunk is reduced once, in one order, and rounded once (at each hop of the leg with a
 16-bit wire_dtype): every device of every process gets the same bits. The checks that every process compiled the
 same collective (shape, dtype, op) run once, when the leg is lowered
@@ -217,11 +220,34 @@ def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reductio
         chunk = -(-size // local)
         flat = local_ops.reduce_scatter(jnp.pad(flat, (0, local * chunk - size)))
     flat = mpi_ring_p.bind(flat.astype(wire_dtype), comm_id=comm_id, reduction=reduction, timeout_ms=timeout_ms,
-                           what=what)
+                           what=what, mode="allreduce")
     flat = flat.astype(dtype)
     if local > 1:
         flat = local_ops.all_gather(flat)[:size]
     return flat
+
+
+def phase_over_processes(flat, mode: str, communicator: Communicator, timeout_ms: int, what: str, wire_dtype=None):
+    """One phase of the leg alone on the 1-D `flat` (a multiple of the processes' count long, P equal
+    chunks): "reduce_scatter" (the sum; `wire_dtype` as reduce_over_processes'), this process' chunk of
+    it; "all_gather", every process' chunk (`flat` holds this process' chunk at its offset), in
+    rank order. The ring's phase (csrc/mpi/mpi_host_ring.cc), never one-shot: (P - 1) chunks cross
+    per process, half the all-reduce's. Not differentiable (ShardedUpdate, its one caller, needs no
+    derivative)."""
+    rank, size = communicator.handshake.Get_rank(), communicator.size
+    chunk = flat.size // size
+    if mode == "reduce_scatter":
+        moved = flat.astype(accumulation.accumulation_dtype(flat.dtype))
+        narrower = (wire_dtype is not None and jnp.issubdtype(flat.dtype, jnp.floating)
+                    and jnp.dtype(wire_dtype).itemsize < moved.dtype.itemsize)
+        moved = moved.astype(jnp.dtype(wire_dtype) if narrower else moved.dtype)
+    else:
+        moved = flat
+    out = mpi_ring_p.bind(moved, comm_id=communicator.id, reduction="sum", timeout_ms=timeout_ms, what=what,
+                          mode=mode)
+    if mode == "reduce_scatter":
+        return jax.lax.slice_in_dim(out, rank * chunk, (rank + 1) * chunk).astype(flat.dtype)
+    return out
 
 
 def own_devices_of_rings(rings, axis_name):
@@ -263,11 +289,11 @@ def own_devices_of_rings(rings, axis_name):
 # --- the leg's primitive ------------------------------------------------------
 
 
-def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what):
+def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what, mode):
     return x
 
 
-def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
+def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode):
     (aval,) = ctx.avals_in
     if (partitioned := _jax_compat.devices_partitioned_over(ctx)) > 1:
         # XLA's partitioner (Shardy) places no op with side effects but JAX's own callbacks.
@@ -280,14 +306,15 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
     # MPI attaches the largest tag to MPI.COMM_WORLD only; it holds for every communicator.
     tag = next(communicator.tags) % MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     itemsize = np.dtype(aval.dtype).itemsize
-    one_shot = aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
+    # A phase alone goes around the ring: one-shot sends the whole buffer, not a chunk.
+    one_shot = mode == "allreduce" and aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
     piece_elements = max(PIECE_BYTES // itemsize, 1)
     algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
         communicator.handshake,
         "jaxring.allreduce across processes",
-        f"leg {tag}: {what}, {reduction} of chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
+        f"leg {tag}: {what}, {mode} {reduction} of chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
     # The ring sums in place (csrc/mpi/mpi_host_ring.cc): its output may be its input's buffer, which XLA
@@ -297,7 +324,8 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what):
                                  operand_output_aliases=None if one_shot else {0: 0})
     return lower(ctx, x, comm=np.int64(comm_id), reduction=np.int64(_ffi.reductions()[reduction]),
                  tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
-                 one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements))
+                 one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements),
+                 mode=np.int64(_ffi.modes()[mode]))
 
 
 def _cuda_lowering(ctx, x, **params):
@@ -317,6 +345,8 @@ def _jvp(primals, tangents, **params):
             f"jaxring.allreduce(op={params['reduction']!r}) across processes is not differentiable "
             "(lax.pmax/pmin are not either)"
         )
+    if params["mode"] != "allreduce":
+        raise NotImplementedError(f"jaxring's {params['mode']} across processes alone is not differentiable")
     (x,), (t,) = primals, tangents
     return mpi_ring_p.bind(x, **params), mpi_ring_p.bind(ad.instantiate_zeros(t), **params)
 

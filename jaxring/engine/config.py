@@ -30,7 +30,7 @@ from typing import Annotated, Any, Mapping
 
 import yaml
 
-from jaxring.engine.optim import OPTIMIZERS, SCHEDULES
+from jaxring.engine.optim import DECAY_MASKS, OPTIMIZERS, SCHEDULES
 
 
 class ConfigError(ValueError):
@@ -59,7 +59,7 @@ class TrainConfig:
     accumulate_steps: int = 1  # micro-batches per update: each device's batch is split into this many, whose gradients are summed before the one all-reduce
     allreduce_dtype: str | None = None  # what gradients cross processes in: null (their accumulation type, rounded once) | "bfloat16" | "float16" (half float32's bytes; each hop adds in float32); no effect within one process
     across_processes: str = "jaxring"  # what carries the gradient mean across processes: "jaxring" (its MPI ring, in the step's one program) | "mpi4jax" (mpi4jax.allreduce; with several local devices, between the pmapped gradients and update); docs/MULTI_NODE.md
-    shard_optimizer: bool = False  # ZeRO-1/2: gradients reduce-scattered, each local device updates its block of the weights with its block of the optimizer state (1/devices of it), the weights all-gathered; sgd and adamw only (collectives/sharded_update.py)
+    shard_optimizer: bool = False  # ZeRO-1/2: gradients reduce-scattered, each device of every process updates its block of the weights with its block of the optimizer state (1/N of it, N devices in all), the weights all-gathered; sgd and adamw only (collectives/sharded_update.py)
 
     def __post_init__(self):
         _check_choice("train.allreduce", self.allreduce, ("ring", "psum"))
@@ -91,6 +91,7 @@ class OptimConfig:
     momentum: float = 0.0  # sgd; 0: plain SGD
     nesterov: bool = False  # sgd
     weight_decay: float = 0.0  # adamw
+    weight_decay_mask: str = "all"  # adamw: the weights that decay: "all" | "matrices" (leaves of two or more dimensions: no biases, no norms' scales)
     schedule: str = "constant"  # "constant" | "anneal" | "warmup_cosine"
     anneal_factor: float | None = None  # anneal (required): learning rate divided by this after each epoch
     warmup_steps: int = 0  # warmup_cosine
@@ -101,6 +102,7 @@ class OptimConfig:
         if ":" not in self.name:  # an import path is checked when the trainer imports it
             _check_choice("optim.name", self.name, tuple(OPTIMIZERS))
         _check_choice("optim.schedule", self.schedule, tuple(SCHEDULES))
+        _check_choice("optim.weight_decay_mask", self.weight_decay_mask, tuple(DECAY_MASKS))
         _check_positive("optim.learning_rate", self.learning_rate)
         if self.schedule == "anneal" and self.anneal_factor is None:
             raise ConfigError("optim.schedule anneal needs optim.anneal_factor, the learning rate's divisor after "

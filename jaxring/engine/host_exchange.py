@@ -43,6 +43,10 @@ class HostExchange:
         """Process 0's values of `tree` (host arrays) on every process."""
         return tree if self.comm is None else broadcast(tree, root=0)
 
+    def all_gather(self, own) -> list:
+        """Every process' `own` (a host object), in rank order."""
+        return [own] if self.comm is None else self.comm.allgather(own)
+
     def check_replicas(self, params) -> None:
         """Raises on every process if the processes' copies of `params` differ."""
         if self.comm is not None:

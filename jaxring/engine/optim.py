@@ -8,16 +8,24 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import optax
 
 # The `optim:` section, jaxring.engine.config.OptimConfig; not imported: config.py imports this module's names.
 OptimSection = Any
 
+# optim.weight_decay_mask -> the weights that decay (optax's mask: a tree of bools from the weights), None: all
+DECAY_MASKS: dict[str, Callable | None] = {
+    "all": None,
+    "matrices": lambda params: jax.tree_util.tree_map(lambda leaf: jnp.ndim(leaf) >= 2, params),
+}
+
 # name -> (optim config, schedule) -> optimizer
 OPTIMIZERS: dict[str, Callable[[OptimSection, optax.Schedule], optax.GradientTransformation]] = {
     "sgd": lambda cfg, schedule: optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
-    "adamw": lambda cfg, schedule: optax.adamw(schedule, weight_decay=cfg.weight_decay),
+    "adamw": lambda cfg, schedule: optax.adamw(schedule, weight_decay=cfg.weight_decay,
+                                               mask=DECAY_MASKS[cfg.weight_decay_mask]),
 }
 
 # What train.shard_optimizer takes (jaxring/collectives/sharded_update.py): updates that are elementwise once the
@@ -79,10 +87,20 @@ def make_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.Gradien
 def make_sharded_optimizer(cfg: OptimSection, schedule: optax.Schedule) -> optax.GradientTransformation:
     """make_optimizer's optimizer for train.shard_optimizer: the clipping is left to the sharded update
     (its norm is a sum over every device's block), optax.identity in its place keeping the state's
-    layout, so a checkpoint resumes with or without the setting."""
+    layout, so a checkpoint resumes with or without the setting; so is adamw's weight-decay mask
+    (decay_mask_of: the optimizer sees flat blocks, not the weights' leaves)."""
     if cfg.name not in ELEMENTWISE_OPTIMIZERS:
         raise ValueError(f"train.shard_optimizer applies optim.name {cfg.name!r} to each device's block of the "
                          f"weights, which needs an elementwise update; it takes {', '.join(ELEMENTWISE_OPTIMIZERS)}. "
                          "Set train.shard_optimizer false for this optimizer.")
-    optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(cfg, schedule)
+    if decay_mask_of(cfg) is None:
+        optimizer = _lookup(OPTIMIZERS, "optim.name", cfg.name)(cfg, schedule)
+    else:  # optax.masked's state, as the replicated step's; every block decays, but for the weights outside the mask
+        optimizer = optax.adamw(schedule, weight_decay=cfg.weight_decay,
+                                mask=lambda blocks: jax.tree_util.tree_map(lambda _: True, blocks))
     return optimizer if cfg.clip_norm is None else optax.chain(optax.identity(), optimizer)
+
+
+def decay_mask_of(cfg: OptimSection) -> Callable | None:
+    """adamw's weight-decay mask for jaxring.ShardedUpdate's decay_mask (train.shard_optimizer), None for all."""
+    return DECAY_MASKS[cfg.weight_decay_mask] if cfg.name == "adamw" else None

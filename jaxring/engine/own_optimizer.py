@@ -22,7 +22,8 @@ from jaxring.engine.config import ConfigError
 from jaxring.engine.optim import ELEMENTWISE_OPTIMIZERS, make_optimizer, make_sharded_optimizer
 from jaxring.engine.registry import import_target
 
-NAMED_OPTIMIZERS_SETTINGS = ("momentum", "nesterov", "weight_decay")  # optim.py's sgd and adamw read these
+# optim.py's sgd and adamw read these
+NAMED_OPTIMIZERS_SETTINGS = ("momentum", "nesterov", "weight_decay", "weight_decay_mask")
 
 
 def optimizer_for(cfg, schedule: optax.Schedule, task=None, sharded: bool = False) -> optax.GradientTransformation:

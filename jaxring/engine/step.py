@@ -82,6 +82,7 @@ class StepParts:
     first_replica: int = 0
     shard_optimizer: bool = False
     clip_norm: float | None = None
+    decay_mask: Callable | None = None  # under shard_optimizer: adamw's (optim.decay_mask_of)
 
     def local(self, state: TrainState, batch: dict):
         """What the sync averages over every replica: (gradients, new model state (its floating-point leaves:

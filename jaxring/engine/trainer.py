@@ -30,7 +30,7 @@ from jaxring.engine.checkpoint import BEST, LATEST, CheckpointError, Checkpoints
 from jaxring.engine.devices import batch_rows, replicate, split_for_devices, split_sources, unreplicate
 from jaxring.engine.evaluation import evaluate, make_predict
 from jaxring.engine.host_exchange import HostExchange
-from jaxring.engine.optim import planned_schedule
+from jaxring.engine.optim import decay_mask_of, planned_schedule
 from jaxring.engine.own_optimizer import optimizer_for
 from jaxring.engine.progress import Progress, counted
 from jaxring.engine.registry import check_task_class
@@ -151,7 +151,8 @@ class Trainer:
         self.optimizer = optimizer_for(self.config.optim, self.schedule, self.task, sharded=train.shard_optimizer)
         self.step_parts = StepParts(self.task, self.optimizer, train.compute_dtype, train.accumulate_steps,
                                     first_replica=self.rank * self.n_local, shard_optimizer=train.shard_optimizer,
-                                    clip_norm=self.config.optim.clip_norm)
+                                    clip_norm=self.config.optim.clip_norm,
+                                    decay_mask=decay_mask_of(self.config.optim))
         self._step = make_train_step(self.step_parts, self.sync, self.devices)
         self.sharded = sharded_step.sharded_update(self.step_parts, self.sync) if train.shard_optimizer else None
 
@@ -163,7 +164,8 @@ class Trainer:
 
     def on_host(self, state: TrainState) -> TrainState:
         """The host state, in the replicated step's layout, of a state on the local devices."""
-        return unreplicate(state) if self.sharded is None else sharded_step.on_host(state, self.sharded)
+        return unreplicate(state) if self.sharded is None else sharded_step.on_host(
+            state, self.sharded, self.exchange.all_gather)
 
     def train_step(self, state: TrainState, batch: dict):
         """One synchronous step on a process batch; `state` is replicated over local devices."""
@@ -195,9 +197,10 @@ class Trainer:
         """Checkpoints `state` with `row`, its metrics.jsonl row, so that a resume writes that row again."""
         self._check_losses()  # a diverged step names its batch before any checkpoint is written
         self.exchange.check_replicas(state.params)  # collective: every process verifies before rank 0 writes
+        # Collective under train.shard_optimizer (every process' blocks of the optimizer state); else local.
+        host_state = self.on_host(state) if self.sharded is not None or self.rank == 0 else None
         if self.rank != 0:
             return
-        host_state = self.on_host(state)
         step = int(host_state.step)
         row = row if row is not None and len(row) > 1 else None
         extra = {"batches": self.batches.state(), "row": row, "metrics": metrics, THROUGHPUT_KEY: self.throughput.totals(),

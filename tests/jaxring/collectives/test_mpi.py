@@ -18,7 +18,8 @@ from tests.tiny_runs import finish, mpirun
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 CHECKS = ["topology", "allreduce", "algorithms", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
           "host_leaf_divergence", "equal_legs"]
-# Every kind of operand lax takes (operand_kinds.py) compiles some forty legs: two layouts, not all five.
+# Every kind of operand lax takes (operand_kinds.py) compiles some forty legs: two layouts, not all five;
+# the leg's phases alone (ShardedUpdate's) need only two and three processes.
 OPERAND_KINDS_LAYOUTS = [(2, 2), (3, 2)]
 
 
@@ -38,7 +39,7 @@ def assert_passed(output, checks, ranks):
 
 @pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (2, 3), (3, 2)])
 def test_collectives_across_processes(n_procs, devices_per_proc):
-    checks = CHECKS + (["operand_kinds"] if (n_procs, devices_per_proc) in OPERAND_KINDS_LAYOUTS else [])
+    checks = CHECKS + (["operand_kinds", "phases"] if (n_procs, devices_per_proc) in OPERAND_KINDS_LAYOUTS else [])
     output = run_workers("collectives.py", checks, n_procs, devices_per_proc)
     assert_passed(output, checks, range(n_procs))
 

@@ -105,3 +105,41 @@ def test_the_mean_gradients_are_the_allreduce_bits():
     ours, theirs = both(params, *grads)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_in_shard_map_it_is_the_replicated_adamw_update():
+    """The same step in one's own jit(shard_map) loop (check_vma on): the weights come out typed invariant
+    (out_specs P()), each device's state as its block (P("d")); queued steps of adamw with a weight-decay mask
+    (the 1-D leaf undecayed) against optax's whole update with that mask."""
+    mesh = jax.make_mesh((DEVICES,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec
+    schedule = optax.linear_schedule(0.05, 0.01, 4)
+    matrices = lambda params: jax.tree.map(lambda x: x.ndim == 2, params)  # noqa: E731
+    sharded = jaxring.ShardedUpdate(optax.adamw(schedule, weight_decay=0.5), "d", clip_norm=30.0, bucket_bytes=64,
+                                    decay_mask=matrices)
+    rng = np.random.default_rng(11)
+    params = tree(rng)
+    state = jax.jit(jax.shard_map(lambda p: jax.tree.map(lambda x: x[None], sharded.init(p)), mesh=mesh,
+                                  in_specs=spec(), out_specs=spec("d")))(params)
+
+    @jax.jit
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec(), spec("d"), spec("d")),
+                       out_specs=(spec(), spec("d"), spec()))
+    def step(p, s, g):
+        update = sharded.update(jax.tree.map(lambda x: x[0], g), jax.tree.map(lambda x: x[0], s), p)
+        return update.params, jax.tree.map(lambda x: x[None], update.opt_state), update.grad_norm
+
+    reference = optax.chain(optax.clip_by_global_norm(30.0), optax.adamw(schedule, weight_decay=0.5, mask=matrices))
+    theirs, theirs_state = params, reference.init(params)
+    ours = params
+    for scale in [1.0, 12.0, 0.5]:
+        grads = jax.tree.map(lambda a: a * scale, tree(rng, (DEVICES,)))
+        ours, state, norm = step(ours, state, grads)
+        mean = jax.tree.map(lambda g: np.mean(g.astype(np.float64), axis=0).astype(np.float32), grads)
+        updates, theirs_state = reference.update(mean, theirs_state, theirs)
+        theirs = optax.apply_updates(theirs, updates)
+        np.testing.assert_allclose(float(norm), float(optax.tree.norm(mean)), rtol=1e-5)
+    # adam's normalised step, a few ulps of the mean's summation order apart, a step.
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert jax.tree.leaves(state)[-1].shape[0] == DEVICES

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -9,6 +10,7 @@ import pytest
 
 from jaxring.engine import config as config_lib
 from jaxring.engine import optim
+from jaxring.engine.config import ConfigError
 
 
 def test_nesterov_sgd_with_clipping_matches_numpy():
@@ -83,6 +85,22 @@ def test_adamw_matches_numpy():
         updates, state = optimizer.update(jnp.asarray(grad, jnp.float32), state, current)
         current = optax.apply_updates(current, updates)
     np.testing.assert_allclose(current, p, rtol=1e-5)
+
+
+def test_adamw_decays_only_the_matrices_under_that_mask():
+    """optim.weight_decay_mask matrices: a bias and a norm's scale (1-D) keep their weights under a zero gradient."""
+    rng = np.random.default_rng(4)
+    params = {"w": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32),
+              "scale": rng.normal(size=4).astype(np.float32)}
+    grads = jax.tree.map(np.zeros_like, params)
+    for mask, decayed in [("all", {"w", "b", "scale"}), ("matrices", {"w"})]:
+        cfg = config_lib.OptimConfig(name="adamw", learning_rate=0.01, weight_decay=0.1, weight_decay_mask=mask)
+        optimizer = optim.make_optimizer(cfg, optim.learning_rate_schedule(cfg, 10, 100))
+        updates, _ = optimizer.update(grads, optimizer.init(params), params)
+        for key, update in updates.items():
+            np.testing.assert_allclose(update, -0.01 * 0.1 * params[key] if key in decayed else 0 * update, rtol=1e-6)
+    with pytest.raises(ConfigError, match="optim.weight_decay_mask"):
+        config_lib.OptimConfig(name="adamw", weight_decay_mask="biases")
 
 
 def test_the_engine_defaults_are_plain_sgd_at_a_constant_rate_without_clipping():

@@ -4,6 +4,7 @@ its blocks of the optimizer state; checkpoints in the replicated layout, so a ru
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -23,6 +24,18 @@ class LoudTask(ToyTask):
     def __init__(self):
         super().__init__()
         self.y = self.y * 300
+
+
+class BiasedTask(ToyTask):
+    """ToyTask with an output bias: a 1-D leaf, which optim.weight_decay_mask matrices leaves undecayed."""
+
+    def init(self, rng):
+        variables = super().init(rng)
+        variables["params"]["b"] = jnp.full((1,), 0.7)
+        return variables
+
+    def _forward(self, params, x):
+        return super()._forward(params, x) + params["b"]
 
 
 def queued_run(task, config, devices):
@@ -50,6 +63,8 @@ def assert_same_bits_on_every_device(state):
 CASES = {
     "sgd-nesterov-accumulated-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None},
                                    {"accumulate_steps": 2}, 2),
+    "adamw-decay-mask-4": ({"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.5,
+                            "weight_decay_mask": "matrices"}, {}, 4),
 }
 
 
@@ -60,7 +75,7 @@ def test_the_sharded_step_trains_as_the_replicated_one(case):
     for shard in (False, True):
         config = toy_config(train={"max_steps": STEPS, "shard_optimizer": shard, "bucket_bytes": 64, **train},
                             optim=optim)
-        runs[shard] = queued_run(ToyTask(), config, devices)
+        runs[shard] = queued_run(BiasedTask(), config, devices)
     (losses, norms, replicated, trainer), (sharded_losses, sharded_norms, sharded, sharded_trainer) = runs.values()
     assert len(set(losses[:, 0].tolist())) == STEPS
     np.testing.assert_allclose(sharded_losses, losses, rtol=1e-5)
@@ -128,12 +143,33 @@ def assert_close(a, b):
 
 
 def test_under_mpirun_2x2_it_trains_as_one_process_of_4_replicated(runs):
-    """Across processes the blocks are summed by the all-reduce's MPI leg: every process holds the same blocks."""
+    """Each of the 4 devices holds its own block, across processes too (the leg's reduce-scatter and all-gather
+    phases); the processes' weights are checked alike at every checkpoint (Trainer.save's check_replicas)."""
     assert_close(final_state(runs / "one"), final_state(runs / "mpi"))
 
 
-def test_a_sharded_run_resumes_without_the_setting_on_another_shape(runs, tmp_path):
-    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on replicated on 1 x 2."""
+def test_under_mpirun_2x2_the_library_update_holds_a_quarter_of_the_state(runs):
+    """sharded_worker.library_steps: with bfloat16 across processes, sgd's weights are the replicated ones bit
+    for bit (each sum is of two terms, one rounding apart in either order); adamw's within float tolerance
+    (its arithmetic on flat blocks may contract a multiply-add differently: a few ulps a step)."""
+    ranks = [dict(np.load(runs / f"library_rank{rank}.npz")) for rank in (0, 1)]
+    for leaves in ranks:
+        for key in ("w", "b", "v"):
+            ours = leaves[f"sgd_ours_{key}"]
+            np.testing.assert_array_equal(ours, leaves[f"sgd_theirs_{key}"])
+            np.testing.assert_array_equal(ours, ranks[0][f"sgd_ours_{key}"])  # every device of every process
+            ours = leaves[f"adamw_ours_{key}"]
+            assert (ours == ranks[0][f"adamw_ours_{key}"][:1]).all()
+            np.testing.assert_allclose(ours, leaves[f"adamw_theirs_{key}"], rtol=2e-5, atol=1e-6)
+        # 91, 5 and 360 floats in buckets of their own, each split over 2 x 2 devices.
+        assert sorted(leaves["adamw_block_sizes"].tolist()) == [2, 23, 90]
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_sharded_run_resumes_on_another_shape(runs, tmp_path, shard):
+    """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on in one process of
+    2 devices, replicated or sharded (its state in 2 blocks, not 4)."""
     resumed = stopped_at(runs / "mpi", tmp_path / "run")
-    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), resumed, world_of(2)).fit(resume=True)
+    config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": shard}})
+    trainer_lib.Trainer(ToyTask(), config, resumed, world_of(2)).fit(resume=True)
     assert_close(final_state(runs / "one"), final_state(resumed))

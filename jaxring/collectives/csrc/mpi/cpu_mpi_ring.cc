@@ -30,12 +30,12 @@ std::atomic<int64_t> finished_on_xla_thread{0}, handed_off{0};
 
 ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                        int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
-                       std::string_view what, int64_t one_shot, int64_t piece_elements) {
+                       std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode) {
   ffi::Promise promise;
   ffi::Future future(promise);
   Leg leg{};
   if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
-                                 what, one_shot, piece_elements, &leg);
+                                 what, one_shot, piece_elements, mode, &leg);
       error.failure()) {
     promise.SetError(std::move(error));
     return future;

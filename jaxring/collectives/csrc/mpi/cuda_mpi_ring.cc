@@ -80,10 +80,10 @@ ffi::Error Reserve(Staging& staging, size_t bytes) {
 ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
                        ffi::Result<ffi::AnyBuffer> out,
                        int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
-                       std::string_view what, int64_t one_shot, int64_t piece_elements) {
+                       std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode) {
   Leg leg{};
   if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
-                                 what, one_shot, piece_elements, &leg);
+                                 what, one_shot, piece_elements, mode, &leg);
       error.failure()) {
     return error;
   }

@@ -19,6 +19,13 @@
 //   so the link stays busy while this process adds. Each chunk is summed
 //   once, by one process, in one order: every process ends with the same bits.
 //
+// A leg may also run one phase of the ring alone (Leg::mode: ShardedUpdate's
+// reduce-scatter and all-gather across processes, jaxring/collectives/sharded_update.py).
+// Its buffers still hold all N chunks: a reduction stage writes where it reads
+// (as the all-reduce's do), so the reduce-scatter leaves this rank's chunk at
+// its own offset; the all-gather's seed stage takes this rank's chunk from the
+// input at that offset, with no message.
+//
 // Buffers have the accumulation type (any lax type; Python casts 16-bit
 // floats to float32), or a 16-bit float where allreduce's wire_dtype asks
 // for half the bytes (jaxring/collectives/mpi.py): then each hop adds in
@@ -376,9 +383,9 @@ class Ring final : public LegInFlight {
       : in_(in), out_(out), leg_(leg),
         left_(static_cast<int>(Mod(leg.rank - 1, leg.size))),
         right_(static_cast<int>(Mod(leg.rank + 1, leg.size))),
-        mine_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, leg.rank,
+        mine_(SchedulePlan::Make(leg.mode, elements, leg.size, leg.rank,
                                  Max(leg.piece_elements, 1), 1)),
-        theirs_(SchedulePlan::Make(Mode::kAllReduce, elements, leg.size, right_,
+        theirs_(SchedulePlan::Make(leg.mode, elements, leg.size, right_,
                                    Max(leg.piece_elements, 1), 1)),
         stages_(mine_.StageCount()), slices_(mine_.slices),
         slots_(static_cast<size_t>(slices_ * mine_.slice_len) * sizeof(T)),
@@ -401,11 +408,13 @@ class Ring final : public LegInFlight {
         if (!error->empty()) return true;
       }
       const Stage st = mine_.StageAt(done_);
-      if (st.kind != StageKind::kCopy) {  // a reduction: src and dst are the same offset
+      if (st.kind == StageKind::kSeed) {  // the all-gather's own chunk, at its offset in both buffers
+        if (in_ != out_) std::memcpy(out_ + st.dst, in_ + st.dst, st.count * sizeof(T));
+      } else if (st.kind != StageKind::kCopy) {  // a reduction, written where it reads (file comment)
         const T* partial = Slot(done_);
         // A 16-bit float adds in float32; the partial result crosses in its own type.
         for (int64_t j = 0; j < st.count; ++j) {
-          Store(Combine<R>::Of(ToAcc(partial[j]), ToAcc(in_[st.src + j])), out_ + st.dst + j);
+          Store(Combine<R>::Of(ToAcc(partial[j]), ToAcc(in_[st.src + j])), out_ + st.src + j);
         }
       }
       ++done_;
@@ -437,7 +446,7 @@ class Ring final : public LegInFlight {
     // rank's stage i - slices (the same slice, one step earlier) wrote.
     for (; sent_ < stages_ && (sent_ < slices_ || sent_ - slices_ < done_); ++sent_) {
       const Stage rt = theirs_.StageAt(sent_);
-      if (rt.count == 0) continue;
+      if (rt.count == 0 || rt.kind == StageKind::kSeed) continue;
       const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
       const T* source = (from_input ? in_ : out_) + rt.src;
       MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right_, leg_.tag,
@@ -455,7 +464,7 @@ class Ring final : public LegInFlight {
     // network").
     for (; received_ < stages_ && received_ < done_ + slices_; ++received_) {
       const Stage st = mine_.StageAt(received_);
-      if (st.count == 0) continue;
+      if (st.count == 0 || st.kind == StageKind::kSeed) continue;
       T* into = st.kind == StageKind::kCopy ? out_ + st.dst : Slot(received_);
       MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left_, leg_.tag,
                 leg_.comm, &receives_[received_]);
@@ -519,7 +528,8 @@ void VisitComponentType(ffi::DataType type, Visit visit) {
 
 ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
                    int64_t reduction, int64_t tag, int64_t timeout_ms,
-                   std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg) {
+                   std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode,
+                   Leg* leg) {
   {
     std::lock_guard<std::mutex> lock(comms_mu);
     auto found = comms.find({comm_id, device_ordinal});
@@ -547,6 +557,13 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
   leg->what = std::string(what);
   leg->one_shot = one_shot != 0;
   leg->piece_elements = piece_elements;
+  leg->mode = static_cast<Mode>(mode);
+  if (TraitsOf(leg->mode).name == nullptr || (leg->one_shot && leg->mode != Mode::kAllReduce)) {
+    return ffi::Error::InvalidArgument("jaxring: the leg across processes got mode " + std::to_string(mode) +
+                                       (leg->one_shot ? " one-shot" : "") +
+                                       "; jaxring/collectives/mpi.py lowers the all-reduce (0) one-shot or around "
+                                       "the ring, and its phases (1, 2) around the ring only");
+  }
   return ffi::Error::Success();
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/reduction.h"
+#include "core/ring_schedule.h"
 #include "core/timeout.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -33,6 +34,11 @@ struct Leg {
   bool one_shot;
   int64_t piece_elements;
   Reduction reduction;
+  // ring_schedule.h's Mode: the all-reduce, or one of its phases alone (the ring, never
+  // one-shot: mpi.py). The buffers hold all N chunks either way: after a reduce-scatter
+  // only this rank's chunk of the output is the sum; an all-gather reads only this
+  // rank's chunk of the input.
+  Mode mode;
 };
 
 // The leg of local device `device_ordinal` over communicator `comm_id` with
@@ -42,7 +48,8 @@ struct Leg {
 // 16-bit floats in float32, as mpi.py casts them).
 xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t comm_id,
                         int64_t reduction, int64_t tag, int64_t timeout_ms,
-                        std::string_view what, int64_t one_shot, int64_t piece_elements, Leg* leg);
+                        std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode,
+                        Leg* leg);
 
 // A leg in flight. StartLeg posts its first messages; `in` and `out` must
 // outlive it.
@@ -82,4 +89,5 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
       .Attr<int64_t>("timeout_ms")        \
       .Attr<std::string_view>("what")     \
       .Attr<int64_t>("one_shot")          \
-      .Attr<int64_t>("piece_elements")
+      .Attr<int64_t>("piece_elements")    \
+      .Attr<int64_t>("mode")

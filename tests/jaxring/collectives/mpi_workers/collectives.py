@@ -338,6 +338,30 @@ def check_operand_kinds():
     passed("operand_kinds")
 
 
+def check_phases():
+    """Each phase of the leg alone (mpi.phase_over_processes, ShardedUpdate's), in jit on one device, against
+    numpy: a reduce-scatter (float32, and bfloat16 on the wire) and an all-gather that reads only its chunk."""
+    from jaxring.collectives import across_processes
+
+    named = across_processes.communicator(True)
+    for chunk in (1, 37):  # one element a process; an odd chunk
+        every = [np.random.default_rng(SEED + p).standard_normal(world.size * chunk).astype(np.float32)
+                 for p in range(world.size)]
+        mine = slice(world.rank * chunk, (world.rank + 1) * chunk)
+        total = np.sum(every, axis=0, dtype=np.float64)[mine]
+        for wire, rtol in [(None, 1e-6), (jnp.bfloat16, 2e-2)]:
+            scatter = jax.jit(lambda v, wire=wire: mpi.phase_over_processes(v, "reduce_scatter", named, 0, "rs", wire))
+            got = np.asarray(scatter(every[world.rank]))
+            assert got.dtype == np.float32 and got.shape == (chunk,), (got.dtype, got.shape)
+            np.testing.assert_allclose(got, total, rtol=rtol, atol=rtol)
+        placed = np.full(world.size * chunk, np.nan, np.float32)  # every other chunk ignored
+        placed[mine] = every[world.rank][mine]
+        gathered = jax.jit(lambda v: mpi.phase_over_processes(v, "all_gather", named, 0, "ag"))(placed)
+        np.testing.assert_array_equal(np.asarray(gathered),
+                                      np.concatenate([every[p][p * chunk:(p + 1) * chunk] for p in range(world.size)]))
+    passed("phases")
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:]:
         globals()[f"check_{name}"]()
