@@ -31,9 +31,14 @@ struct Leg {
   // all of them in rank order) or the ring, moving each step's chunk in
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
+  // Recursive doubling instead of one-shot (the attribute one_shot = kDoublingAlgorithm).
+  bool doubling;
   int64_t piece_elements;
   Reduction reduction;
 };
+
+// The lowering's attribute one_shot: 0 the ring, 1 one-shot, kDoublingAlgorithm recursive doubling.
+inline constexpr int64_t kDoublingAlgorithm = 2;
 
 // The leg of local device `device_ordinal` over communicator `comm_id` with
 // the lowering's attributes, or an InvalidArgument error when that device has
