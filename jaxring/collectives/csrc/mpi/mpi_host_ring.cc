@@ -3,12 +3,13 @@
 // all-reduce (sum, max or min) of this device's chunk over the MPI processes
 // of the communicator that jaxring/collectives/mpi.py registered for this
 // device and the communicator the op was given.
-// Two algorithms, chosen by the lowering (the same in every process):
+// Three algorithms, chosen by the lowering (the same in every process):
 //
 // - one-shot (small buffers, where the price is latency): every process
 //   sends its whole buffer to every other at once and sums all of them in
 //   rank order (rank 0's + rank 1's + ...), so every process rounds the same
 //   terms in the same order and ends with the same bits;
+// - recursive doubling (tiny buffers over 4, 8, ... processes: class Doubling);
 // - the ring: ring_schedule.h's all-reduce with one process per rank, each
 //   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
 //   (step t, slice k) receives from the left neighbour what this rank's stage
@@ -26,7 +27,7 @@
 // rounds once). Partial results live in the output. Each reduction combines as the ring's engines do (core/reduction.h,
 // host_elementwise.h's Combine): complex numbers summed as pairs of reals,
 // integers wrapping, max/min by lax's CPU rule. One-shot combines in rank
-// order, so its bits are lax's; the ring starts each chunk at another rank,
+// order, so its bits are lax's (Doubling pairwise: within rounding of them); the ring starts each chunk at another rank,
 // so of -0.0 and +0.0 either may win.
 //
 // Every wait polls MPI_Test against the deadline. The communicators return

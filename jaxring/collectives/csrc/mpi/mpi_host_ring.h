@@ -28,7 +28,7 @@ struct Leg {
   std::string what;
   // The algorithm, chosen by mpi.py's lowering (the same in every process):
   // one-shot (every process sends its whole buffer to every other and sums
-  // all of them in rank order) or the ring, moving each step's chunk in
+  // all of them in rank order), recursive doubling, or the ring, moving each step's chunk in
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
   // Recursive doubling instead of one-shot (the attribute one_shot = kDoublingAlgorithm).
