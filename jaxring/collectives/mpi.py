@@ -60,6 +60,12 @@ mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 # over shared memory the two were within 15% at 64 KiB.
 ONE_SHOT_MAX_BYTES = 32 << 10
 PIECE_BYTES = 256 << 10
+# Buffers of at most DOUBLING_MAX_BYTES over a power-of-two number of processes, 4 or more, go by
+# recursive doubling instead of one-shot (log2 of the processes' exchanges of one message each way,
+# the lower rank's term first: the same bits everywhere) where one-shot sends and receives size - 1
+# (docs/PERFORMANCE.md, "Small messages"). Not 16-bit floats: one-shot rounds them once. At most
+# csrc/mpi/mpi_host_ring.cc's kNoFarewellMaxBytes: its legs end without farewells.
+DOUBLING_MAX_BYTES = 256
 
 
 @functools.cache
@@ -310,6 +316,11 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode):
     one_shot = mode == "allreduce" and aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
     piece_elements = max(PIECE_BYTES // itemsize, 1)
     algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
+    size = communicator.size
+    half_float = jnp.issubdtype(aval.dtype, jnp.floating) and itemsize == 2
+    tiny = aval.shape[0] * itemsize <= DOUBLING_MAX_BYTES
+    if one_shot and tiny and size >= 4 and not size & (size - 1) and not half_float:
+        one_shot, algorithm = _leg_module().DOUBLING_ALGORITHM, "recursive doubling"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
         communicator.handshake,

@@ -43,10 +43,11 @@ size) and paired_speedup_vs_mpi_allreduce (the median over rounds of the same
 ratio within each round; only where mpi_bare ran in the same job). `launch(parse_args([...]))` and `run_job` are the entry points;
 --mpirun-args passes options to mpirun (e.g. "--mca btl tcp,self" to cross
 processes over TCP, as on an emulated network); --one-shot-max-bytes and
---piece-bytes set the MPI leg's algorithm limits (jaxring/collectives/mpi.py)
+--piece-bytes and --doubling-max-bytes set the MPI leg's algorithm limits (jaxring/collectives/mpi.py),
+--leg-spin-us how long each of its waits polls MPI before yielding the core (csrc/mpi/mpi_host_ring.cc)
 and --leg-patience-us how long a leg may wait at a time on XLA's thread before
 a task thread takes it over (csrc/mpi/cpu_mpi_ring.cc), for the run; jaxring's
-records carry the values used.
+and jaxring_jit's records carry the values used.
 """
 
 import argparse
@@ -97,10 +98,16 @@ def run_job(args):
         mpi.PIECE_BYTES = args.piece_bytes
     from jaxring.collectives import _jaxring_mpi
 
+    if args.doubling_max_bytes is not None:
+        mpi.DOUBLING_MAX_BYTES = args.doubling_max_bytes
     if args.leg_patience_us is not None:
         _jaxring_mpi.set_leg_patience_us(args.leg_patience_us)
+    if args.leg_spin_us is not None:
+        _jaxring_mpi.set_leg_spin_us(args.leg_spin_us)
     patience_us = _jaxring_mpi.DEFAULT_LEG_PATIENCE_US if args.leg_patience_us is None else args.leg_patience_us
-    leg = dict(one_shot_max_bytes=mpi.ONE_SHOT_MAX_BYTES, piece_bytes=mpi.PIECE_BYTES, leg_patience_us=patience_us)
+    spin_us = _jaxring_mpi.DEFAULT_LEG_SPIN_US if args.leg_spin_us is None else args.leg_spin_us
+    leg = dict(one_shot_max_bytes=mpi.ONE_SHOT_MAX_BYTES, piece_bytes=mpi.PIECE_BYTES, leg_patience_us=patience_us,
+               doubling_max_bytes=mpi.DOUBLING_MAX_BYTES, leg_spin_us=spin_us)
     impls = [i for i in args.impls if not (i in ONE_DEVICE_IMPLS and len(world.local_devices) > 1)]
     if args.cg:
         return write_records(args, world, time_cg(args, world, comm))
@@ -121,7 +128,7 @@ def run_job(args):
             records.append(dict(impl=impl, n_devices=world.n_devices, n_procs=world.size, bytes=nbytes,
                                 dtype=args.dtype, ops_per_program=k, median_s=float(seconds), polling=polling(args),
                                 paired_speedup_vs_mpi_allreduce=paired, paired_speedup_vs_mpi4jax=paired_mpi4jax,
-                                **(leg if impl == "jaxring" else {})))
+                                **(leg if impl in ("jaxring", "jaxring_jit") else {})))
             if world.rank == 0:
                 print(f"  {impl:14s} {nbytes:>10d} B  {seconds * 1e3:9.3f} ms per op", flush=True)
     write_records(args, world, records)
@@ -312,7 +319,8 @@ def run_mpirun(args, n_procs, impls):
                     *(["--cg", "--cg-iterations", str(args.cg_iterations), "--cg-side", str(args.cg_side)]
                       if args.cg else []),
                     "--coordinator-host", args.coordinator_host]
-        command += [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("one-shot-max-bytes", "piece-bytes", "leg-patience-us")
+        command += [f"--{name}={getattr(args, name.replace('-', '_'))}"
+                    for name in ("one-shot-max-bytes", "piece-bytes", "doubling-max-bytes", "leg-patience-us", "leg-spin-us")
                     if getattr(args, name.replace("-", "_")) is not None]
         subprocess.run(command, env=env, check=True)
         return json.loads(job_json.read_text())
@@ -371,6 +379,11 @@ def parse_args(argv=None):
     parser.add_argument("--one-shot-max-bytes", type=parse_bytes,
                         help="jaxring's leg: largest buffer sent one-shot (default: mpi.ONE_SHOT_MAX_BYTES)")
     parser.add_argument("--piece-bytes", type=parse_bytes, help="jaxring's leg: ring piece size (default: mpi.PIECE_BYTES)")
+    parser.add_argument("--doubling-max-bytes", type=parse_bytes,
+                        help="jaxring's leg: largest buffer by recursive doubling over 4, 8, ... processes "
+                        "(default: mpi.DOUBLING_MAX_BYTES; 0: one-shot)")
+    parser.add_argument("--leg-spin-us", type=int,
+                        help="jaxring's leg: how long each wait polls MPI before yielding the core (default: csrc/mpi/mpi_ring.h's)")
     parser.add_argument("--leg-patience-us", type=int,
                         help="jaxring's leg: how long it may wait at a time on XLA's thread (default: csrc/mpi/mpi_ring.h's)")
     parser.add_argument("--coordinator-host", default="127.0.0.1",

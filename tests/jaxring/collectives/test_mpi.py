@@ -60,6 +60,12 @@ def test_a_process_that_never_arrives_times_out_the_others():
     assert_passed(output, ["straggler"], [0, 2])
 
 
+def test_tiny_legs_over_four_processes_go_by_recursive_doubling_and_time_out_naming_a_rank():
+    output = run_workers("doubling.py", [], 4, 1)
+    assert_passed(output, ["doubling"], range(4))
+    assert_passed(output, ["doubling_timeout"], range(3))
+
+
 def test_processes_that_arrive_late_hand_legs_to_task_threads_and_sum_right():
     output = run_workers("late_peers.py", [], 3, 1)
     assert_passed(output, ["late_peers"], range(3))

@@ -41,7 +41,7 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
     return future;
   }
   AdviseHugePages(out->untyped_data(), out->size_bytes());
-  std::shared_ptr<LegInFlight> started = StartLeg(
+  std::unique_ptr<LegInFlight> started = StartLeg(
       x.element_type(), x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()), leg);
   std::string error;
   const auto patience = std::chrono::microseconds(patience_us.load(std::memory_order_relaxed));
@@ -55,9 +55,10 @@ ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi
     return future;
   }
   handed_off.fetch_add(1, std::memory_order_relaxed);
-  CompleteOnTaskThread(promise, [started] {
+  // Shared only now: the task's std::function must be copyable.
+  CompleteOnTaskThread(promise, [leg = std::shared_ptr<LegInFlight>(std::move(started))] {
     std::string error;
-    started->Finish(Clock::duration::max(), &error);
+    leg->Finish(Clock::duration::max(), &error);
     return error;
   });
   return future;

@@ -3,12 +3,13 @@
 // all-reduce (sum, max or min) of this device's chunk over the MPI processes
 // of the communicator that jaxring/collectives/mpi.py registered for this
 // device and the communicator the op was given.
-// Two algorithms, chosen by the lowering (the same in every process):
+// Three algorithms, chosen by the lowering (the same in every process):
 //
 // - one-shot (small buffers, where the price is latency): every process
 //   sends its whole buffer to every other at once and sums all of them in
 //   rank order (rank 0's + rank 1's + ...), so every process rounds the same
 //   terms in the same order and ends with the same bits;
+// - recursive doubling (tiny buffers over 4, 8, ... processes: class Doubling);
 // - the ring: ring_schedule.h's all-reduce with one process per rank, each
 //   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
 //   (step t, slice k) receives from the left neighbour what this rank's stage
@@ -33,7 +34,7 @@
 // rounds once). Partial results live in the output. Each reduction combines as the ring's engines do (core/reduction.h,
 // host_elementwise.h's Combine): complex numbers summed as pairs of reals,
 // integers wrapping, max/min by lax's CPU rule. One-shot combines in rank
-// order, so its bits are lax's; the ring starts each chunk at another rank,
+// order, so its bits are lax's (Doubling pairwise: within rounding of them); the ring starts each chunk at another rank,
 // so of -0.0 and +0.0 either may win.
 //
 // Every wait polls MPI_Test against the deadline. The communicators return
@@ -48,6 +49,7 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -72,9 +74,11 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-// Spin (yielding the core) this long, then poll every millisecond: a long
-// wait means a late process, and must not eat a core another process needs.
+// Poll MPI alone for spin_ns (SetLegSpinUs), then yielding the core between
+// polls until kSpin, then every millisecond: a long wait means a late process,
+// and must not eat a core another process needs.
 constexpr auto kSpin = std::chrono::milliseconds(100);
+std::atomic<int64_t> spin_ns{kDefaultLegSpinUs * 1000};
 
 std::mutex comms_mu;
 std::map<std::pair<int64_t, int64_t>, MPI_Comm> comms;  // (comm id, device ordinal) -> communicator
@@ -135,10 +139,12 @@ std::string Failed(const Leg& leg, int rc, int peer, const char* waiting_for) {
 template <typename Done>
 bool PollUntil(Clock::time_point until, Done done) {
   const auto start = Clock::now();
+  const auto spin = std::chrono::nanoseconds(spin_ns.load(std::memory_order_relaxed));
   for (;;) {
     if (done()) return true;
     const auto now = Clock::now();
     if (now > until) return false;
+    if (now - start < spin) continue;
     if (now - start < kSpin) {
       sched_yield();
     } else {
@@ -375,6 +381,67 @@ class OneShot final : public LegInFlight {
   Farewells farewells_;
 };
 
+// Recursive doubling (a power-of-two number of processes, buffers of at most
+// kNoFarewellMaxBytes, no 16-bit float: mpi.py's lowering chooses it): at step k
+// each process swaps its partial result with rank ^ 2^k and combines the two,
+// the lower ranks' first, so both partners hold the same bits; log2(size)
+// exchanges of one message each way, where one-shot has every process send
+// size - 1 and receive as many. The terms are combined pairwise (rank 0's with
+// rank 1's, ...), not in rank order: within rounding of one-shot's result.
+template <typename T, Reduction R>
+class Doubling final : public LegInFlight {
+ public:
+  Doubling(const T* in, T* out, int64_t elements, const Leg& leg)
+      : in_(in), out_(out), elements_(elements), leg_(leg),
+        theirs_(static_cast<size_t>(elements) * sizeof(T)) {
+    Post();
+  }
+
+  bool Finish(Clock::duration patience, std::string* error) override {
+    while (bit_ < leg_.size) {
+      int rc = MPI_SUCCESS;
+      if (!Await(
+              patience, leg_, &rc,
+              [&] { return AllTested(receive_, &rc) && (rc != MPI_SUCCESS || AllTested(send_, &rc)); },
+              [&] { return TimedOut(receive_, peer_, send_, peer_, leg_); },
+              [&] { return Failed(leg_, rc, peer_[0], "for a partial result"); }, error)) {
+        return false;
+      }
+      if (!error->empty()) return true;
+      const T* mine = bit_ == 1 ? in_ : out_;
+      const T* theirs = reinterpret_cast<const T*>(theirs_.data());
+      const bool lower = leg_.rank < peer_[0];
+      for (int64_t j = 0; j < elements_; ++j) {
+        const T& first = lower ? mine[j] : theirs[j];
+        const T& second = lower ? theirs[j] : mine[j];
+        Store(Combine<R>::Of(ToAcc(first), ToAcc(second)), out_ + j);
+      }
+      bit_ <<= 1;
+      if (bit_ < leg_.size) Post();
+    }
+    theirs_.GiveBack();
+    return true;
+  }
+
+ private:
+  // Step log2(bit_)'s exchange with rank ^ bit_: this process' input at the first step, else its partial result.
+  void Post() {
+    peer_[0] = leg_.rank ^ static_cast<int>(bit_);
+    const int bytes = static_cast<int>(elements_ * sizeof(T));
+    MPI_Irecv(theirs_.data(), bytes, MPI_BYTE, peer_[0], leg_.tag, leg_.comm, &receive_[0]);
+    MPI_Isend(bit_ == 1 ? in_ : out_, bytes, MPI_BYTE, peer_[0], leg_.tag, leg_.comm, &send_[0]);
+  }
+
+  const T* in_;
+  T* out_;
+  int64_t elements_;
+  Leg leg_;
+  Scratch theirs_;  // the partner's partial result
+  int64_t bit_ = 1;
+  std::vector<MPI_Request> receive_{MPI_REQUEST_NULL}, send_{MPI_REQUEST_NULL};
+  std::vector<int> peer_{0};
+};
+
 // The ring (file comment).
 template <typename T, Reduction R>
 class Ring final : public LegInFlight {
@@ -499,6 +566,7 @@ std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const 
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
+  if (leg.doubling) return std::make_unique<Doubling<T, R>>(in, out, elements, leg);
   if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, leg);
   return std::make_unique<Ring<T, R>>(in, out, elements, leg);
 }
@@ -556,6 +624,7 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
                                     : DefaultTimeoutSeconds();
   leg->what = std::string(what);
   leg->one_shot = one_shot != 0;
+  leg->doubling = one_shot == kDoublingAlgorithm;
   leg->piece_elements = piece_elements;
   leg->mode = static_cast<Mode>(mode);
   if (TraitsOf(leg->mode).name == nullptr || (leg->one_shot && leg->mode != Mode::kAllReduce)) {
@@ -600,6 +669,8 @@ std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t e
   StartLeg(type, in, out, elements, leg)->Finish(Clock::duration::max(), &error);
   return error;
 }
+
+void SetLegSpinUs(int64_t us) { spin_ns.store(us * 1000, std::memory_order_relaxed); }
 
 void SetLegComm(int64_t comm_id, int64_t device_ordinal, uintptr_t handle) {
   const auto comm = reinterpret_cast<MPI_Comm>(handle);

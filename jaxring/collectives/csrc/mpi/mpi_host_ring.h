@@ -29,9 +29,11 @@ struct Leg {
   std::string what;
   // The algorithm, chosen by mpi.py's lowering (the same in every process):
   // one-shot (every process sends its whole buffer to every other and sums
-  // all of them in rank order) or the ring, moving each step's chunk in
+  // all of them in rank order), recursive doubling, or the ring, moving each step's chunk in
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
+  // Recursive doubling instead of one-shot (the attribute one_shot = kDoublingAlgorithm).
+  bool doubling;
   int64_t piece_elements;
   Reduction reduction;
   // ring_schedule.h's Mode: the all-reduce, or one of its phases alone (the ring, never
@@ -40,6 +42,9 @@ struct Leg {
   // rank's chunk of the input.
   Mode mode;
 };
+
+// The lowering's attribute one_shot: 0 the ring, 1 one-shot, kDoublingAlgorithm recursive doubling.
+inline constexpr int64_t kDoublingAlgorithm = 2;
 
 // The leg of local device `device_ordinal` over communicator `comm_id` with
 // the lowering's attributes, or an InvalidArgument error when that device has

@@ -32,6 +32,15 @@ struct LegThreads {
   int64_t handed_off;
 };
 LegThreads CpuLegThreads();
+
+// How long every wait of a leg polls MPI alone before it starts yielding the
+// core between polls (mpi_host_ring.cc's PollUntil): a small message from a
+// process that is running arrives within microseconds, and a sched_yield per
+// poll cost the scalar reductions of a conjugate-gradient loop more than
+// MPI_Allreduce's own wait does (docs/PERFORMANCE.md, "Small messages, in
+// plain jit"); settable for benchmarks.
+inline constexpr int64_t kDefaultLegSpinUs = 20;
+void SetLegSpinUs(int64_t us);
 // Built only with a CUDA toolkit (JAXRING_MPI_CUDA).
 extern "C" XLA_FFI_Error* kMpiRingCuda(XLA_FFI_CallFrame*);
 

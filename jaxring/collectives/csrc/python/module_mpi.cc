@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 
 #include "core/timeout.h"
+#include "mpi/mpi_host_ring.h"
 #include "mpi/mpi_ring.h"
 
 namespace nb = nanobind;
@@ -21,6 +22,9 @@ NB_MODULE(_jaxring_mpi, m) {
   m.def("set_leg_comm", &jaxring::SetLegComm, nb::arg("comm_id"), nb::arg("device_ordinal"), nb::arg("handle"));
   m.attr("DEFAULT_LEG_PATIENCE_US") = jaxring::kDefaultLegPatienceUs;
   m.def("set_leg_patience_us", &jaxring::SetLegPatienceUs, nb::arg("us"));
+  m.attr("DOUBLING_ALGORITHM") = jaxring::kDoublingAlgorithm;
+  m.attr("DEFAULT_LEG_SPIN_US") = jaxring::kDefaultLegSpinUs;
+  m.def("set_leg_spin_us", &jaxring::SetLegSpinUs, nb::arg("us"));
   m.def("leg_threads", []() {
     const jaxring::LegThreads counts = jaxring::CpuLegThreads();
     nb::dict threads;
