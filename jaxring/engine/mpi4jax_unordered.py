@@ -12,6 +12,11 @@ the program: XLA runs them in the order fn makes them, and the program
 carries no effect. What orders the calls of successive programs must then be
 their data: the caller's to ensure. The training step's do (each step's
 mean is an input of the next step's gradients: sync_mpi4jax.py).
+
+One exception stays, XLA's, not JAX's: its CPU client runs a program of under
+1000 flops (its cost analysis; an MPI call counts none) in the calling thread
+when the program's inputs are ready, so there the host waits for the call.
+A mean of at least 1000 gradient elements is never such a program.
 """
 
 from __future__ import annotations

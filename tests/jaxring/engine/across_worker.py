@@ -2,9 +2,9 @@
 
 Each process trains the toy task from the same state on its share of the same
 global batches, once per label (PATH or PATH:ALLREDUCE_DTYPE), with nothing read
-on the host between steps (a device-to-host transfer raises). The other processes
-start only once process 0 has dispatched step 4: process 0's loop must get there
-while its step 1 cannot finish. It checks that every process holds the same bits
+on the host between steps (a device-to-host transfer raises). After step 1 the
+other processes go on only once process 0 has dispatched step 5: process 0's
+loop must get there while its step 2 cannot finish. It checks that every process holds the same bits
 and prints, per label, whether process 0 got ahead and the largest difference of
 the final weights from jaxring's path's, relative to their largest magnitude.
 The task also counts its steps and keeps its replica's index, int32 leaves that
@@ -33,19 +33,27 @@ from jaxring.engine.task import AXIS  # noqa: E402
 from jaxring.engine.trainer import Trainer  # noqa: E402
 
 STEPS = 50
-AHEAD = 3  # process 0 dispatches steps 1 to 1 + AHEAD before the others start
+AHEAD = 3  # process 0 dispatches steps 2 to 2 + AHEAD (counted from 1) before the others go on
 world = jaxring.init()
 replicas = world.size * len(world.local_devices)
 
 
 class CountingDropoutTask(DropoutTask):
+    """With WIDE more weights, decayed: XLA's CPU client runs a program of under 1000 flops in the thread
+    that calls it when its inputs are ready, and the mean across processes of the toy task's few is one."""
+
+    WIDE = 1024
+
     def init(self, rng):
-        return {**super().init(rng), "counts": {"steps": jnp.zeros((), jnp.int32), "replica": jnp.zeros((), jnp.int32)}}
+        variables = super().init(rng)
+        params = {**variables["params"], "wide": jax.random.normal(jax.random.fold_in(rng, 1), (self.WIDE,))}
+        return {**variables, "params": params,
+                "counts": {"steps": jnp.zeros((), jnp.int32), "replica": jnp.zeros((), jnp.int32)}}
 
     def loss(self, variables, batch, rng):
         loss, state = super().loss(variables, batch, rng)
         counts = {"steps": variables["counts"]["steps"] + 1, "replica": jax.lax.axis_index(AXIS)}
-        return loss, {**state, "counts": counts}
+        return loss + 1e-2 * jnp.mean(variables["params"]["wide"] ** 2), {**state, "counts": counts}
 
 
 def trained(label):
@@ -57,14 +65,14 @@ def trained(label):
     state = replicate(trainer.init_state(), trainer.devices)
     batches = [batch for _, batch in zip(range(STEPS), trainer.batches)]
     losses, ahead = [], None
-    if world.rank != 0:
-        wait_for_process_0()
     with jax.transfer_guard_device_to_host("disallow"):  # the steps queue: no value comes back between them
-        for batch in batches:
+        for index, batch in enumerate(batches):
+            if index == 1 and world.rank != 0:  # after step 0, which compiles the step on every process together
+                wait_for_process_0()
             state, metrics = trainer.train_step(state, batch)
             losses.append(metrics["loss"])
-            if world.rank == 0 and len(losses) == 1 + AHEAD:
-                ahead = not losses[0].is_ready()  # step 1 waits for the others, which wait for this
+            if world.rank == 0 and index == 1 + AHEAD:
+                ahead = not losses[1].is_ready()  # step 1 waits for the others, which wait for this
                 for rank in range(1, world.size):
                     MPI.COMM_WORLD.send(True, dest=rank)
     params = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(state.params)]

@@ -34,7 +34,7 @@ def test_mpi4jax_path_trains_as_jaxrings_with_the_same_bits_everywhere(n_procs, 
             found = re.search(rf"^rank {rank} {label} (\S+)( ahead (True|False))?$", output, re.MULTILINE)
             assert found, f"rank {rank} printed nothing for {label}:\n{output}"
             assert float(found[1]) <= TOLERANCE[label], (label, rank, found[1])
-            # process 0's loop dispatched steps 1-4 while step 1 waited for the others: the steps queue
+            # process 0's loop dispatched steps 2-5 while step 2 waited for the others: the steps queue
             assert found[3] == ("True" if rank == 0 else None), (label, rank, found[0])
 
 
