@@ -46,8 +46,9 @@ def carried_by(summary: dict) -> str:
     over several processes, mpi4jax across them after that all-reduce over each process' devices (if several)."""
     if summary.get("across_processes") != "mpi4jax":  # absent: a summary from before the setting
         return f"{summary['allreduce']} all-reduce"
-    local = f"{summary['allreduce']} all-reduce over each process' devices, then " if summary["local_devices"] > 1 else ""
-    return f"{local}mpi4jax all-reduce across processes"
+    across = "mpi4jax all-reduce across processes"
+    return f"{summary['allreduce']} all-reduce over each process' devices, then {across}" \
+        if summary["local_devices"] > 1 else across
 
 
 def took(summary: dict) -> str:

@@ -1,5 +1,6 @@
 """train.across_processes mpi4jax (jaxring/engine/sync_mpi4jax.py): the Trainer's step against jaxring's path
-under mpirun, the same bits on every process, and a stopped process ends the job (step_watchdog.py)."""
+under mpirun, the same bits on every process, steps that queue while a process is late, and a stopped
+process ends the job (step_watchdog.py)."""
 
 import re
 from pathlib import Path
