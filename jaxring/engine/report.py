@@ -31,15 +31,25 @@ def metrics_result(metrics: MetricNames, summary: dict) -> str:
 
 
 def trained_by(summary: dict, platform: str) -> str:
-    """How many devices and processes trained the run, and the all-reduce's share of its steps."""
+    """How many devices and processes trained the run, what carried its average, and that's share of its steps."""
     devices, processes = summary["local_devices"], summary["processes"]
     line = (f"trained on {counted(devices, f'{platform} device')} x {counted(processes, 'process')}, "
-            f"{summary['allreduce']} all-reduce")
+            f"{carried_by(summary)}")
     share = summary.get("last_window_allreduce_share_estimate")
     if devices * processes == 1:
         return line + " over one replica (no exchange)"
     # A tenth of a percent: a ring's share on CPU is often under 1%, which a whole percent shows as 0.
     return line + (f" {100 * share:.1f}% of the step" if share is not None else "")
+
+
+def carried_by(summary: dict) -> str:
+    """What carried the gradient average: train.allreduce's all-reduce, or with train.across_processes mpi4jax
+    over several processes, mpi4jax across them after that all-reduce over each process' devices (if several)."""
+    if summary.get("across_processes") != "mpi4jax":  # absent: a summary from before the setting
+        return f"{summary['allreduce']} all-reduce"
+    across = "mpi4jax all-reduce across processes"
+    return f"{summary['allreduce']} all-reduce over each process' devices, then {across}" \
+        if summary["local_devices"] > 1 else across
 
 
 def took(summary: dict) -> str:

@@ -157,8 +157,8 @@ def make_train_step(parts: StepParts, sync: Sync, devices=None) -> TrainStep:
     donated, each leaf of `batch` split over them ([devices, rows per device, ...], devices.split_for_devices).
     The step queues without waiting: nothing in it reads a value on the host. With parts.shard_optimizer,
     `state`'s opt_state is each device's blocks (sharded_step.on_devices) and the update sharded_step's.
-    mpi4jax's sync splits the step into programs around its cross-process mean (jaxring/engine/sync_mpi4jax.py:
-    on CPU, JAX runs those with mpi4jax in the calling thread, so there the host waits)."""
+    mpi4jax's sync splits the step into programs around its cross-process mean (jaxring/engine/sync_mpi4jax.py);
+    they queue too."""
     if getattr(parts, "shard_optimizer", False):  # any object with local and finish is a step's parts
         return jax.pmap(lambda state, batch: sharded_step.finish(parts, sync, state, parts.local(state, batch)),
                         axis_name=AXIS, devices=devices, donate_argnums=0)

@@ -7,7 +7,9 @@ waits in a later `block_until_ready`, or in a dispatch. The watchdog watches
 each step from a thread of its own, from the call that queues it until its
 loss is ready: when the oldest unfinished step has made no progress for the
 timeout (since it was called, or since the step before it finished, whichever
-is later), it names what happened and ends the job.
+is later), it names what happened and ends the job. The first step is
+watched from when its call returns: JAX compiles the step's programs in that
+call, which takes each process its own time.
 """
 
 from __future__ import annotations
@@ -34,15 +36,19 @@ class StepWatchdog:
 
     def step(self, dispatch):
         """dispatch()'s result, a step's (state, metrics), watched from the call on (a dispatch that waits
-        is watched too) until metrics["loss"] is ready."""
+        is watched too; the first step from its return) until metrics["loss"] is ready."""
         if math.isinf(self.timeout_s):
             return dispatch()
+        if self._thread is None:  # the first step: it compiles
+            state, metrics = dispatch()
+            with self._lock:
+                self._pending.append([time.monotonic(), metrics["loss"]])
+                self._thread = threading.Thread(target=self._run, name="jaxring-step-watchdog", daemon=True)
+                self._thread.start()
+            return state, metrics
         entry = [time.monotonic(), None]  # (seconds when called, the step's loss once dispatched)
         with self._lock:
             self._pending.append(entry)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="jaxring-step-watchdog", daemon=True)
-                self._thread.start()
         state, metrics = dispatch()
         entry[1] = metrics["loss"]
         return state, metrics

@@ -3,18 +3,17 @@
 The local devices average through jaxring's ring (or lax's: train.allreduce)
 in the pmapped step, as on jaxring's path (jaxring/engine/sync.py); then
 mpi4jax.allreduce averages that local mean over the processes, on one device
-per process. mpi4jax's ops carry a JAX ordered effect, which JAX refuses in a
-program over more than one device ("The following ordered effects are not
-supported for more than 1 device", pmap and shard_map alike; jax 0.10.2,
-mpi4jax 0.9.1). So with one local device the step stays one pmapped program,
-mpi4jax inside it; with several it is three, queued back to back with nothing
-read on the host: the pmapped gradients and their local mean, a jit on the
-first local device that crosses processes, and the pmapped update, to which
-pmap hands that mean on every local device.
+per process (one MPI call per process and bucket). So with one local device
+the step is one pmapped program, mpi4jax inside it; with several it is three,
+queued back to back with nothing read on the host: the pmapped gradients and
+their local mean, a jit on the first local device that crosses processes, and
+the pmapped update, to which pmap hands that mean on every local device.
 
-On CPU, JAX runs a program that carries an ordered effect in the thread that
-calls it, once its inputs are ready (jax 0.10.2): on this path the host waits
-at every step, and steps do not queue as on jaxring's (docs/MULTI_NODE.md).
+The steps queue as on jaxring's path: mpi4jax's calls go through
+mpi4jax_unordered.py, which keeps their order inside a program without JAX's
+ordered effect (with it, JAX waits for each program before dispatching the
+next). Across programs the data orders them: each step's mean is an input of
+the next step's gradients.
 
 train.allreduce_dtype: MPI has no 16-bit float sum (mpi4jax maps float32 and
 wider), so a 16-bit wire is mpi4jax.allgather of each process' local mean
@@ -35,6 +34,7 @@ import numpy as np
 import jaxring
 from jaxring.collectives.fusion import fused
 from jaxring.engine.model_state import averaged_part, with_averaged
+from jaxring.engine.mpi4jax_unordered import unordered
 from jaxring.engine.step_watchdog import StepWatchdog
 from jaxring.engine.sync import Sync, make_sync
 from jaxring.engine.task import AXIS
@@ -63,7 +63,7 @@ class Mpi4jaxSync(Sync):
 
     def across(self, tree):
         """Mean of every leaf over the processes by mpi4jax, on one device: one call per fused bucket."""
-        return fused(self._bucket_mean, tree, self.bucket_bytes)
+        return unordered(lambda leaves: fused(self._bucket_mean, leaves, self.bucket_bytes))(tree)
 
     def _bucket_mean(self, flat):
         import mpi4jax
@@ -82,11 +82,11 @@ class Mpi4jaxSync(Sync):
         return (total / self.world_size).astype(flat.dtype)
 
     def mean(self, tree):
-        """Mean over AXIS and every process, inside a pmap over one device (JAX refuses mpi4jax in more)."""
+        """Mean over AXIS and every process, inside a pmap over one device (one MPI call per process)."""
         if jax.lax.axis_size(AXIS) != 1:
             raise ValueError(
-                "train.across_processes mpi4jax: mpi4jax's ops cannot run in a program over several devices "
-                "(JAX refuses their ordered effect); the step crosses processes between programs there "
+                "train.across_processes mpi4jax: in a program over several devices each would call MPI on "
+                "the same communicator; the step crosses processes between programs there, on one device "
                 "(Mpi4jaxSync.train_step)")
         return self.across(self.local_mean(tree))
 

@@ -433,6 +433,7 @@ class Trainer:
             "local_devices": self.n_local,
             "global_batch": cfg.train.batch_size,
             "allreduce": cfg.train.allreduce,
+            "across_processes": self.sync.across_processes,  # what crossed processes (one process: jaxring, nothing)
             "bucket_bytes": self.bucket_bytes,
             **self.throughput.summary(),
             "loss": last.get("loss"),

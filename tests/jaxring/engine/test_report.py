@@ -60,3 +60,15 @@ def test_nine_replicas_are_an_exchange_and_the_share_is_rounded_to_a_tenth_of_a_
     assert "; trained on 3 gpu devices x 3 processes, ring all-reduce 75.0% of the step; 407 s;" in line
     small = {**SUMMARY, "last_window_allreduce_share_estimate": 0.0041}
     assert "ring all-reduce 0.4% of the step" in final_report(Plain(), None, "RUN", small, "cpu")[1]
+
+
+def test_the_line_says_what_carried_the_average_across_processes():
+    # train.across_processes mpi4jax: the ring (or psum) over each process' devices, then mpi4jax
+    mpi4jax = {**SUMMARY, "across_processes": "mpi4jax"}
+    assert ("; trained on 2 cpu devices x 3 processes, ring all-reduce over each process' devices, then mpi4jax "
+            "all-reduce across processes 5.4% of the step; " in final_report(Plain(), None, "RUN", mpi4jax, "cpu")[1])
+    one_device = {**mpi4jax, "local_devices": 1, "allreduce": "psum"}
+    assert ("; trained on 1 cpu device x 3 processes, mpi4jax all-reduce across processes 5.4% of the step; "
+            in final_report(Plain(), None, "RUN", one_device, "cpu")[1])
+    jaxrings = {**SUMMARY, "across_processes": "jaxring"}  # its ring crosses processes too, through its MPI leg
+    assert final_report(Plain(), None, "RUN", jaxrings, "cpu")[1] == final_report(Plain(), None, "RUN", SUMMARY, "cpu")[1]

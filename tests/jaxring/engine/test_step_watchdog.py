@@ -58,7 +58,19 @@ def test_steps_that_finish_in_turn_are_left_alone():
 def test_a_dispatch_that_never_returns_ends_the_job():
     """The host can wait inside the call that queues a step, before any output exists."""
     dog, ended, _ = watchdog(0.2)
+    queue(dog, Loss(done=True))
     threading.Thread(target=dog.step, args=(threading.Event().wait,), daemon=True).start()
+    assert ended.wait(30), "the watchdog never ended the job"
+
+
+def test_the_first_steps_compilation_is_not_timed():
+    """The first call compiles (each process in its own time): its step is watched once the call returns."""
+    dog, ended, _ = watchdog(0.2)
+    first = Loss()
+    dog.step(lambda: (time.sleep(1.0), (None, {"loss": first}))[1])  # five timeouts in the call
+    first.done = True
+    assert not ended.wait(1.0)
+    queue(dog, Loss())  # and the steps after it are watched
     assert ended.wait(30), "the watchdog never ended the job"
 
 
