@@ -26,11 +26,12 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 # Fresh clones on 2026-12-03: 991 s for e6fd4fb's 2255 tests, 961 s for 28ec7b2's 2250 with
 # worksteal; three workers took 967 s for 2249 (no faster). worksteal: a worker that runs out takes
 # tests queued for the other, so a long mpirun test at the end of one share leaves no core idle.
+# --durations=30: every log ends with the slowest tests (tests/conftest.py starts their modules first).
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30
 
 # A second `make train` needs TRAIN_FLAGS=--resume or TRAIN_FLAGS=--overwrite: a run is never deleted implicitly.
 TRAIN_FLAGS ?=

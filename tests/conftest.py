@@ -15,6 +15,10 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite's programs are tiny and most run a few times: XLA's LLVM optimization costs more CPU than
+# it saves (tests/models/deepspeech2/test_model.py: 47 s of CPU instead of 78). JAX's own switch: LLVM
+# at -O0 without its expensive passes; XLA's HLO passes stay. Every process a test starts inherits it.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -51,3 +55,33 @@ _COMPILATION_CACHE = _share_a_compilation_cache()
 def pytest_unconfigure(config):
     if _COMPILATION_CACHE:
         shutil.rmtree(_COMPILATION_CACHE, ignore_errors=True)
+
+
+# The modules of the suite's longest tests (each starts mpirun, training runs or a sanitizer build), longest
+# first, from the slowest tests `make test --durations` lists. pytest-xdist hands each worker a share of
+# the collection and a worker that runs out steals from the end of the other's: run these first, and the
+# run ends on short tests, with no core idle while one worker finishes an mpirun job. A module left out
+# only runs in its place.
+LONGEST_FIRST = (
+    "tests/jaxring/collectives/test_mpi.py",
+    "tests/scripts/test_train_scripts.py",
+    "tests/jaxring/engine/test_resume_shapes.py",
+    "tests/faults/test_train_faults.py",
+    "tests/jaxring/collectives/test_queued_steps.py",
+    "tests/models/deepspeech2/test_rnn_impl.py",
+    "tests/scripts/test_multi_node.py",
+    "tests/jaxring/collectives/test_engines_tsan.py",
+    "tests/jaxring/engine/test_trainer.py",
+    "tests/jaxring/collectives/test_mpi_communicators.py",
+    "tests/faults/test_stuck_rank.py",
+    "tests/faults/test_network_faults.py",
+    "tests/scripts/test_check_persistent_rnn.py",
+    "tests/jaxring/engine/test_sync.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole modules move, so a module's fixtures are still set up once; the same order on every worker."""
+    root = config.rootpath
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(LONGEST_FIRST)))
