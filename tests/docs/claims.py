@@ -304,9 +304,10 @@ SHARDED = (f"{BENCH}sharded_time.json",)
 
 def sharded_step(rows):
     """The sharded step's time over the replicated one's (median of the pairs), lowest and highest over models
-    and device counts; the optimizer state per device, replicated over sharded, against the devices (1 if equal)."""
+    and device counts; the optimizer state per device, replicated over sharded, against the devices of every
+    process (1 if equal)."""
     shares = {round(r["opt_state_bytes_per_device_replicated"] / r["opt_state_bytes_per_device_sharded"])
-              == r["local_devices"] for r in rows}
+              == r["local_devices"] * r.get("processes", 1) for r in rows}
     return (*span(r["ratio_sharded_over_replicated_median"] for r in rows), min(r["local_devices"] for r in rows),
             max(r["local_devices"] for r in rows), 1 if shares == {True} else 0)
 
