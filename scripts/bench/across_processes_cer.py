@@ -4,7 +4,9 @@ Issue 61 asks that the engine's mpi4jax path train as jaxring's does: test CER w
 over seeds 0-2. Runs are alternated (seed 0 jaxring, seed 0 mpi4jax, seed 1 ...), one at a time,
 and each run's summary.json goes into the JSON with its command. A run that fails stops the script
 with its output's tail: nothing is averaged over missing runs. The JSON is rewritten after each
-run; `--reuse` takes a finished run's summary.json instead of training it again.
+run; `--reuse` takes a finished run's summary.json instead of training it again. Each run is started
+with --resume: a run directory without a checkpoint starts fresh, and a run that was stopped goes on from
+its newest checkpoint (bit for bit: docs/TRAINING.md), so the six runs may span sessions.
 
     python scripts/bench/across_processes_cer.py --seeds 0 1 2 --json docs/bench/across-processes-cer-2026-12-03.json
 """
@@ -28,7 +30,7 @@ def run_command(config: str, workdir: Path, seed: int, path: str, extra: list[st
     # Waiting ranks yield the core, as under tests/tiny_runs.py: 2 processes on 2 cores.
     return [str(MPIRUN), "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
             "-np", "2", "-x", "JAX_PLATFORMS", sys.executable, str(ROOT / "scripts" / "train.py"),
-            "--config", config, "--workdir", str(workdir), "--overwrite",
+            "--config", config, "--workdir", str(workdir), "--resume",
             "--set", f"train.seed={seed}", "--set", f"train.across_processes={path}", *extra]
 
 
