@@ -52,16 +52,17 @@ def main():
             workdir = Path(args.runs_dir) / f"{path}-seed{seed}"
             command = run_command(args.config, workdir, seed, path, extra)
             started = time.time()
-            if not (args.reuse and (workdir / "summary.json").exists()):
+            reused = args.reuse and (workdir / "summary.json").exists()
+            if not reused:
                 done = subprocess.run(command, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 if done.returncode != 0:
                     sys.exit(f"{path} seed {seed} failed ({done.returncode}):\n{done.stdout[-4000:]}")
             summary = json.loads((workdir / "summary.json").read_text())
-            records.append({"path": path, "seed": seed, "command": command, "wall_s": time.time() - started,
+            records.append({"path": path, "seed": seed, "command": command, "wall_s": None if reused else time.time() - started,
                             "summary": summary})
             print(f"{path:8s} seed {seed}: test CER {100 * summary['test_cer']:.2f}% "
-                  f"({time.time() - started:.0f} s)", flush=True)
+                  f"({'reused' if reused else f'{time.time() - started:.0f} s'})", flush=True)
             write_json(args, records)
 
 
