@@ -7,13 +7,15 @@ whether a traced value was computed by the program being traced,
 re-deciding a primitive's params at every bind, and whether JAX has started
 its backends (XLA's clients) yet, which bound axis names map devices (the
 rest are vmap's), lax's own roofline rules, running a primitive outside jit
-(compiled once per shape and params), and whether jit partitions a program itself.
+(compiled once per shape and params), whether jit partitions a program itself,
+and which of a program's effects are ordered (jaxring/engine/mpi4jax_unordered.py).
 When JAX changes them, this module is the one to update.
 """
 
 import importlib
 
-from jax._src import config as _config, core as _core, dispatch as _dispatch, mesh as _mesh, xla_bridge as _xla_bridge
+from jax._src import config as _config, core as _core, dispatch as _dispatch, effects as _effects, mesh as _mesh
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
 
@@ -134,3 +136,8 @@ def devices_partitioned_over(lowering_context) -> int:
     propagation, outside pmap and shard_map); 1 where it runs on one device or per device."""
     axis_context = lowering_context.module_context.axis_context
     return axis_context.num_devices if isinstance(axis_context, ShardingContext) else 1
+
+
+def ordered_effects(effects) -> tuple:
+    """Those of `effects` that JAX orders across programs (mpi4jax registers its own among them)."""
+    return tuple(_effects.ordered_effects.filter_in(effects))

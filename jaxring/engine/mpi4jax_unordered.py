@@ -22,9 +22,10 @@ A mean of at least 1000 gradient elements is never such a program.
 from __future__ import annotations
 
 import jax
-from jax._src import effects as jax_effects  # the registry of ordered effects (mpi4jax registers its own there)
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+
+from jaxring.collectives._jax_compat import ordered_effects
 
 _call_p = Primitive("jaxring_mpi4jax_unordered")
 _call_p.multiple_results = True
@@ -53,7 +54,7 @@ def unordered(fn):
             return out_leaves
 
         traced = jax.make_jaxpr(flat_fn)(*[jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves])
-        ordered = tuple(jax_effects.ordered_effects.filter_in(traced.effects))
+        ordered = ordered_effects(traced.effects)
         out = _call_p.bind(*leaves, fn=flat_fn, out_avals=tuple(traced.out_avals), ordered=ordered)
         return jax.tree_util.tree_unflatten(out_trees[0], out)
     return call
