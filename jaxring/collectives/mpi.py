@@ -207,13 +207,20 @@ def reduce_over_processes(x, names, local_ops: LocalOps, timeout_ms: int, what: 
     typed = bool(names) and _jax_compat.checking_varying_axes()  # no names: x's type stays as it is
     if typed:
         flat = kinds.typed_input(flat, names, kinds.ALLREDUCE)
-    narrower = (wire_dtype is not None and jnp.issubdtype(x.dtype, jnp.floating)
-                and jnp.dtype(wire_dtype).itemsize < flat.dtype.itemsize)
     total = _through_the_leg(flat, x.dtype, local_ops, timeout_ms, what, communicator.id, reduction,
-                             jnp.dtype(wire_dtype) if narrower else flat.dtype)
+                             _crossing_dtype(x.dtype, wire_dtype))
     if typed:
         total = kinds.invariant_p.bind(total, names=names)
     return total.reshape(x.shape)
+
+
+def _crossing_dtype(dtype, wire_dtype):
+    """What a reduction's chunks of `dtype` cross processes in: `wire_dtype` (a 16-bit float) for a float
+    where it is narrower than the accumulation type, else the accumulation type."""
+    summed = jnp.dtype(accumulation.accumulation_dtype(dtype))
+    narrower = (wire_dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+                and jnp.dtype(wire_dtype).itemsize < summed.itemsize)
+    return jnp.dtype(wire_dtype) if narrower else summed
 
 
 def _through_the_leg(flat, dtype, local_ops, timeout_ms, what, comm_id, reduction, wire_dtype):
@@ -242,13 +249,7 @@ def phase_over_processes(flat, mode: str, communicator: Communicator, timeout_ms
     derivative)."""
     rank, size = communicator.handshake.Get_rank(), communicator.size
     chunk = flat.size // size
-    if mode == "reduce_scatter":
-        moved = flat.astype(accumulation.accumulation_dtype(flat.dtype))
-        narrower = (wire_dtype is not None and jnp.issubdtype(flat.dtype, jnp.floating)
-                    and jnp.dtype(wire_dtype).itemsize < moved.dtype.itemsize)
-        moved = moved.astype(jnp.dtype(wire_dtype) if narrower else moved.dtype)
-    else:
-        moved = flat
+    moved = flat.astype(_crossing_dtype(flat.dtype, wire_dtype)) if mode == "reduce_scatter" else flat
     out = mpi_ring_p.bind(moved, comm_id=communicator.id, reduction="sum", timeout_ms=timeout_ms, what=what,
                           mode=mode)
     if mode == "reduce_scatter":
