@@ -17,10 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import jaxring
-
-# mpi4py's operations the ring does, by jaxring.allreduce's name for them.
-_RING_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-_OTHER_OPS = ("PROD", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
+from jaxring.collectives import mpi_ops
 
 
 def allreduce(x, op, *, comm=None):
@@ -61,12 +58,11 @@ def _ring_op(op, function):
     if not isinstance(op, MPI.Op):
         raise TypeError(f"jaxring.mpi4jax.{function}(op={op!r}): op is an mpi4py MPI.Op, one of MPI.SUM, MPI.MAX, "
                         "MPI.MIN (as mpi4jax's); jaxring.allreduce itself takes op='sum', 'mean', 'max' or 'min'")
-    for name, ring_op in _RING_OPS.items():
-        if op == ring_op:
-            return name
-    which = next((f"MPI.{name}" for name in _OTHER_OPS if op == getattr(MPI, name, None)), "a user-defined MPI.Op")
-    raise ValueError(f"jaxring.mpi4jax.{function}(op={which}): jaxring's ring does MPI.SUM, MPI.MAX and MPI.MIN "
-                     f"only; call mpi4jax.{function} itself for {which} (the two mix in one program)")
+    if mpi_ops.ring_name(op) is None:
+        which = mpi_ops.name(op)
+        raise ValueError(f"jaxring.mpi4jax.{function}(op={which}): jaxring's ring does MPI.SUM, MPI.MAX and MPI.MIN "
+                         f"only; call mpi4jax.{function} itself for {which} (the two mix in one program)")
+    return mpi_ops.ring_name(op)
 
 
 def _communicator(comm, function):

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxring.collectives import _ffi, _jax_compat, accumulation, across_processes, index_groups, ring_primitive
+from jaxring.collectives import (_ffi, _jax_compat, accumulation, across_processes, index_groups, mpi_ops,
+                                 ring_primitive)
 from jaxring.collectives.arguments import (LAX_OPS, OPS, as_supported_array, checked_axes, checked_wire_dtype,
                                            device_names, not_numbers, timeout_ms as checked_timeout_ms,
                                            unreduced_as_varying, wider_type)
@@ -62,7 +63,7 @@ def allreduce(x, axis_name, op="sum", *, axis_index_groups=None, processes=False
     """
     _ffi.register()  # every op, a ring of one too: the settings' errors come at once
     if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+        raise ValueError(_refused_op(op))
     names, ranks, groups = checked_axes(axis_name, ALLREDUCE, axis_index_groups)
     timeout_ms = checked_timeout_ms(timeout)
     communicator = across_processes.communicator(processes)
@@ -143,6 +144,18 @@ def _devices_in_mean(names, ranks, groups, communicator):
         counts = jnp.asarray([len(group) * processes for group in groups], np.int32)
         return counts[index_groups.own_group(names, groups)]
     return ranks * processes
+
+
+def _refused_op(op) -> str:
+    """What allreduce says of an `op` it does not take: an mpi4py MPI.Op (mpi4jax's spelling) named, with its call."""
+    if not mpi_ops.is_op(op):
+        return f"op must be one of {OPS}, got {op!r}"
+    name, ring = mpi_ops.name(op), mpi_ops.ring_name(op)
+    if ring is None:
+        return (f"jaxring.allreduce(op={name}): jaxring's ring does op={OPS} only; call mpi4jax.allreduce itself "
+                f"for {name} (the two mix in one program)")
+    return (f"jaxring.allreduce(op={name}): jaxring names its ops as lax does, op={ring!r}; or "
+            f"`import jaxring.mpi4jax as mpi4jax` for mpi4jax's allreduce(x, {name}, comm=...) over jaxring's leg")
 
 
 def _warn_if_in_an_mpi_job(processes):

@@ -36,6 +36,8 @@ import urllib.request
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from lax_conformance import jaxring_commit
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "data" / "cache" / "mpi4jax"
 MPIRUN = Path(sys.executable).parent / "mpirun"
@@ -158,8 +160,8 @@ def main(argv=None) -> dict:
 
     version = importlib.metadata.version("mpi4jax")
     archive = sdist(version, args.cache)
-    result = {"date": datetime.date.today().isoformat(), "mpi4jax": version, "jax": importlib.metadata.version("jax"),
-              "processes": args.np, "files": list(TEST_FILES), "select": args.select}
+    result = {"date": datetime.date.today().isoformat(), "jaxring_commit": jaxring_commit(), "mpi4jax": version,
+              "jax": importlib.metadata.version("jax"), "processes": args.np, "files": list(TEST_FILES), "select": args.select}
     runs = {"drop_in": True, **({"baseline": False} if args.baseline else {})}
     for label, drop_in in sorted(runs.items(), key=lambda item: item[0] != "baseline"):
         with tempfile.TemporaryDirectory(prefix="mpi4jax-tests-") as scratch:

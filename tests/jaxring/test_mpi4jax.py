@@ -1,8 +1,9 @@
 """jaxring.mpi4jax, mpi4jax's reductions by jaxring's leg, and a communicator's members reducing alone.
 
 Two mpirun launches of collectives/mpi_workers/mpi4jax_drop_in.py (start-up costs seconds), each
-with a limit far below the default timeout (300 s), so that a process waiting on others fails
-the test instead of holding it up.
+with a timeout far below the default (300 s), so that a process waiting on others fails the test
+instead of holding it up. The launch's own limit is looser: on the 2-core machine at a load of 35,
+2026-12-03, the members_alone job's imports took 24 s of its 32 (the check itself 3 s).
 """
 
 import pytest
@@ -14,12 +15,12 @@ from tests.jaxring.collectives.test_mpi import assert_passed, run_workers
 
 def test_a_communicators_members_alone_reduce_over_it():
     """4 processes, 2 of them reducing over their communicator while the other 2 wait for them."""
-    output = run_workers("mpi4jax_drop_in.py", ["members_alone"], 4, 1, env={"JAXRING_TIMEOUT_S": "30"}, timeout_s=60)
+    output = run_workers("mpi4jax_drop_in.py", ["members_alone"], 4, 1, env={"JAXRING_TIMEOUT_S": "30"}, timeout_s=120)
     assert_passed(output, ["members_alone"], range(4))
 
 
 def test_the_drop_in_matches_mpi4jax_and_numpy_across_two_processes():
-    output = run_workers("mpi4jax_drop_in.py", ["drop_in"], 2, 1, env={"JAXRING_TIMEOUT_S": "30"}, timeout_s=60)
+    output = run_workers("mpi4jax_drop_in.py", ["drop_in"], 2, 1, env={"JAXRING_TIMEOUT_S": "30"}, timeout_s=120)
     assert_passed(output, ["drop_in"], range(2))
 
 
