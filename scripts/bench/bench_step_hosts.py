@@ -9,6 +9,8 @@ and state (the engine's Trainer, the global batch --batch-per-node x nodes) and 
 then times the same step with --ways of averaging what the step averages (gradients, model state, loss):
 
   jaxring   the engine's own step (jaxring/engine/sync.py: fused buckets, jaxring.allreduce(processes=True))
+  sharded   the engine's step under train.shard_optimizer (jaxring/engine/sharded_step.py: the gradients
+            reduce-scattered, each device's block of the optimizer state updated, the weights all-gathered)
   engine_mpi4jax  the engine's step under train.across_processes mpi4jax (jaxring/engine/sync_mpi4jax.py)
   lax_gloo  what JAX offers without jaxring: jax.distributed (gloo collectives) and lax.pmean of each
             leaf over a mesh of every process' device, in a jitted shard_map
@@ -22,7 +24,11 @@ devices per node, time only the engine's: --ways jaxring engine_mpi4jax). Timing
 a random order (scripts/bench/ops_in_program.py: each timed call right after an untimed one), each call
 --steps steps queued then waited for; the slowest process' time per round, median over rounds.
 all-reduce share = (step - none's step) / step. Before timing, one step from the same state by each
-way: the losses, gradient norms and new weights must agree (the job fails otherwise).
+way: the losses, gradient norms and new weights must agree (the job fails otherwise). Then, per way,
+the bytes each node's link sent (its eth0 in /proc/net/dev) over --steps more steps: the wire's
+bytes per step, with everything else the job sends (TCP/IP headers, barriers, scalar reductions).
+Each engine way's optimizer state per device (its arrays) is recorded, with JAX's memory statistics
+of device 0 where the backend gives them (every way's state lives on the same devices at once).
 """
 
 import argparse
@@ -41,12 +47,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "bench" / "cluster"))
 
-WAYS = ("jaxring", "engine_mpi4jax", "lax_gloo", "mpi4jax", "none")
-SYNCED = WAYS[:4]
+WAYS = ("jaxring", "sharded", "engine_mpi4jax", "lax_gloo", "mpi4jax", "none")
+SYNCED = WAYS[:5]
 # One step by each way from the same state: the averages differ only in the order of their float32
 # additions (none with 2 processes: a sum of two is the same either way), so every float leaf of
 # the new state (weights, optimizer moments: the averaged gradients themselves, model state) and
-# the outputs agree to a few ulp of the leaf's largest magnitude.
+# the outputs agree to a few ulp of the leaf's largest magnitude. sharded's state is compared
+# gathered to the replicated layout (Trainer.on_host).
 STATE_RTOL = 1e-5
 
 
@@ -68,17 +75,24 @@ def run_job(args) -> None:
     from jaxring.engine.devices import split_sources
     from jaxring.engine.experiment import build_task, load_config
     from jaxring.engine.trainer import Trainer
+    from bench_sharded import memory_stats, opt_state_bytes
     from ops_in_program import time_in_steady_state
 
     world = topology.init()
-    overrides = [f"train.batch_size={args.batch_per_node * world.size}", *args.set]
-    config = load_config(ROOT / args.config if not Path(args.config).is_absolute() else args.config, overrides, ROOT)
-    with tempfile.TemporaryDirectory() as workdir:
-        trainer = Trainer(build_task(config), config, workdir, world)
+
+    def trainer_with(*more):
+        overrides = [f"train.batch_size={args.batch_per_node * world.size}", *args.set, *more]
+        path = ROOT / args.config if not Path(args.config).is_absolute() else args.config
+        config = load_config(path, overrides, ROOT)
+        with tempfile.TemporaryDirectory() as workdir:
+            return Trainer(build_task(config), config, workdir, world)
+
+    trainer = trainer_with()
+    sharded = trainer_with("train.shard_optimizer=true") if "sharded" in args.ways else None
     batch, _ = split_sources(next(iter(trainer.batches)))
     host_state = trainer.init_state()  # rank 0's, broadcast
     ways = args.ways
-    steps = {way: make_step(way, trainer, host_state, batch, world) for way in ways}
+    steps = {way: make_step(way, trainer, host_state, batch, world, sharded) for way in ways}
 
     firsts = {way: step.first() for way, step in steps.items()}
     check = agreement(firsts)
@@ -86,6 +100,9 @@ def run_job(args) -> None:
     if any(failed):
         raise SystemExit(f"rank {world.rank}: the ways disagree after one step: {failed}")
 
+    state_bytes = {way: opt_state_bytes(step.state) for way, step in steps.items() if step.per_device}
+    # the busiest link's bytes sent per step (None: no eth0, not on an emulated cluster)
+    wire_bytes = {way: busiest(comm.allgather(sent_per_step(step, args.steps, comm))) for way, step in steps.items()}
     calls = {way: (lambda s=step: s.run(args.steps)) for way, step in steps.items()}
     time_in_steady_state(calls, 1, comm.Barrier)  # compiles the runs of --steps and settles
     times = time_in_steady_state(calls, args.rounds, comm.Barrier)
@@ -96,7 +113,7 @@ def run_job(args) -> None:
     grads = host_state.params
     record = dict(
         config=str(args.config), processes=world.size, local_devices=len(world.local_devices),
-        global_batch=config.train.batch_size, steps_per_call=args.steps, rounds=args.rounds,
+        global_batch=trainer.config.train.batch_size, steps_per_call=args.steps, rounds=args.rounds,
         parameters=int(sum(np.size(x) for x in jax.tree_util.tree_leaves(grads))),
         gradient_bytes=int(sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(grads))),
         leaves=len(jax.tree_util.tree_leaves(grads)), bucket_bytes=trainer.bucket_bytes,
@@ -105,6 +122,8 @@ def run_job(args) -> None:
         over_jaxring_per_round={way: (slowest[:, i] / slowest[:, 0]).tolist() for i, way in enumerate(ways)},
         allreduce_share={way: (per_way[way] - per_way["none"]) / per_way[way]
                          for way in ways if way in SYNCED and "none" in ways},
+        opt_state_bytes_per_device=state_bytes, memory_stats=memory_stats(trainer.devices),
+        wire_bytes_per_step=wire_bytes,
         check=check,
     )
     Path(args.job_json).write_text(json.dumps(record))
@@ -114,9 +133,11 @@ class Step:
     """One way's step: `first()` one step from the initial state (its outputs and new state, on the
     host); `run(n)` n more steps queued, then waits."""
 
-    def __init__(self, program, state, batch, per_device: bool = False):
-        """`per_device`: the state and outputs carry a leading axis of local devices (pmap's)."""
+    def __init__(self, program, state, batch, per_device: bool = False, on_host=None):
+        """`per_device`: the state and outputs carry a leading axis of local devices (pmap's).
+        `on_host`: the state's host form, where it is not device 0's (train.shard_optimizer's blocks)."""
         self.program, self.state, self.batch, self.per_device = program, state, batch, per_device
+        self.on_host = on_host
 
     def first(self):
         import jax
@@ -124,7 +145,8 @@ class Step:
 
         self.state, out = self.program(self.state, self.batch)
         host = lambda x: np.asarray(x)[0] if self.per_device else np.asarray(x)  # noqa: E731
-        return jax.tree_util.tree_map(host, (out, self.state))
+        state = self.on_host(self.state) if self.on_host else jax.tree_util.tree_map(host, self.state)
+        return jax.tree_util.tree_map(host, out), state
 
     def run(self, n: int) -> None:
         import jax
@@ -134,7 +156,31 @@ class Step:
         jax.block_until_ready(out)
 
 
-def make_step(way, trainer, host_state, batch, world) -> Step:
+def sent_per_step(step: Step, n: int, comm) -> float | None:
+    """Bytes this process' node sent over its link per step, over `n` steps of `step` (None without eth0)."""
+    comm.Barrier()
+    before = eth0_sent_bytes()
+    step.run(n)
+    comm.Barrier()
+    after = eth0_sent_bytes()
+    return None if before is None else (after - before) / n
+
+
+def busiest(sent: list) -> float | None:
+    return None if None in sent else max(sent)
+
+
+def eth0_sent_bytes() -> int | None:
+    """Bytes sent by this network namespace's eth0 (an emulated node's link), or None if it has none."""
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, counters = line.split(":", 1)
+        if name.strip() == "eth0":
+            return int(counters.split()[8])  # receive has 8 columns, then transmit's bytes
+    return None
+
+
+def make_step(way, trainer, host_state, batch, world, sharded=None) -> Step:
+    """`sharded`: the Trainer of the same config under train.shard_optimizer (way "sharded")."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -143,6 +189,9 @@ def make_step(way, trainer, host_state, batch, world) -> Step:
 
     if way == "jaxring":
         return Step(trainer.train_step, trainer.on_devices(host_state), batch, per_device=True)
+    if way == "sharded":
+        return Step(sharded.train_step, sharded.on_devices(host_state), batch, per_device=True,
+                    on_host=sharded.on_host)
     if way == "engine_mpi4jax":
         from jaxring.engine.devices import split_for_devices
         from jaxring.engine.step import make_train_step
@@ -228,6 +277,10 @@ def print_record(r: dict, ways) -> None:
           + " ".join(f"{1e3 * t[w]:>9.1f}" for w in ways)
           + "".join(f" {t[w] / t['jaxring']:>8.2f}x" for w in ways[1:])
           + "".join(f" {100 * r['allreduce_share'][w]:>5.0f}%" for w in r["allreduce_share"]), flush=True)
+    wire = r["wire_bytes_per_step"]
+    print(" " * 30 + "sent per step, KB: " + " ".join(f"{w} {wire[w] / 1e3:.1f}" for w in ways if wire[w] is not None)
+          + "; optimizer state per device, MB: "
+          + " ".join(f"{w} {b / 1e6:.2f}" for w, b in r["opt_state_bytes_per_device"].items()), flush=True)
 
 
 def main(argv=None):

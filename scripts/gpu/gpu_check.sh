@@ -164,10 +164,10 @@ elif [ "$PART" = 2 ]; then
     tests/jaxring/collectives/test_ring_protocol.py tests/jaxring/collectives/test_schedule.py
   # The sanitizer serialises kernels that spin on each other: the host engine
   # in full, the device engine on one tiny case with a short deadline.
-  stage sanitizer-host gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  stage sanitizer-host gpu 20 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "${HARNESS[@]}" --out "$OUT/sanitizer-host.jsonl" --engines host --ranks 2,3 --largest 1000 --timeout 30 \
     --dtypes float32,bfloat16,float64,int8,complex64 --reductions sum,max
-  stage sanitizer-device gpu 30 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  stage sanitizer-device gpu 20 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "${HARNESS[@]}" --out "$OUT/sanitizer-device.jsonl" --engines device --ranks 2 --largest 1 \
     --dtypes float32 --reductions sum,max --modes allreduce --timeout 5 --max-failures 1
   for engine in host device; do
@@ -179,10 +179,16 @@ elif [ "$PART" = 2 ]; then
   # The MPI leg's CUDA handler (csrc/mpi/cuda_mpi_ring.cc): two processes share the GPU, one
   # device each (JAX_PLATFORMS=cuda: no quiet fall-back to the CPU handler); unresolved
   # unless the MPI wheels were carried (above).
-  stage mpi-cuda-leg gpu 40 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+  stage mpi-cuda-leg gpu 30 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
     -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=60 -x PYTHONPATH \
     "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py \
     topology allreduce algorithms mean_and_jit_and_shard_map sync mismatch equal_legs
+  # The same handler's reduce_scatter and all_gather modes (train.shard_optimizer's phases, never run on a
+  # GPU before): each phase against numpy, then 4 queued adamw steps of ShardedUpdate across both
+  # processes against the replicated update (tests/jaxring/collectives/test_mpi.py runs both on CPU).
+  stage mpi-cuda-sharded gpu 40 "$(dirname "$(command -v "$PYTHON")")/mpirun" --allow-run-as-root --oversubscribe \
+    -np 2 -x JAX_PLATFORMS=cuda -x XLA_PYTHON_CLIENT_PREALLOCATE=false -x JAXRING_TIMEOUT_S=30 -x PYTHONPATH \
+    "$PYTHON" -m mpi4py tests/jaxring/collectives/mpi_workers/collectives.py phases sharded_steps
   # ds2_paper's training step compiled at batch 256 against the 30 s bound, split into trace +
   # lower and XLA's compile, with a fewer-layers and a bfloat16 variant (docs/PERSISTENT_RNN.md).
   mkdir -p "$OUT/compile-time"

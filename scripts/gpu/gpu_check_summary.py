@@ -44,6 +44,8 @@ TARGETS = [
     ("jax checks, device engine", 2, ("stage", "jax-device")),
     ("a misspelt engine refused with the fix", 2, ("stage", "jax-bad-engine")),
     ("MPI leg's CUDA handler: 2 processes, float64 and bitwise checks", 2, ("stage", "mpi-cuda-leg")),
+    ("MPI leg's CUDA handler, reduce_scatter and all_gather modes: phases and ShardedUpdate's adamw steps",
+     2, ("stage", "mpi-cuda-sharded")),
     ("correctness: k=2,8, sizes to 64M, float32 and bfloat16", 3, ("cases", "correctness-large")),
     ("ds2_paper_projected_ms<=2", 3, ("bench", "bench-buckets")),
     ("ds2_paper_b256_compile_s<=30", 2, ("bench", "compile-time")),

@@ -312,6 +312,18 @@ def sharded_step(rows):
             max(r["local_devices"] for r in rows), 1 if shares == {True} else 0)
 
 
+SHARDED_HOSTS = tuple(f"{BENCH}step-hosts-sharded-{model}-{devices}dev-cpu2-2026-12-03.json"
+                      for model in ("charlm", "charlm_4m") for devices in (1, 2))
+
+
+def sharded_over_hosts(*runs):
+    """Over emulated hosts: the sharded step's time over the replicated one's (each record's median of its alternated
+    rounds' ratios), lowest and highest; each node's bytes sent per step, sharded over replicated, lowest and highest."""
+    rows = [r for run in runs for r in run]
+    return (*span(statistics.median(r["over_jaxring_per_round"]["sharded"]) for r in rows),
+            *span(r["wire_bytes_per_step"]["sharded"] / r["wire_bytes_per_step"]["jaxring"] for r in rows))
+
+
 def seeds_mean_row(rows):
     """The table's own mean (spread) row: greedy mean, lowest, highest; the same beam + LM."""
     seeds = [row for row in rows if row["seed"].isdigit()]
@@ -384,4 +396,8 @@ CLAIMS = [
     Claim("README.md", r"CPU, (\d+)-(\d+) host devices, adamw's state split over them \(`train.shard_optimizer`\) \| the replicated "
           r"step \| \[(1)/N of the optimizer state per device; step ([\d.]+)-([\d.]+)x", SHARDED,
           lambda rows: (lambda low, high, fewest, most, shares: (fewest, most, shares, low, high))(*sharded_step(rows))),
+    Claim("docs/PERFORMANCE.md", r"the sharded step took ([\d.]+)-([\d.]+)x the replicated one's time \(each row's median of its rounds\), and each node's "
+          r"link sent ([\d.]+)-([\d.]+)x its bytes", SHARDED_HOSTS, sharded_over_hosts),
+    Claim("README.md", r"Over 2-4 emulated hosts \[([\d.]+)-([\d.]+)x at the same bytes on the wire\]", SHARDED_HOSTS,
+          lambda *runs: sharded_over_hosts(*runs)[:2]),
 ]

@@ -1,6 +1,6 @@
-"""scripts/bench/bench_step_hosts.py: every way of averaging (the engine's two paths among them) agrees after a step over three emulated
-hosts (where the order of additions differs), its record has what docs/PERFORMANCE.md quotes, and a
-way that disagrees fails the job."""
+"""scripts/bench/bench_step_hosts.py: every way of averaging (the engine's two paths and its sharded step among them) agrees after a step
+over three emulated hosts (where the order of additions differs), its record has what docs/PERFORMANCE.md
+quotes, and a way that disagrees fails the job."""
 
 import json
 import subprocess
@@ -35,6 +35,14 @@ def test_three_hosts_agree_and_the_record_has_every_way(tmp_path):
     assert record["check"]["failed"] == []
     assert all(record["check"][way] <= bench_step_hosts.STATE_RTOL for way in bench_step_hosts.SYNCED[1:])
     assert record["rate_bps"] == 10e9 and record["parameters"] == 16 * 64 + 64 + 64 * 4 + 4  # the classifier's MLP
+    # adamw's two moments: whole on every device replicated, a third (blocks padded to a multiple) sharded over 3
+    state = record["opt_state_bytes_per_device"]
+    assert state["jaxring"] == state["engine_mpi4jax"] >= 2 * 4 * record["parameters"]
+    assert state["jaxring"] / 3 <= state["sharded"] < state["jaxring"] / 3 + 4096
+    assert record["memory_stats"] is None  # JAX's CPU devices give none
+    # every way sends: the gradients (at least 2/3 of them by the sharded halves and by the ring), then the rest
+    wire = record["wire_bytes_per_step"]
+    assert all(wire[way] >= 2 / 3 * record["gradient_bytes"] for way in bench_step_hosts.SYNCED)
 
 
 def test_a_way_off_by_more_than_the_bound_is_named():

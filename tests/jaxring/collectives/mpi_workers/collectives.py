@@ -362,6 +362,52 @@ def check_phases():
     passed("phases")
 
 
+def check_sharded_steps():
+    """jaxring.ShardedUpdate over every device of every process (the leg's two phases between the local
+    halves), adamw with global-norm clipping, 4 steps queued, gradients that differ per device, process and
+    step, against the replicated update (allreduce's mean, then optax's clip and adamw on the whole tree):
+    the same weights to float32 rounding, the same bits everywhere, the norm float64 numpy's, and each
+    device holding only its blocks of the state."""
+    import optax
+
+    shapes, steps = {"w": (13, 7), "b": (5,), "v": (40, 9)}, 4  # odd sizes: buckets of 256 bytes, padded
+    start = {k: np.random.default_rng([SEED, 70, i]).standard_normal(s).astype(np.float32)
+             for i, (k, s) in enumerate(shapes.items())}
+    grads = [[{k: 3 * np.random.default_rng([SEED, 71, step, p, i]).standard_normal((L, *s)).astype(np.float32)
+               for i, (k, s) in enumerate(shapes.items())} for p in range(world.size)] for step in range(steps)]
+    adamw = optax.adamw(0.05, weight_decay=0.1)
+    sharded = jaxring.ShardedUpdate(adamw, AXIS, clip_norm=1.0, bucket_bytes=256, processes=True)
+    replicated = optax.chain(optax.clip_by_global_norm(1.0), adamw)
+
+    def sharded_step(params, state, g):
+        update = sharded.update(g, state, params)
+        return update.params, update.opt_state, update.grad_norm
+
+    def replicated_step(params, state, g):
+        updates, state = replicated.update(jaxring.allreduce(g, AXIS, op="mean", processes=True), state, params)
+        return optax.apply_updates(params, updates), state
+
+    ours = theirs = jax.tree.map(lambda a: np.stack([a] * L), start)
+    state, their_state = jax.pmap(sharded.init, AXIS)(ours), jax.pmap(replicated.init, AXIS)(theirs)
+    norms = []
+    for step in range(steps):  # nothing read until every step is queued
+        ours, state, norm = jax.pmap(sharded_step, AXIS)(ours, state, grads[step][world.rank])
+        theirs, their_state = jax.pmap(replicated_step, AXIS)(theirs, their_state, grads[step][world.rank])
+        norms.append(norm)
+    for step, norm in enumerate(norms):
+        every = {k: np.concatenate([grads[step][p][k] for p in range(world.size)]).astype(np.float64) for k in shapes}
+        want = np.sqrt(sum(np.square(g.mean(0)).sum() for g in every.values()))
+        np.testing.assert_allclose(np.asarray(norm), want, rtol=1e-5)
+    for k in shapes:
+        assert same_everywhere(ours[k]), k
+        # adamw's step is about its rate whatever the gradient's size: the sum's float32 rounding moves it far less
+        np.testing.assert_allclose(np.asarray(ours[k]), np.asarray(theirs[k]), rtol=0, atol=1e-5, err_msg=k)
+    total = sum(int(np.prod(s)) for s in shapes.values())
+    held = sum(np.asarray(x).shape[-1] for x in jax.tree.leaves(state[0].mu))
+    assert total / world.n_devices <= held < total / world.n_devices + 3, (held, total)  # 3 buckets, each padded
+    passed("sharded_steps")
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:]:
         globals()[f"check_{name}"]()
