@@ -63,8 +63,7 @@ PIECE_BYTES = 256 << 10
 # Buffers of at most DOUBLING_MAX_BYTES over a power-of-two number of processes, 4 or more, go by
 # recursive doubling instead of one-shot (log2 of the processes' exchanges of one message each way,
 # the lower rank's term first: the same bits everywhere) where one-shot sends and receives size - 1
-# (docs/PERFORMANCE.md, "Small messages"). Not 16-bit floats: one-shot rounds them once. At most
-# csrc/mpi/mpi_host_ring.cc's kNoFarewellMaxBytes: its legs end without farewells.
+# (docs/PERFORMANCE.md, "Small messages"). Not 16-bit floats: one-shot rounds them once.
 DOUBLING_MAX_BYTES = 256
 
 
