@@ -300,7 +300,7 @@ class Scratch {
 // their time (docs/PERFORMANCE.md, "Small messages, in plain jit"). Messages between two
 // processes with one tag are matched in the order posted, so the pieces of successive legs and
 // of one buffer never mix.
-constexpr int64_t kEagerPieceBytes = 4096 - 256;
+constexpr int64_t kEagerPieceBytes = 3840;  // 4 KiB less room for the MPI's headers
 
 // Posts `bytes` at `data` as pieces of at most kEagerPieceBytes (one empty message for an
 // empty buffer), each a receive from `peer` where `receive`, else a send to it, appending
