@@ -9,7 +9,9 @@
 //   sends its whole buffer to every other at once and sums all of them in
 //   rank order (rank 0's + rank 1's + ...), so every process rounds the same
 //   terms in the same order and ends with the same bits;
-// - recursive doubling (tiny buffers over 4, 8, ... processes: class Doubling);
+// - recursive doubling (small buffers over 4, 8, ... processes: class Doubling);
+//   both move their buffers in pieces small enough for the MPI to send
+//   eagerly (kEagerPieceBytes), and so end without the ring's farewells;
 // - the ring: ring_schedule.h's all-reduce with one process per rank, each
 //   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
 //   (step t, slice k) receives from the left neighbour what this rank's stage
