@@ -295,11 +295,12 @@ class Scratch {
 };
 
 // One-shot and recursive doubling move a buffer in messages of at most this many bytes, each
-// sent eagerly by the MPI (Open MPI over shared memory up to 4 KiB including its headers, over
-// TCP 64 KiB): such a send completes without the receiver's help, so no process can be left
-// waiting on one that left MPI, and these legs end without the farewells' second round trip
-// (the Ring's), which cost a conjugate-gradient loop's scalar reductions and 4 KiB legs most of
-// their time (docs/PERFORMANCE.md, "Small messages, in plain jit"). Messages between two
+// sent eagerly by the MPI, in one fragment (Open MPI over shared memory up to 4 KiB including its
+// headers, over TCP 64 KiB): such a send needs no call of the receiver's after the one that
+// completed the receive (which hands the fragment back), where a larger one may wait for the
+// receiver's next call. So no process can be left waiting on one that left MPI, and these
+// legs end without the Ring's farewells, a second round trip that MPI_Allreduce does not pay
+// (docs/PERFORMANCE.md, "Small messages, in plain jit"). Messages between two
 // processes with one tag are matched in the order posted, so the pieces of successive legs and
 // of one buffer never mix.
 constexpr int64_t kEagerPieceBytes = 3840;  // 4 KiB less room for the MPI's headers
