@@ -61,11 +61,11 @@ mpi_ring_p = core.Primitive("jaxring_mpi_ring")
 ONE_SHOT_MAX_BYTES = 32 << 10
 PIECE_BYTES = 256 << 10
 # Buffers of at most DOUBLING_MAX_BYTES over a power-of-two number of processes, 4 or more, go by
-# recursive doubling instead of one-shot (log2 of the processes' exchanges of one message each way,
-# the lower rank's term first: the same bits everywhere) where one-shot sends and receives size - 1
-# (docs/PERFORMANCE.md, "Small messages"). Not 16-bit floats: one-shot rounds them once. At most
-# csrc/mpi/mpi_host_ring.cc's kNoFarewellMaxBytes: its legs end without farewells.
-DOUBLING_MAX_BYTES = 256
+# recursive doubling instead (log2 of the processes' exchanges of one buffer each way, the lower
+# rank's term first: the same bits everywhere) where one-shot sends and receives size - 1 buffers
+# and the ring waits on 2 (size - 1) steps and its farewells (docs/PERFORMANCE.md, "Small
+# messages"). Not 16-bit floats: one-shot rounds them once.
+DOUBLING_MAX_BYTES = 64 << 10
 
 
 @functools.cache
@@ -319,8 +319,8 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode):
     algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
     size = communicator.size
     half_float = jnp.issubdtype(aval.dtype, jnp.floating) and itemsize == 2
-    tiny = aval.shape[0] * itemsize <= DOUBLING_MAX_BYTES
-    if one_shot and tiny and size >= 4 and not size & (size - 1) and not half_float:
+    small = mode == "allreduce" and aval.shape[0] * itemsize <= DOUBLING_MAX_BYTES
+    if small and size >= 4 and not size & (size - 1) and not half_float:
         one_shot, algorithm = _leg_module().DOUBLING_ALGORITHM, "recursive doubling"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(

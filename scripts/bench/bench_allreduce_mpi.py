@@ -377,11 +377,12 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--mpirun-args", default="", help="more options for mpirun, e.g. '--mca btl tcp,self'")
     parser.add_argument("--one-shot-max-bytes", type=parse_bytes,
-                        help="jaxring's leg: largest buffer sent one-shot (default: mpi.ONE_SHOT_MAX_BYTES)")
+                        help="jaxring's leg: largest buffer sent one-shot where not by recursive doubling "
+                        "(default: mpi.ONE_SHOT_MAX_BYTES)")
     parser.add_argument("--piece-bytes", type=parse_bytes, help="jaxring's leg: ring piece size (default: mpi.PIECE_BYTES)")
     parser.add_argument("--doubling-max-bytes", type=parse_bytes,
                         help="jaxring's leg: largest buffer by recursive doubling over 4, 8, ... processes "
-                        "(default: mpi.DOUBLING_MAX_BYTES; 0: one-shot)")
+                        "(default: mpi.DOUBLING_MAX_BYTES; 0: one-shot or the ring, by --one-shot-max-bytes)")
     parser.add_argument("--leg-spin-us", type=int,
                         help="jaxring's leg: how long each wait polls MPI before yielding the core (default: csrc/mpi/mpi_ring.h's)")
     parser.add_argument("--leg-patience-us", type=int,

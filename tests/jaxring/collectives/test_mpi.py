@@ -87,9 +87,10 @@ def test_a_process_that_leaves_mpi_after_its_legs_holds_up_no_other(tmp_path):
 
 
 def test_a_process_that_leaves_mpi_after_a_leg_without_farewells_holds_up_no_other(tmp_path):
-    """As above with legs of 8 bytes, which end without farewells (csrc/mpi/mpi_host_ring.cc's
-    kNoFarewellMaxBytes): their sends are eager, so no process waits on one that left MPI."""
-    output = run_workers("leaves_mpi.py", [tmp_path, 2, 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
+    """As above with legs of 12 KB, by recursive doubling, which ends without farewells: its
+    messages are pieces of at most csrc/mpi/mpi_host_ring.cc's kEagerPieceBytes, whose sends
+    are eager, so no process waits on one that left MPI."""
+    output = run_workers("leaves_mpi.py", [tmp_path, 3001, 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
     assert_passed(output, ["leaves_mpi"], range(4))
 
 

@@ -9,7 +9,9 @@
 //   sends its whole buffer to every other at once and sums all of them in
 //   rank order (rank 0's + rank 1's + ...), so every process rounds the same
 //   terms in the same order and ends with the same bits;
-// - recursive doubling (tiny buffers over 4, 8, ... processes: class Doubling);
+// - recursive doubling (small buffers over 4, 8, ... processes: class Doubling);
+//   both move their buffers in pieces small enough for the MPI to send
+//   eagerly (kEagerPieceBytes), and so end without the ring's farewells;
 // - the ring: ring_schedule.h's all-reduce with one process per rank, each
 //   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
 //   (step t, slice k) receives from the left neighbour what this rank's stage
@@ -214,8 +216,9 @@ bool Await(Clock::duration patience, const Leg& leg, const int* rc, Done done, T
   return true;
 }
 
-// A leg's last messages: an empty one to every process it sent to, once its
-// own sends completed, and one from every process it received from. A
+// The ring's last messages: an empty one to every process it sent to, once its
+// own sends completed, and one from every process it received from. Its
+// messages are larger than the MPI sends eagerly, and such a
 // receive may complete before the send it matched does (the sender may
 // still wait for an answer that only the receiver's next MPI call delivers),
 // so a process that finished its leg and then left MPI (for JAX's gloo psum,
@@ -291,12 +294,39 @@ class Scratch {
   std::vector<char> bytes_;
 };
 
-// Up to this many bytes a one-shot leg ends without farewells: MPIs send a message this small
-// eagerly (Open MPI over shared memory up to 4 KiB, over TCP 64 KiB), so its send completes
-// without the receiver's help and no process can be left waiting on one that left MPI. The
-// farewells would add a second round trip to the exchange's one, on the scalar reductions of
-// a conjugate-gradient loop (docs/PERFORMANCE.md, "Small messages across processes").
-constexpr int64_t kNoFarewellMaxBytes = 256;
+// One-shot and recursive doubling move a buffer in messages of at most this many bytes, each
+// sent eagerly by the MPI, in one fragment (Open MPI over shared memory up to 4 KiB including its
+// headers, over TCP 64 KiB): such a send needs no call of the receiver's after the one that
+// completed the receive (which hands the fragment back), where a larger one may wait for the
+// receiver's next call. So no process can be left waiting on one that left MPI, and these
+// legs end without the Ring's farewells, a second round trip that MPI_Allreduce does not pay
+// (docs/PERFORMANCE.md, "Small messages, in plain jit"). Messages between two
+// processes with one tag are matched in the order posted, so the pieces of successive legs and
+// of one buffer never mix.
+constexpr int64_t kEagerPieceBytes = 3840;  // 4 KiB less room for the MPI's headers
+
+// Posts `bytes` at `data` as pieces of at most kEagerPieceBytes (one empty message for an
+// empty buffer), each a receive from `peer` where `receive`, else a send to it, appending
+// their requests and `peer` to *requests and *peers.
+void PostPieces(bool receive, const void* data, int64_t bytes, int peer, const Leg& leg,
+                std::vector<MPI_Request>* requests, std::vector<int>* peers) {
+  char* at = static_cast<char*>(const_cast<void*>(data));
+  int64_t offset = 0;
+  do {
+    const int piece = static_cast<int>(bytes - offset < kEagerPieceBytes ? bytes - offset : kEagerPieceBytes);
+    requests->push_back(MPI_REQUEST_NULL);
+    peers->push_back(peer);
+    if (receive) {
+      MPI_Irecv(at + offset, piece, MPI_BYTE, peer, leg.tag, leg.comm, &requests->back());
+    } else {
+      MPI_Isend(at + offset, piece, MPI_BYTE, peer, leg.tag, leg.comm, &requests->back());
+    }
+    offset += piece;
+  } while (offset < bytes);
+}
+
+// The number of pieces PostPieces cuts `bytes` into.
+int64_t PiecesOf(int64_t bytes) { return bytes <= kEagerPieceBytes ? 1 : (bytes + kEagerPieceBytes - 1) / kEagerPieceBytes; }
 
 // One-shot: every process sends its whole buffer to every other at once and
 // reduces all of them in rank order.
@@ -305,18 +335,18 @@ class OneShot final : public LegInFlight {
  public:
   OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
       : in_(in), out_(out), elements_(elements), leg_(leg),
-        others_(static_cast<size_t>(elements) * leg.size * sizeof(T)),
-        receives_(leg.size, MPI_REQUEST_NULL), sends_(leg.size, MPI_REQUEST_NULL), peers_(leg.size) {
-    const int bytes = static_cast<int>(elements * sizeof(T));
+        others_(static_cast<size_t>(elements) * leg.size * sizeof(T)) {
+    const int64_t bytes = elements * static_cast<int64_t>(sizeof(T));
+    const size_t messages = static_cast<size_t>(PiecesOf(bytes) * (leg.size - 1));
+    receives_.reserve(messages);
+    receive_peers_.reserve(messages);
+    sends_.reserve(messages);
+    send_peers_.reserve(messages);
     for (int p = 0; p < leg.size; ++p) {
-      peers_[p] = p;
-      if (p == leg.rank) continue;
-      MPI_Irecv(others_.data() + static_cast<size_t>(p) * bytes, bytes, MPI_BYTE, p, leg.tag,
-                leg.comm, &receives_[p]);
+      if (p != leg.rank) PostPieces(true, others_.data() + p * bytes, bytes, p, leg, &receives_, &receive_peers_);
     }
     for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
-      const int p = (leg.rank + i) % leg.size;
-      MPI_Isend(in, bytes, MPI_BYTE, p, leg.tag, leg.comm, &sends_[p]);
+      PostPieces(false, in, bytes, (leg.rank + i) % leg.size, leg, &sends_, &send_peers_);
     }
   }
 
@@ -328,19 +358,6 @@ class OneShot final : public LegInFlight {
       summed_ = true;
     }
     if (!AwaitAll(sends_, patience, "for its buffer to be taken", error)) return false;
-    if (!error->empty()) return true;
-    if (elements_ * static_cast<int64_t>(sizeof(T)) <= kNoFarewellMaxBytes) {
-      others_.GiveBack();
-      return true;
-    }
-    if (!farewells_.posted()) {
-      std::vector<int> others;
-      for (int p = 0; p < leg_.size; ++p) {
-        if (p != leg_.rank) others.push_back(p);
-      }
-      farewells_.Post(others, others, leg_);
-    }
-    if (!farewells_.Finish(patience, leg_, error)) return false;
     if (error->empty()) others_.GiveBack();
     return true;
   }
@@ -352,7 +369,7 @@ class OneShot final : public LegInFlight {
     int rc = MPI_SUCCESS;
     return Await(
         patience, leg_, &rc, [&] { return AllTested(requests, &rc); },
-        [&] { return TimedOut(receives_, peers_, sends_, peers_, leg_); },
+        [&] { return TimedOut(receives_, receive_peers_, sends_, send_peers_, leg_); },
         [&] { return Failed(leg_, rc, -1, waiting_for); }, error);
   }
 
@@ -375,17 +392,16 @@ class OneShot final : public LegInFlight {
   int64_t elements_;
   Leg leg_;
   Scratch others_;  // every other process' buffer, by rank
-  std::vector<MPI_Request> receives_, sends_;
-  std::vector<int> peers_;
+  std::vector<MPI_Request> receives_, sends_;  // the pieces (PostPieces)
+  std::vector<int> receive_peers_, send_peers_;
   bool summed_ = false;
-  Farewells farewells_;
 };
 
-// Recursive doubling (a power-of-two number of processes, buffers of at most
-// kNoFarewellMaxBytes, no 16-bit float: mpi.py's lowering chooses it): at step k
+// Recursive doubling (a power-of-two number of processes, small buffers, no
+// 16-bit float: mpi.py's lowering chooses it): at step k
 // each process swaps its partial result with rank ^ 2^k and combines the two,
 // the lower ranks' first, so both partners hold the same bits; log2(size)
-// exchanges of one message each way, where one-shot has every process send
+// exchanges of one buffer each way, where one-shot has every process send
 // size - 1 and receive as many. The terms are combined pairwise (rank 0's with
 // rank 1's, ...), not in rank order: within rounding of one-shot's result.
 template <typename T, Reduction R>
@@ -403,14 +419,14 @@ class Doubling final : public LegInFlight {
       if (!Await(
               patience, leg_, &rc,
               [&] { return AllTested(receive_, &rc) && (rc != MPI_SUCCESS || AllTested(send_, &rc)); },
-              [&] { return TimedOut(receive_, peer_, send_, peer_, leg_); },
-              [&] { return Failed(leg_, rc, peer_[0], "for a partial result"); }, error)) {
+              [&] { return TimedOut(receive_, receive_peers_, send_, send_peers_, leg_); },
+              [&] { return Failed(leg_, rc, partner_, "for a partial result"); }, error)) {
         return false;
       }
       if (!error->empty()) return true;
       const T* mine = bit_ == 1 ? in_ : out_;
       const T* theirs = reinterpret_cast<const T*>(theirs_.data());
-      const bool lower = leg_.rank < peer_[0];
+      const bool lower = leg_.rank < partner_;
       for (int64_t j = 0; j < elements_; ++j) {
         const T& first = lower ? mine[j] : theirs[j];
         const T& second = lower ? theirs[j] : mine[j];
@@ -426,10 +442,14 @@ class Doubling final : public LegInFlight {
  private:
   // Step log2(bit_)'s exchange with rank ^ bit_: this process' input at the first step, else its partial result.
   void Post() {
-    peer_[0] = leg_.rank ^ static_cast<int>(bit_);
-    const int bytes = static_cast<int>(elements_ * sizeof(T));
-    MPI_Irecv(theirs_.data(), bytes, MPI_BYTE, peer_[0], leg_.tag, leg_.comm, &receive_[0]);
-    MPI_Isend(bit_ == 1 ? in_ : out_, bytes, MPI_BYTE, peer_[0], leg_.tag, leg_.comm, &send_[0]);
+    partner_ = leg_.rank ^ static_cast<int>(bit_);
+    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(T));
+    receive_.clear();
+    receive_peers_.clear();
+    send_.clear();
+    send_peers_.clear();
+    PostPieces(true, theirs_.data(), bytes, partner_, leg_, &receive_, &receive_peers_);
+    PostPieces(false, bit_ == 1 ? in_ : out_, bytes, partner_, leg_, &send_, &send_peers_);
   }
 
   const T* in_;
@@ -438,8 +458,9 @@ class Doubling final : public LegInFlight {
   Leg leg_;
   Scratch theirs_;  // the partner's partial result
   int64_t bit_ = 1;
-  std::vector<MPI_Request> receive_{MPI_REQUEST_NULL}, send_{MPI_REQUEST_NULL};
-  std::vector<int> peer_{0};
+  int partner_ = 0;  // this step's
+  std::vector<MPI_Request> receive_, send_;  // this step's pieces (PostPieces)
+  std::vector<int> receive_peers_, send_peers_;
 };
 
 // The ring (file comment).

@@ -1,6 +1,6 @@
 """Run by test_mpi.py under `mpirun -np 4 python -m mpi4py`, one device per process: the MPI leg's
-recursive doubling (mpi.py's DOUBLING_MAX_BYTES: tiny buffers over 4 processes) against float64
-numpy, then a process that stays away.
+recursive doubling (mpi.py's DOUBLING_MAX_BYTES: small buffers over 4 processes; one or several
+messages each way) against float64 numpy, then a process that stays away.
 
 Each check passes on every rank or raises (python -m mpi4py then aborts the job). Inputs differ per
 rank and call; any rank rebuilds any other's. Last, rank 3 never calls: every other rank's leg must
@@ -59,6 +59,10 @@ for dtype in (np.float64, np.float32, np.complex64, np.int32, np.uint8):
         for op in ("sum",) if np.issubdtype(dtype, np.complexfloating) else ("sum", "max", "min"):
             check(case, shape, dtype, op)
             case += 1
+# Several pieces (csrc/mpi/mpi_host_ring.cc's kEagerPieceBytes) each way, the last one shorter.
+for dtype, shape, op in ((np.float64, (1001,), "sum"), (np.complex64, (3, 401), "sum"), (np.int32, (2001,), "max")):
+    check(case, shape, dtype, op)
+    case += 1
 print(f"PASS rank {world.rank} doubling", flush=True)
 
 late = np.ones(2)
