@@ -83,7 +83,7 @@ class ShardedUpdate:
 
     Inside pmap or shard_map over `axis_name` (this process' devices; with `processes` as
     allreduce's, over the MPI processes too, each process' devices summing with the same
-    device of every other):
+    device of every other; under jax.distributed, a shard_map axis spanning the processes, without `processes`):
 
         sharded = jaxring.ShardedUpdate(optax.adamw(1e-3), "d", clip_norm=1.0)
         opt_state = jax.pmap(sharded.init, axis_name="d")(replicated_params)
