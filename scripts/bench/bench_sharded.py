@@ -184,7 +184,8 @@ def main(argv=None):
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     measured = weights(args, world) if args.what == "weights" else timed(args, world)
-    record = {"what": args.what, "config": str(args.config.relative_to(ROOT)), "model": args.config.stem if args.model == "charlm" else args.model,
+    model = args.config.stem if args.model == "charlm" else args.model  # charlm's overrides are none: the config's
+    record = {"what": args.what, "config": str(args.config.relative_to(ROOT)), "model": model,
               "overrides": args.set, "processes": 1 if world is None else world.size,
               "local_devices": jax.local_device_count(), "started": started, **measured}
     if world is not None and world.rank != 0:

@@ -50,7 +50,8 @@ def check(mesh, comm):
         ours, state, norm = step(ours, state, grads)
         every = [_grads(p, k, local) for p in range(size)]
         mean = {key: np.concatenate([g[key] for g in every]).astype(np.float64).mean(0) for key in SHAPES}
-        np.testing.assert_allclose(float(norm.addressable_shards[0].data), theirs.step(mean, 0.05 - 0.01 * k), rtol=1e-5)
+        their_norm = theirs.step(mean, 0.05 - 0.01 * k)  # the linear schedule's rate at step k
+        np.testing.assert_allclose(float(norm.addressable_shards[0].data), their_norm, rtol=1e-5)
     for key in SHAPES:
         shards = [np.asarray(shard.data) for shard in ours[key].addressable_shards]
         assert len({shard.tobytes() for shard in shards}) == 1, key  # this process' devices
