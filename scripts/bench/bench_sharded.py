@@ -3,6 +3,7 @@ state's bytes per device, and step time alternated.
 
     python scripts/bench/bench_sharded.py weights --host-devices 4 --steps 300 --json docs/bench/sharded_weights.json
     mpirun -np 2 python scripts/bench/bench_sharded.py weights --host-devices 2 --steps 300 --json ...
+    python scripts/bench/bench_sharded.py weights --config configs/ds2_tiny.yaml --set data.utterances=1000 ...
     python scripts/bench/bench_sharded.py time --host-devices 8 --model charlm_4m --json docs/bench/sharded_time.json
 
 `weights`: the experiment (examples/charlm/charlm.yaml unless --config) trained --steps queued steps
