@@ -50,6 +50,12 @@ def phase_over_processes(flat, mode: str, processes, wire_dtype=None):
     return _mpi().phase_over_processes(flat, mode, named, arguments.timeout_ms(None), what, wire_dtype)
 
 
+def spans_processes(devices: int) -> bool:
+    """Whether an axis of `devices` devices spans jax.distributed processes: more than this process' own,
+    so a collective over it already crosses them (and processes= would cross them twice)."""
+    return jax.process_count() > 1 and devices > jax.local_device_count()
+
+
 def allreduce_over_processes(x, names, op, groups, communicator, timeout_ms, wire_dtype, bind_ring):
     """allreduce(processes=...)'s reduction of one leaf over several processes, a mean's sum (`op` is part of
     what every process must agree on, so a sum meeting a mean is refused): the local ring's reduce-scatter,
@@ -60,7 +66,7 @@ def allreduce_over_processes(x, names, op, groups, communicator, timeout_ms, wir
     `bind_ring` is ring_primitive.bind, handed in because ring_primitive.py lowers through this module."""
     mpi = _mpi()
     devices = arguments.ring_size(names)
-    if jax.process_count() > 1 and devices > jax.local_device_count():
+    if spans_processes(devices):
         raise ValueError(
             f"jaxring.allreduce(..., processes=...) over {names}: the axis has {devices} devices, more than "
             f"this process' {jax.local_device_count()}, so it spans jax.distributed processes and an allreduce "

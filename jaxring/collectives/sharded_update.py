@@ -83,7 +83,7 @@ class ShardedUpdate:
 
     Inside pmap or shard_map over `axis_name` (this process' devices; with `processes` as
     allreduce's, over the MPI processes too, each process' devices summing with the same
-    device of every other):
+    device of every other; under jax.distributed, a shard_map axis spanning the processes, without `processes`):
 
         sharded = jaxring.ShardedUpdate(optax.adamw(1e-3), "d", clip_norm=1.0)
         opt_state = jax.pmap(sharded.init, axis_name="d")(replicated_params)
@@ -123,7 +123,13 @@ class ShardedUpdate:
     # -- inside pmap / shard_map
 
     def _blocks(self, tree) -> Blocks:
-        devices = jax.lax.axis_size(self.axis_name) * self.process_position()[1]
+        axis = jax.lax.axis_size(self.axis_name)
+        if self.process_position()[1] > 1 and across_processes.spans_processes(axis):
+            raise ValueError(
+                f"ShardedUpdate({self.axis_name!r}, processes=...): the axis has {axis} devices, more than this "
+                f"process' {jax.local_device_count()}, so it spans jax.distributed processes and its reduce-scatter "
+                "and all-gather already cross them. Drop processes=, or map the axis over jax.local_devices().")
+        devices = axis * self.process_position()[1]
         return blocks_of(tree, devices, self.bucket_bytes or fusion.default_bucket_bytes())
 
     def process_position(self) -> tuple[int, int]:

@@ -3,6 +3,7 @@ state's bytes per device, and step time alternated.
 
     python scripts/bench/bench_sharded.py weights --host-devices 4 --steps 300 --json docs/bench/sharded_weights.json
     mpirun -np 2 python scripts/bench/bench_sharded.py weights --host-devices 2 --steps 300 --json ...
+    python scripts/bench/bench_sharded.py weights --config configs/ds2_tiny.yaml --set data.utterances=1000 ...
     python scripts/bench/bench_sharded.py time --host-devices 8 --model charlm_4m --json docs/bench/sharded_time.json
 
 `weights`: the experiment (examples/charlm/charlm.yaml unless --config) trained --steps queued steps
@@ -36,6 +37,7 @@ MODELS = {"charlm": [], "charlm_4m": ["model.width=256", "model.layers=6", "mode
 
 def trainers(args, world, batches=None):
     """{False: the replicated Trainer, True: the sharded one} of the same experiment."""
+    import models  # noqa: F401  (registers deepspeech2: --config configs/ds2_tiny.yaml)
     from jaxring.engine.experiment import build_task, load_config
     from jaxring.engine.trainer import Trainer
 
@@ -172,6 +174,7 @@ def main(argv=None):
     parser.add_argument("--loop-steps", type=int, default=20, help="time: queued steps per timed loop")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    args.config = args.config.resolve()
     expose_host_devices(args.host_devices)
     world = None
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
@@ -182,7 +185,8 @@ def main(argv=None):
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     measured = weights(args, world) if args.what == "weights" else timed(args, world)
-    record = {"what": args.what, "config": str(args.config.relative_to(ROOT)), "model": args.model,
+    model = args.config.stem if args.model == "charlm" else args.model  # charlm's overrides are none: the config's
+    record = {"what": args.what, "config": str(args.config.relative_to(ROOT)), "model": model,
               "overrides": args.set, "processes": 1 if world is None else world.size,
               "local_devices": jax.local_device_count(), "started": started, **measured}
     if world is not None and world.rank != 0:

@@ -1,5 +1,6 @@
 """Run under mpirun by test_sharded_step.py: the toy run of SHARDED_CONFIG in WORKDIR with train.shard_optimizer,
-after jaxring.ShardedUpdate(processes=True) in a pmap loop beside the replicated update (library_steps).
+after jaxring.ShardedUpdate(processes=True) in a pmap loop beside the replicated update (library_steps), and
+before the run's first steps with train.allreduce_dtype bfloat16, replicated and sharded (wire_steps).
 
     mpirun -np P python -m mpi4py sharded_worker.py WORKDIR
 """
@@ -14,7 +15,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxring  # noqa: E402
-from toy_task import SHARDED_CONFIG, ToyTask, toy_config  # noqa: E402
+from toy_task import SHARDED_CONFIG, WIRE_STEPS, ToyTask, toy_config  # noqa: E402
 
 from jaxring.engine.trainer import Trainer  # noqa: E402
 
@@ -52,7 +53,23 @@ def library_steps(rank: int) -> dict:
     return out
 
 
+def wire_steps(world, folder: Path) -> None:
+    """SHARDED_CONFIG's first WIRE_STEPS queued steps with the gradients crossing processes in bfloat16, replicated
+    and sharded: rank 0 writes each run's weights to FOLDER/wire_{replicated,sharded}.npz."""
+    for shard in (False, True):
+        config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": shard,
+                                                           "allreduce_dtype": "bfloat16"}})
+        trainer = Trainer(ToyTask(), config, folder / "unused", world)
+        state = trainer.on_devices(trainer.init_state())
+        for _, batch in zip(range(WIRE_STEPS), trainer.batches):
+            state, _ = trainer.train_step(state, batch)
+        params = trainer.on_host(state).params  # collective under shard_optimizer
+        if world.rank == 0:
+            np.savez(folder / f"wire_{'sharded' if shard else 'replicated'}.npz", **params)
+
+
 world = jaxring.init()
 np.savez(Path(sys.argv[1]).parent / f"library_rank{world.rank}.npz", **library_steps(world.rank))
 config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": True}})
 Trainer(ToyTask(), config, Path(sys.argv[1]), world).fit()
+wire_steps(world, Path(sys.argv[1]).parent)

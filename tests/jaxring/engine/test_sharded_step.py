@@ -10,7 +10,7 @@ import pytest
 
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
-from tests.jaxring.engine.toy_task import SHARDED_CONFIG, ToyTask, toy_config, world_of
+from tests.jaxring.engine.toy_task import SHARDED_CONFIG, WIRE_STEPS, ToyTask, toy_config, world_of
 from tests.jaxring.engine.test_resume_shapes import stopped_at
 from tests.tiny_runs import finish, mpirun
 
@@ -56,13 +56,17 @@ def assert_same_bits_on_every_device(state):
         assert (leaf == leaf[:1]).all()
 
 
-# Each case against the replicated step on the same seeds (adamw, clipping and a schedule: the mpirun
-# run below). Clipping divides by a norm summed in another order (blocks, not leaves), and
+# Each case against the replicated step on the same seeds (adamw, clipping and warmup_cosine: the mpirun
+# run below), on 8, 2 and 4 devices; toy_config clips at norm 1, which these runs' norms cross both ways.
+# Clipping divides by a norm summed in another order (blocks, not leaves), and
 # adamw's arithmetic runs on flat blocks, where XLA's vectorised loops may contract a multiply-add
 # differently: a few float32 ulps a step.
 CASES = {
-    "sgd-nesterov-accumulated-2": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None},
-                                   {"accumulate_steps": 2}, 2),
+    # 6 steps an epoch: anneal halves the rate after the sixth.
+    "sgd-nesterov-anneal-accumulated-8": ({"name": "sgd", "momentum": 0.9, "nesterov": True, "clip_norm": None,
+                                           "schedule": "anneal", "anneal_factor": 2.0},
+                                          {"accumulate_steps": 2, "batch_size": 16, "epochs": 2}, 8),
+    "sgd-momentum-clipped-2": ({"name": "sgd", "momentum": 0.9}, {}, 2),
     "adamw-decay-mask-4": ({"name": "adamw", "learning_rate": 0.01, "weight_decay": 0.5,
                             "weight_decay_mask": "matrices"}, {}, 4),
 }
@@ -163,6 +167,19 @@ def test_under_mpirun_2x2_the_library_update_holds_a_quarter_of_the_state(runs):
             np.testing.assert_allclose(ours, leaves[f"adamw_theirs_{key}"], rtol=2e-5, atol=1e-6)
         # 91, 5 and 360 floats in buckets of their own, each split over 2 x 2 devices.
         assert sorted(leaves["adamw_block_sizes"].tolist()) == [2, 23, 90]
+
+
+def test_under_mpirun_2x2_gradients_crossing_in_bfloat16_train_as_replicated(runs):
+    """train.allreduce_dtype bfloat16 in an engine run (sharded_worker.wire_steps): the leg's reduce-scatter phase
+    rounds the gradients where the replicated all-reduce's leg does, so the runs stay within float tolerance; the
+    float32 run's weights at that step (its checkpoint) are not, so the setting took effect on both paths."""
+    wire = {name: dict(np.load(runs / f"wire_{name}.npz")) for name in ("replicated", "sharded")}
+    template = trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), runs / "t", world_of(1)).init_state()
+    float32, _ = Checkpoints(runs / "mpi" / "checkpoints").restore(template, WIRE_STEPS)
+    for key, replicated in wire["replicated"].items():
+        np.testing.assert_allclose(wire["sharded"][key], replicated, rtol=2e-5, atol=1e-6)
+        for run in wire.values():
+            assert not np.allclose(run[key], float32.params[key], rtol=2e-5, atol=1e-6), key
 
 
 @pytest.mark.parametrize("shard", [False, True])

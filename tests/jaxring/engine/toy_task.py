@@ -121,3 +121,6 @@ SHAPE_CONFIG = {
 # and clipping (toy_config's).
 SHARDED_CONFIG = {**SHAPE_CONFIG, "optim": {**SHAPE_CONFIG["optim"], "name": "adamw", "learning_rate": 0.01,
                                             "weight_decay": 0.05}}
+# Its first steps again with train.allreduce_dtype bfloat16 (sharded_worker.wire_steps): the float32 run has a
+# checkpoint there (every 5 steps).
+WIRE_STEPS = 10

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxring
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[4]))  # the repository root, for tests.*
-from tests.jaxring.collectives import queued_loops  # noqa: E402
+from tests.jaxring.collectives import queued_loops, sharded_distributed  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -278,6 +278,10 @@ for shard in gradient.addressable_shards:
     np.testing.assert_allclose(np.asarray(shard.data)[0], weights[index] * S * (S + 1) / 2, rtol=1e-5,
                                err_msg=f"all_gather's gradient, device {index}")
 print(f"rank {rank}: reduce_scatter and all_gather over the global axis", flush=True)
+
+if L > 1:  # one layout suffices: its compilation is the costly part
+    sharded_distributed.check(mesh, comm)
+    print(f"rank {rank}: ShardedUpdate under shard_map (check_vma) over the global axis", flush=True)
 
 # What the leg cannot serve is refused while compiling, far below any timeout.
 if L > 1:
