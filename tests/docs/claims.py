@@ -334,6 +334,20 @@ def seeds_mean_row(rows):
     return found
 
 
+# -- make train over mpirun -np 2 on each train.across_processes path (docs/MULTI_NODE.md)
+ACROSS_PROCESSES_CER = (BENCH + "across-processes-cer-2026-12-03.json:runs",)
+
+
+def across_processes_cer(runs):
+    """Seed by seed greedy test CER (the same on both paths, else no single number), mean, spread; the beam's."""
+    by_seed = {}
+    for run in runs:
+        by_seed.setdefault(run["seed"], set()).add((run["summary"]["test_cer"], run["summary"]["test_beam_cer"]))
+    (greedy, beam) = zip(*(cers.pop() for _, cers in sorted(by_seed.items()) if len(cers) == 1))
+    greedy, beam = [100 * g for g in greedy], [100 * b for b in beam]
+    return (*greedy, statistics.mean(greedy), max(greedy) - min(greedy), *beam)
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -400,4 +414,6 @@ CLAIMS = [
           r"link sent ([\d.]+)-([\d.]+)x its bytes", SHARDED_HOSTS, sharded_over_hosts),
     Claim("README.md", r"Over 2-4 emulated hosts \[([\d.]+)-([\d.]+)x at the same bytes on the wire\]", SHARDED_HOSTS,
           lambda *runs: sharded_over_hosts(*runs)[:2]),
+    Claim("docs/MULTI_NODE.md", r"CER was the same too: ([\d.]+)%, ([\d.]+)% and ([\d.]+)% greedy \(mean ([\d.]+)%, spread ([\d.]+) points\), "
+          r"([\d.]+)%, ([\d.]+)% and ([\d.]+)% by beam search", ACROSS_PROCESSES_CER, across_processes_cer),
 ]
