@@ -1,6 +1,8 @@
 """Run under mpirun by test_sharded_step.py: the toy run of SHARDED_CONFIG in WORKDIR with train.shard_optimizer,
 after jaxring.ShardedUpdate(processes=True) in a pmap loop beside the replicated update (library_steps), and
-before the run's first steps with train.allreduce_dtype bfloat16, replicated and sharded (wire_steps).
+before the run's first steps with train.allreduce_dtype bfloat16, replicated and sharded (wire_steps), the same
+run resumed in WORKDIR/../resumed (a copy of another shape's run, stopped at a checkpoint) and FLOAT16_CONFIG's
+steps sharded (float16_steps).
 
     mpirun -np P python -m mpi4py sharded_worker.py WORKDIR
 """
@@ -15,7 +17,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxring  # noqa: E402
-from toy_task import SHARDED_CONFIG, WIRE_STEPS, ToyTask, toy_config  # noqa: E402
+from toy_task import FLOAT16_CONFIG, SHARDED_CONFIG, WIRE_STEPS, LoudTask, ToyTask, toy_config  # noqa: E402
 
 from jaxring.engine.trainer import Trainer  # noqa: E402
 
@@ -68,8 +70,26 @@ def wire_steps(world, folder: Path) -> None:
             np.savez(folder / f"wire_{'sharded' if shard else 'replicated'}.npz", **params)
 
 
+def float16_steps(world, folder: Path) -> None:
+    """FLOAT16_CONFIG's queued steps sharded over every device of every process: each process writes its devices'
+    gradient norms at every step (not finite at a skipped one), final weights and loss scale to
+    FOLDER/float16_rank{rank}.npz, one row per device."""
+    config = toy_config(**{**FLOAT16_CONFIG, "train": {**FLOAT16_CONFIG["train"], "shard_optimizer": True}})
+    trainer = Trainer(LoudTask(), config, folder / "unused", world)
+    state = trainer.on_devices(trainer.init_state())
+    norms = []
+    for _, batch in zip(range(config.train.max_steps), trainer.batches):
+        state, metrics = trainer.train_step(state, batch)
+        norms.append(np.asarray(metrics["grad_norm"]))
+    np.savez(folder / f"float16_rank{world.rank}.npz", norms=np.stack(norms), scale=np.asarray(state.loss_scale.scale),
+             good_steps=np.asarray(state.loss_scale.good_steps),
+             **{key: np.asarray(leaf) for key, leaf in state.params.items()})
+
+
 world = jaxring.init()
 np.savez(Path(sys.argv[1]).parent / f"library_rank{world.rank}.npz", **library_steps(world.rank))
 config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": True}})
 Trainer(ToyTask(), config, Path(sys.argv[1]), world).fit()
 wire_steps(world, Path(sys.argv[1]).parent)
+Trainer(ToyTask(), config, Path(sys.argv[1]).parent / "resumed", world).fit(resume=True)
+float16_steps(world, Path(sys.argv[1]).parent)

@@ -10,20 +10,13 @@ import pytest
 
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
-from tests.jaxring.engine.toy_task import SHARDED_CONFIG, WIRE_STEPS, ToyTask, toy_config, world_of
-from tests.jaxring.engine.test_resume_shapes import stopped_at
+from tests.jaxring.engine.toy_task import (FLOAT16_CONFIG, SHARDED_CONFIG, WIRE_STEPS, LoudTask, ToyTask, toy_config,
+                                          world_of)
+from tests.jaxring.engine.test_resume_shapes import RESUMED_AT, rows, stopped_at
 from tests.tiny_runs import finish, mpirun
 
 STEPS = 12
 WORKER = Path(__file__).with_name("sharded_worker.py")
-
-
-class LoudTask(ToyTask):
-    """ToyTask with targets 300 times larger: float16's first loss scales overflow, so steps are skipped."""
-
-    def __init__(self):
-        super().__init__()
-        self.y = self.y * 300
 
 
 class BiasedTask(ToyTask):
@@ -95,16 +88,18 @@ def test_the_sharded_step_trains_as_the_replicated_one(case):
         np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-6)
 
 
-def test_float16_skips_the_same_overflowed_steps():
+@pytest.fixture(scope="module")
+def float16_replicated():
+    """FLOAT16_CONFIG's replicated run on 4 devices of one process: what its sharded runs skip and train to."""
+    return queued_run(LoudTask(), toy_config(**FLOAT16_CONFIG), 4)
+
+
+def test_float16_skips_the_same_overflowed_steps(float16_replicated):
     """Loss scaling: a step whose gradients overflowed on any device's block is skipped on every device
     (with lax's reduce-scatter and all-gather: train.allreduce psum)."""
-    runs = []
-    for shard in (False, True):
-        config = toy_config(train={"max_steps": STEPS, "shard_optimizer": shard, "compute_dtype": "float16",
-                                   "bucket_bytes": 64, "allreduce": "psum"},
-                            optim={"name": "adamw", "learning_rate": 0.01})
-        runs.append(queued_run(LoudTask(), config, 4))
-    (_, _, replicated, _), (_, _, sharded, _) = runs
+    config = toy_config(**{**FLOAT16_CONFIG, "train": {**FLOAT16_CONFIG["train"], "shard_optimizer": True}})
+    _, _, sharded, _ = queued_run(LoudTask(), config, 4)
+    _, _, replicated, _ = float16_replicated
     scale = float(np.asarray(replicated.loss_scale.scale)[0])
     assert scale < 2.0**15  # some steps overflowed and were skipped
     np.testing.assert_array_equal(np.asarray(sharded.loss_scale.scale), np.asarray(replicated.loss_scale.scale))
@@ -124,12 +119,15 @@ def test_an_optimizer_that_is_not_elementwise_is_refused_at_start_up(monkeypatch
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """SHARDED_CONFIG's run sharded on 2 processes x 2 local devices, and replicated on 1 x 4."""
+    """SHARDED_CONFIG's run replicated on 1 x 4, and sharded on 2 processes x 2 local devices: straight, and
+    resumed from the replicated run's checkpoint of step RESUMED_AT (sharded_worker.py)."""
     directory = tmp_path_factory.mktemp("sharded")
+    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), directory / "one", world_of(4)).fit()
+    stopped_at(directory / "one", directory / "resumed")
     code, output = finish(mpirun(2, [WORKER, directory / "mpi"], with_mpi4py=True, devices_per_proc=2), 300)
     assert code == 0, output
     assert "2 local cpu devices x 2 processes" in output
-    trainer_lib.Trainer(ToyTask(), toy_config(**SHARDED_CONFIG), directory / "one", world_of(4)).fit()
+    assert f"resuming step {RESUMED_AT} on 2 x 2 cpu (processes x local devices; trained on 1 x 4 cpu)" in output
     return directory
 
 
@@ -180,6 +178,36 @@ def test_under_mpirun_2x2_gradients_crossing_in_bfloat16_train_as_replicated(run
         np.testing.assert_allclose(wire["sharded"][key], replicated, rtol=2e-5, atol=1e-6)
         for run in wire.values():
             assert not np.allclose(run[key], float32.params[key], rtol=2e-5, atol=1e-6), key
+
+
+def test_under_mpirun_2x2_a_sharded_run_resumes_a_replicated_run_of_1x4(runs):
+    """The 1 x 4 replicated run's checkpoint of step 10 goes on sharded over 2 processes x 2 devices, its whole
+    optimizer state split into 4 blocks across the processes: the training of the run that did not stop, row by
+    row (every device of every process holds the same weights at each checkpoint: Trainer.save's check_replicas)."""
+    assert_close(final_state(runs / "one"), final_state(runs / "resumed"))
+    before, after = rows(runs / "one"), rows(runs / "resumed")
+    assert sorted(after) == sorted(before)  # every row once, none lost at the resume
+    for step in [step for step in before if step > RESUMED_AT and "learning_rate" in before[step]]:
+        assert after[step]["learning_rate"] == before[step]["learning_rate"], step
+        assert after[step]["loss"] == pytest.approx(before[step]["loss"], rel=1e-4), step
+
+
+def test_under_mpirun_2x2_float16_skips_the_same_steps_on_every_device(runs, float16_replicated):
+    """Loss scaling sharded over 2 processes x 2 devices (sharded_worker.float16_steps): a step whose gradients
+    overflowed on any device is skipped on every device of every process (one count over every block, across the
+    processes too), the steps the replicated run skips, with its loss scale and weights."""
+    _, norms, replicated, _ = float16_replicated
+    skipped = ~np.isfinite(norms[:, 0])  # a skipped step's gradients, and so their norm, are not finite
+    assert skipped.any() and not skipped.all()
+    ranks = [dict(np.load(runs / f"float16_rank{rank}.npz")) for rank in (0, 1)]
+    for leaves in ranks:
+        np.testing.assert_array_equal(~np.isfinite(leaves["norms"]), np.stack([skipped, skipped], axis=1))
+        for key in ("scale", "good_steps", "w1", "w2"):
+            assert (leaves[key] == ranks[0][key][:1]).all(), key  # the same bits on every device of every process
+        np.testing.assert_array_equal(leaves["scale"][0], np.asarray(replicated.loss_scale.scale)[0])
+        np.testing.assert_array_equal(leaves["good_steps"][0], np.asarray(replicated.loss_scale.good_steps)[0])
+        for key in ("w1", "w2"):
+            np.testing.assert_allclose(leaves[key][0], np.asarray(replicated.params[key])[0], rtol=2e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("shard", [False, True])

@@ -80,6 +80,14 @@ class ToyTask:
             yield {"x": x[start : start + batch_size], "y": y[start : start + batch_size]}
 
 
+class LoudTask(ToyTask):
+    """ToyTask with targets 300 times larger: float16's first loss scales overflow, so steps are skipped."""
+
+    def __init__(self):
+        super().__init__()
+        self.y = self.y * 300
+
+
 def toy_config(**sections):
     raw = {
         "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "ring" if ring_available() else "psum"},
@@ -124,3 +132,8 @@ SHARDED_CONFIG = {**SHAPE_CONFIG, "optim": {**SHAPE_CONFIG["optim"], "name": "ad
 # Its first steps again with train.allreduce_dtype bfloat16 (sharded_worker.wire_steps): the float32 run has a
 # checkpoint there (every 5 steps).
 WIRE_STEPS = 10
+
+# test_sharded_step.py's float16 runs of LoudTask, in one process and under mpirun (sharded_worker.float16_steps):
+# loss scaling, with lax's reduce-scatter and all-gather among each process' devices (train.allreduce psum).
+FLOAT16_CONFIG = {"train": {"max_steps": 12, "compute_dtype": "float16", "bucket_bytes": 64, "allreduce": "psum"},
+                  "optim": {"name": "adamw", "learning_rate": 0.01}}
