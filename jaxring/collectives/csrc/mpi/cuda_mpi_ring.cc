@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "mpi/mpi_host_ring.h"
 #include "mpi/mpi_ring.h"
@@ -101,7 +102,7 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
   if (err != cudaSuccess) return CudaError("cudaStreamSynchronize before the leg", err);
   leg.deadline = DeadlineFor(timeout_ms);
   const std::string error = RunHostRing(x.element_type(), in, result,
-                                        static_cast<int64_t>(x.element_count()), leg);
+                                        static_cast<int64_t>(x.element_count()), std::move(leg));
   if (!error.empty()) return ffi::Error::Internal(error);
   err = cudaMemcpyAsync(out->untyped_data(), result, bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the sum to the device", err);

@@ -205,6 +205,12 @@ std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>&
 template <typename Done, typename TimedOutMessage, typename FailedMessage>
 bool Await(Clock::duration patience, const Leg& leg, const int* rc, Done done, TimedOutMessage timed_out,
            FailedMessage failed, std::string* error) {
+  // Done at the first test (an eager send, a message already in): no clock
+  // read, on the path that most waits of a small leg take.
+  if (done()) {
+    *error = *rc != MPI_SUCCESS ? failed() : "";
+    return true;
+  }
   const auto now = Clock::now();
   const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
   if (!PollUntil(until, done)) {
@@ -261,37 +267,56 @@ class Farewells {
 // Buffers for the other processes' messages, kept from call to call: their
 // pages are mapped already, where a fresh allocation has its pages faulted
 // in under the transfer. A leg takes one for as long as it is in flight (it
-// may move to another thread meanwhile).
+// may move to another thread meanwhile). The request lists of one-shot and
+// recursive doubling are kept with them (emptied, their capacity kept): four
+// allocations fewer per small leg, whose whole cost is a few microseconds.
 class Scratch {
  public:
+  struct Requests {
+    std::vector<MPI_Request> receives, sends;
+    std::vector<int> receive_peers, send_peers;
+    void Clear() {
+      receives.clear();
+      sends.clear();
+      receive_peers.clear();
+      send_peers.clear();
+    }
+  };
+
   explicit Scratch(size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu());
       if (!kept().empty()) {
-        bytes_ = std::move(kept().back());
+        held_ = std::move(kept().back());
         kept().pop_back();
       }
     }
-    if (bytes_.size() < bytes) bytes_.resize(bytes);
+    if (held_.bytes.size() < bytes) held_.bytes.resize(bytes);
+    held_.requests.Clear();
   }
   // Given back only by a leg that finished cleanly: after a failure a message
   // may still land in it.
   void GiveBack() {
     std::lock_guard<std::mutex> lock(mu());
-    kept().push_back(std::move(bytes_));
+    kept().push_back(std::move(held_));
   }
-  char* data() { return bytes_.data(); }
+  char* data() { return held_.bytes.data(); }
+  Requests& requests() { return held_.requests; }
 
  private:
+  struct Held {
+    std::vector<char> bytes;
+    Requests requests;
+  };
   static std::mutex& mu() {
     static auto* m = new std::mutex();
     return *m;
   }
-  static std::vector<std::vector<char>>& kept() {
-    static auto* k = new std::vector<std::vector<char>>();
+  static std::vector<Held>& kept() {
+    static auto* k = new std::vector<Held>();
     return *k;
   }
-  std::vector<char> bytes_;
+  Held held_;
 };
 
 // One-shot and recursive doubling move a buffer in messages of at most this many bytes, each
@@ -333,20 +358,20 @@ int64_t PiecesOf(int64_t bytes) { return bytes <= kEagerPieceBytes ? 1 : (bytes 
 template <typename T, Reduction R>
 class OneShot final : public LegInFlight {
  public:
-  OneShot(const T* in, T* out, int64_t elements, const Leg& leg)
-      : in_(in), out_(out), elements_(elements), leg_(leg),
-        others_(static_cast<size_t>(elements) * leg.size * sizeof(T)) {
+  OneShot(const T* in, T* out, int64_t elements, Leg leg)
+      : in_(in), out_(out), elements_(elements), leg_(std::move(leg)),
+        others_(static_cast<size_t>(elements) * leg_.size * sizeof(T)) {
     const int64_t bytes = elements * static_cast<int64_t>(sizeof(T));
-    const size_t messages = static_cast<size_t>(PiecesOf(bytes) * (leg.size - 1));
+    const size_t messages = static_cast<size_t>(PiecesOf(bytes) * (leg_.size - 1));
     receives_.reserve(messages);
     receive_peers_.reserve(messages);
     sends_.reserve(messages);
     send_peers_.reserve(messages);
-    for (int p = 0; p < leg.size; ++p) {
-      if (p != leg.rank) PostPieces(true, others_.data() + p * bytes, bytes, p, leg, &receives_, &receive_peers_);
+    for (int p = 0; p < leg_.size; ++p) {
+      if (p != leg_.rank) PostPieces(true, others_.data() + p * bytes, bytes, p, leg_, &receives_, &receive_peers_);
     }
-    for (int i = 1; i < leg.size; ++i) {  // to the right first: no process is everyone's first
-      PostPieces(false, in, bytes, (leg.rank + i) % leg.size, leg, &sends_, &send_peers_);
+    for (int i = 1; i < leg_.size; ++i) {  // to the right first: no process is everyone's first
+      PostPieces(false, in, bytes, (leg_.rank + i) % leg_.size, leg_, &sends_, &send_peers_);
     }
   }
 
@@ -378,11 +403,11 @@ class OneShot final : public LegInFlight {
   // A 16-bit float adds in float32 and is rounded once, at the end.
   void Sum() {
     const T* theirs = reinterpret_cast<const T*>(others_.data());
-    std::vector<const T*> terms(leg_.size);
-    for (int p = 0; p < leg_.size; ++p) terms[p] = p == leg_.rank ? in_ : theirs + p * elements_;
+    // This rank's slot of others_ is unused: its term is the input.
+    auto term = [&](int p) { return p == leg_.rank ? in_ : theirs + p * elements_; };
     for (int64_t j = 0; j < elements_; ++j) {
-      auto total = ToAcc(terms[0][j]);
-      for (int p = 1; p < leg_.size; ++p) total = Combine<R>::Of(total, ToAcc(terms[p][j]));
+      auto total = ToAcc(term(0)[j]);
+      for (int p = 1; p < leg_.size; ++p) total = Combine<R>::Of(total, ToAcc(term(p)[j]));
       Store(total, out_ + j);
     }
   }
@@ -392,8 +417,11 @@ class OneShot final : public LegInFlight {
   int64_t elements_;
   Leg leg_;
   Scratch others_;  // every other process' buffer, by rank
-  std::vector<MPI_Request> receives_, sends_;  // the pieces (PostPieces)
-  std::vector<int> receive_peers_, send_peers_;
+  // The pieces (PostPieces).
+  std::vector<MPI_Request>& receives_ = others_.requests().receives;
+  std::vector<MPI_Request>& sends_ = others_.requests().sends;
+  std::vector<int>& receive_peers_ = others_.requests().receive_peers;
+  std::vector<int>& send_peers_ = others_.requests().send_peers;
   bool summed_ = false;
 };
 
@@ -407,8 +435,8 @@ class OneShot final : public LegInFlight {
 template <typename T, Reduction R>
 class Doubling final : public LegInFlight {
  public:
-  Doubling(const T* in, T* out, int64_t elements, const Leg& leg)
-      : in_(in), out_(out), elements_(elements), leg_(leg),
+  Doubling(const T* in, T* out, int64_t elements, Leg leg)
+      : in_(in), out_(out), elements_(elements), leg_(std::move(leg)),
         theirs_(static_cast<size_t>(elements) * sizeof(T)) {
     Post();
   }
@@ -444,10 +472,7 @@ class Doubling final : public LegInFlight {
   void Post() {
     partner_ = leg_.rank ^ static_cast<int>(bit_);
     const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(T));
-    receive_.clear();
-    receive_peers_.clear();
-    send_.clear();
-    send_peers_.clear();
+    theirs_.requests().Clear();
     PostPieces(true, theirs_.data(), bytes, partner_, leg_, &receive_, &receive_peers_);
     PostPieces(false, bit_ == 1 ? in_ : out_, bytes, partner_, leg_, &send_, &send_peers_);
   }
@@ -459,22 +484,25 @@ class Doubling final : public LegInFlight {
   Scratch theirs_;  // the partner's partial result
   int64_t bit_ = 1;
   int partner_ = 0;  // this step's
-  std::vector<MPI_Request> receive_, send_;  // this step's pieces (PostPieces)
-  std::vector<int> receive_peers_, send_peers_;
+  // This step's pieces (PostPieces).
+  std::vector<MPI_Request>& receive_ = theirs_.requests().receives;
+  std::vector<MPI_Request>& send_ = theirs_.requests().sends;
+  std::vector<int>& receive_peers_ = theirs_.requests().receive_peers;
+  std::vector<int>& send_peers_ = theirs_.requests().send_peers;
 };
 
 // The ring (file comment).
 template <typename T, Reduction R>
 class Ring final : public LegInFlight {
  public:
-  Ring(const T* in, T* out, int64_t elements, const Leg& leg)
-      : in_(in), out_(out), leg_(leg),
-        left_(static_cast<int>(Mod(leg.rank - 1, leg.size))),
-        right_(static_cast<int>(Mod(leg.rank + 1, leg.size))),
-        mine_(SchedulePlan::Make(leg.mode, elements, leg.size, leg.rank,
-                                 Max(leg.piece_elements, 1), 1)),
-        theirs_(SchedulePlan::Make(leg.mode, elements, leg.size, right_,
-                                   Max(leg.piece_elements, 1), 1)),
+  Ring(const T* in, T* out, int64_t elements, Leg leg)
+      : in_(in), out_(out), leg_(std::move(leg)),
+        left_(static_cast<int>(Mod(leg_.rank - 1, leg_.size))),
+        right_(static_cast<int>(Mod(leg_.rank + 1, leg_.size))),
+        mine_(SchedulePlan::Make(leg_.mode, elements, leg_.size, leg_.rank,
+                                 Max(leg_.piece_elements, 1), 1)),
+        theirs_(SchedulePlan::Make(leg_.mode, elements, leg_.size, right_,
+                                   Max(leg_.piece_elements, 1), 1)),
         stages_(mine_.StageCount()), slices_(mine_.slices),
         slots_(static_cast<size_t>(slices_ * mine_.slice_len) * sizeof(T)),
         receives_(stages_, MPI_REQUEST_NULL), sends_(stages_, MPI_REQUEST_NULL),
@@ -582,14 +610,14 @@ class Alone final : public LegInFlight {
 };
 
 template <typename T, Reduction R>
-std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, const Leg& leg) {
+std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, Leg leg) {
   if (leg.size == 1) {
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
-  if (leg.doubling) return std::make_unique<Doubling<T, R>>(in, out, elements, leg);
-  if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, leg);
-  return std::make_unique<Ring<T, R>>(in, out, elements, leg);
+  if (leg.doubling) return std::make_unique<Doubling<T, R>>(in, out, elements, std::move(leg));
+  if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, std::move(leg));
+  return std::make_unique<Ring<T, R>>(in, out, elements, std::move(leg));
 }
 
 // Calls visit(T{}) with the C++ type of the component type `type` of
@@ -658,11 +686,10 @@ ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
 }
 
 std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
-                                      int64_t elements, const Leg& leg) {
+                                      int64_t elements, Leg leg) {
   // A complex number is two components, reduced one by one (kElementTypes).
   const int64_t components = ComponentsPerElement(type);
-  Leg of_components = leg;
-  of_components.piece_elements *= components;
+  leg.piece_elements *= components;
   std::unique_ptr<LegInFlight> started;
   VisitComponentType(FindElementType(type)->component, [&](auto zero) {
     using T = decltype(zero);
@@ -672,22 +699,22 @@ std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* 
     // The reduction is a template argument, chosen once per leg: the per-element loops have no branch on it.
     switch (leg.reduction) {
       case Reduction::kMax:
-        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, of_components);
+        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, std::move(leg));
         break;
       case Reduction::kMin:
-        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, of_components);
+        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, std::move(leg));
         break;
       default:
-        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, of_components);
+        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, std::move(leg));
     }
   });
   return started;
 }
 
 std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
-                        const Leg& leg) {
+                        Leg leg) {
   std::string error;
-  StartLeg(type, in, out, elements, leg)->Finish(Clock::duration::max(), &error);
+  StartLeg(type, in, out, elements, std::move(leg))->Finish(Clock::duration::max(), &error);
   return error;
 }
 

@@ -70,14 +70,16 @@ class LegInFlight {
 };
 
 // Reduces the `elements` values of `type` at `in` over the leg's processes into
-// `out` (host memory; `out` may be `in` for the ring, not for one-shot).
+// `out` (host memory; `out` may be `in` for the ring, not for one-shot). The leg
+// is taken by value and moved along: a copy of Leg::what is a heap allocation,
+// a measurable part of a small leg.
 std::unique_ptr<LegInFlight> StartLeg(xla::ffi::DataType type, const void* in, void* out,
-                                      int64_t elements, const Leg& leg);
+                                      int64_t elements, Leg leg);
 
 // StartLeg's leg, waited for until done or the leg's deadline: "" or the
 // message naming the process that did not answer.
 std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
-                        const Leg& leg);
+                        Leg leg);
 
 }  // namespace jaxring
 
