@@ -14,6 +14,7 @@ call, which takes each process its own time.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
 import threading
@@ -33,6 +34,7 @@ class StepWatchdog:
         self._pending: collections.deque = collections.deque()  # [seconds when called, loss or None]
         self._lock = threading.Lock()
         self._thread = None
+        self._stopped = threading.Event()
 
     def step(self, dispatch):
         """dispatch()'s result, a step's (state, metrics), watched from the call on (a dispatch that waits
@@ -45,6 +47,9 @@ class StepWatchdog:
                 self._pending.append([time.monotonic(), metrics["loss"]])
                 self._thread = threading.Thread(target=self._run, name="jaxring-step-watchdog", daemon=True)
                 self._thread.start()
+                # Python ends a daemon thread still running at exit inside whatever it calls; inside jaxlib's
+                # is_ready that aborts the process (exit status 134 after a finished run). atexit runs first.
+                atexit.register(self.stop)
             return state, metrics
         entry = [time.monotonic(), None]  # (seconds when called, the step's loss once dispatched)
         with self._lock:
@@ -53,11 +58,16 @@ class StepWatchdog:
         entry[1] = metrics["loss"]
         return state, metrics
 
+    def stop(self) -> None:
+        """Stops watching and waits for the thread to finish its poll."""
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
     def _run(self) -> None:
         poll_s = min(1.0, self.timeout_s / 10)
         last_done = time.monotonic()
-        while True:
-            time.sleep(poll_s)
+        while not self._stopped.wait(poll_s):
             with self._lock:
                 while self._pending and _done(self._pending[0][1]):
                     self._pending.popleft()

@@ -1,6 +1,8 @@
 """The step watchdog (jaxring/engine/step_watchdog.py): it ends the job when a step stops making progress,
 and only then; its job-wide use under mpirun is in test_sync_mpi4jax.py."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -80,3 +82,23 @@ def test_an_infinite_timeout_watches_nothing_and_a_bad_one_is_refused():
     assert dog._thread is None
     with pytest.raises(ValueError, match="positive number of seconds"):
         watchdog(0)
+
+
+def test_the_thread_is_stopped_before_python_ends_its_daemon_threads(tmp_path):
+    # A daemon thread still polling at exit is ended inside jaxlib's is_ready, which aborts the process;
+    # the watchdog's atexit handler stops it first. The check registered before it runs after it (LIFO).
+    script = tmp_path / "exit_while_watching.py"
+    script.write_text(
+        "import atexit, time\n"
+        "from jaxring.engine.step_watchdog import StepWatchdog\n"
+        "class Slow:\n"
+        "    def is_ready(self):\n"
+        "        time.sleep(0.05)\n"
+        "        return False\n"
+        "dog = StepWatchdog(0, 'test', timeout_s=60, end=print)\n"
+        "atexit.register(lambda: print('alive at exit:', dog._thread.is_alive()))\n"
+        "dog.step(lambda: (None, {'loss': Slow()}))\n"
+        "time.sleep(0.3)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "alive at exit: False"
