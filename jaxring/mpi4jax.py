@@ -58,11 +58,12 @@ def _ring_op(op, function):
     if not isinstance(op, MPI.Op):
         raise TypeError(f"jaxring.mpi4jax.{function}(op={op!r}): op is an mpi4py MPI.Op, one of MPI.SUM, MPI.MAX, "
                         "MPI.MIN (as mpi4jax's); jaxring.allreduce itself takes op='sum', 'mean', 'max' or 'min'")
-    if mpi_ops.ring_name(op) is None:
+    ring = mpi_ops.ring_name(op)
+    if ring is None:
         which = mpi_ops.name(op)
         raise ValueError(f"jaxring.mpi4jax.{function}(op={which}): jaxring's ring does MPI.SUM, MPI.MAX and MPI.MIN "
                          f"only; call mpi4jax.{function} itself for {which} (the two mix in one program)")
-    return mpi_ops.ring_name(op)
+    return ring
 
 
 def _communicator(comm, function):

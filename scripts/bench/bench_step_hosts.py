@@ -79,13 +79,13 @@ def run_job(args) -> None:
     from ops_in_program import time_in_steady_state
 
     world = topology.init()
+    workdirs = tempfile.TemporaryDirectory()  # the Trainers' run directories, for the whole job
 
     def trainer_with(*more):
         overrides = [f"train.batch_size={args.batch_per_node * world.size}", *args.set, *more]
         path = ROOT / args.config if not Path(args.config).is_absolute() else args.config
         config = load_config(path, overrides, ROOT)
-        with tempfile.TemporaryDirectory() as workdir:
-            return Trainer(build_task(config), config, workdir, world)
+        return Trainer(build_task(config), config, tempfile.mkdtemp(dir=workdirs.name), world)
 
     trainer = trainer_with()
     sharded = trainer_with("train.shard_optimizer=true") if "sharded" in args.ways else None

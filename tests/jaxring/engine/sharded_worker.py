@@ -17,7 +17,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxring  # noqa: E402
-from toy_task import FLOAT16_CONFIG, SHARDED_CONFIG, WIRE_STEPS, LoudTask, ToyTask, toy_config  # noqa: E402
+from toy_task import (FLOAT16_CONFIG, SHARDED_CONFIG, WIRE_STEPS, LoudTask, ToyTask, toy_config,  # noqa: E402
+                       with_train)
 
 from jaxring.engine.trainer import Trainer  # noqa: E402
 
@@ -59,8 +60,7 @@ def wire_steps(world, folder: Path) -> None:
     """SHARDED_CONFIG's first WIRE_STEPS queued steps with the gradients crossing processes in bfloat16, replicated
     and sharded: rank 0 writes each run's weights to FOLDER/wire_{replicated,sharded}.npz."""
     for shard in (False, True):
-        config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": shard,
-                                                           "allreduce_dtype": "bfloat16"}})
+        config = toy_config(**with_train(SHARDED_CONFIG, shard_optimizer=shard, allreduce_dtype="bfloat16"))
         trainer = Trainer(ToyTask(), config, folder / "unused", world)
         state = trainer.on_devices(trainer.init_state())
         for _, batch in zip(range(WIRE_STEPS), trainer.batches):
@@ -74,7 +74,7 @@ def float16_steps(world, folder: Path) -> None:
     """FLOAT16_CONFIG's queued steps sharded over every device of every process: each process writes its devices'
     gradient norms at every step (not finite at a skipped one), final weights and loss scale to
     FOLDER/float16_rank{rank}.npz, one row per device."""
-    config = toy_config(**{**FLOAT16_CONFIG, "train": {**FLOAT16_CONFIG["train"], "shard_optimizer": True}})
+    config = toy_config(**with_train(FLOAT16_CONFIG, shard_optimizer=True))
     trainer = Trainer(LoudTask(), config, folder / "unused", world)
     state = trainer.on_devices(trainer.init_state())
     norms = []
@@ -88,7 +88,7 @@ def float16_steps(world, folder: Path) -> None:
 
 world = jaxring.init()
 np.savez(Path(sys.argv[1]).parent / f"library_rank{world.rank}.npz", **library_steps(world.rank))
-config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": True}})
+config = toy_config(**with_train(SHARDED_CONFIG, shard_optimizer=True))
 Trainer(ToyTask(), config, Path(sys.argv[1]), world).fit()
 wire_steps(world, Path(sys.argv[1]).parent)
 Trainer(ToyTask(), config, Path(sys.argv[1]).parent / "resumed", world).fit(resume=True)

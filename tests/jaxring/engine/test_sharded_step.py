@@ -11,7 +11,7 @@ import pytest
 from jaxring.engine import trainer as trainer_lib
 from jaxring.engine.checkpoint import Checkpoints
 from tests.jaxring.engine.toy_task import (FLOAT16_CONFIG, SHARDED_CONFIG, WIRE_STEPS, LoudTask, ToyTask, toy_config,
-                                          world_of)
+                                          with_train, world_of)
 from tests.jaxring.engine.test_resume_shapes import RESUMED_AT, rows, stopped_at
 from tests.tiny_runs import finish, mpirun
 
@@ -97,7 +97,7 @@ def float16_replicated():
 def test_float16_skips_the_same_overflowed_steps(float16_replicated):
     """Loss scaling: a step whose gradients overflowed on any device's block is skipped on every device
     (with lax's reduce-scatter and all-gather: train.allreduce psum)."""
-    config = toy_config(**{**FLOAT16_CONFIG, "train": {**FLOAT16_CONFIG["train"], "shard_optimizer": True}})
+    config = toy_config(**with_train(FLOAT16_CONFIG, shard_optimizer=True))
     _, _, sharded, _ = queued_run(LoudTask(), config, 4)
     _, _, replicated, _ = float16_replicated
     scale = float(np.asarray(replicated.loss_scale.scale)[0])
@@ -215,6 +215,6 @@ def test_a_sharded_run_resumes_on_another_shape(runs, tmp_path, shard):
     """Checkpoints hold the replicated layout: the 2 x 2 sharded run's step 10 goes on in one process of
     2 devices, replicated or sharded (its state in 2 blocks, not 4)."""
     resumed = stopped_at(runs / "mpi", tmp_path / "run")
-    config = toy_config(**{**SHARDED_CONFIG, "train": {**SHARDED_CONFIG["train"], "shard_optimizer": shard}})
+    config = toy_config(**with_train(SHARDED_CONFIG, shard_optimizer=shard))
     trainer_lib.Trainer(ToyTask(), config, resumed, world_of(2)).fit(resume=True)
     assert_close(final_state(runs / "one"), final_state(resumed))

@@ -88,6 +88,11 @@ class LoudTask(ToyTask):
         self.y = self.y * 300
 
 
+def with_train(sections: dict, **train) -> dict:
+    """`sections` (toy_config's keyword arguments) with `train`'s keys set on top of its train section."""
+    return {**sections, "train": {**sections.get("train", {}), **train}}
+
+
 def toy_config(**sections):
     raw = {
         "train": {"batch_size": 8, "epochs": 1, "log_every": 2, "allreduce": "ring" if ring_available() else "psum"},

@@ -205,18 +205,16 @@ std::string TimedOut(std::vector<MPI_Request>& receives, const std::vector<int>&
 template <typename Done, typename TimedOutMessage, typename FailedMessage>
 bool Await(Clock::duration patience, const Leg& leg, const int* rc, Done done, TimedOutMessage timed_out,
            FailedMessage failed, std::string* error) {
-  // Done at the first test (an eager send, a message already in): no clock
-  // read, on the path that most waits of a small leg take.
-  if (done()) {
-    *error = *rc != MPI_SUCCESS ? failed() : "";
-    return true;
-  }
-  const auto now = Clock::now();
-  const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
-  if (!PollUntil(until, done)) {
-    if (until < leg.deadline) return false;
-    *error = timed_out();
-    return true;
+  // Done at the first test (an eager send, a message already in) reads no
+  // clock: the path that most waits of a small leg take.
+  if (!done()) {
+    const auto now = Clock::now();
+    const auto until = leg.deadline - now < patience ? leg.deadline : now + patience;
+    if (!PollUntil(until, done)) {
+      if (until < leg.deadline) return false;
+      *error = timed_out();
+      return true;
+    }
   }
   *error = *rc != MPI_SUCCESS ? failed() : "";
   return true;
@@ -351,7 +349,9 @@ void PostPieces(bool receive, const void* data, int64_t bytes, int peer, const L
 }
 
 // The number of pieces PostPieces cuts `bytes` into.
-int64_t PiecesOf(int64_t bytes) { return bytes <= kEagerPieceBytes ? 1 : (bytes + kEagerPieceBytes - 1) / kEagerPieceBytes; }
+int64_t PiecesOf(int64_t bytes) {
+  return bytes <= kEagerPieceBytes ? 1 : (bytes + kEagerPieceBytes - 1) / kEagerPieceBytes;
+}
 
 // One-shot: every process sends its whole buffer to every other at once and
 // reduces all of them in rank order.
