@@ -58,11 +58,12 @@ class StepWatchdog:
         entry[1] = metrics["loss"]
         return state, metrics
 
-    def stop(self) -> None:
-        """Stops watching and waits for the thread to finish its poll."""
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stops watching and waits, at most `timeout_s`, for the thread to finish its poll (a poll that hangs
+        must not hold up the exit)."""
         self._stopped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         poll_s = min(1.0, self.timeout_s / 10)

@@ -102,3 +102,17 @@ def test_the_thread_is_stopped_before_python_ends_its_daemon_threads(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "alive at exit: False"
+
+
+def test_stopping_waits_for_a_hung_poll_only_so_long():
+    class Hung:
+        def is_ready(self):
+            time.sleep(3)
+            return False
+
+    dog, _, _ = watchdog(0.5)
+    queue(dog, Hung())
+    time.sleep(0.2)  # the thread's first poll (every 0.05 s) is under way and hangs
+    began = time.monotonic()
+    dog.stop(timeout_s=0.3)
+    assert time.monotonic() - began < 2 and dog._thread.is_alive()
