@@ -8,7 +8,8 @@ re-deciding a primitive's params at every bind, and whether JAX has started
 its backends (XLA's clients) yet, which bound axis names map devices (the
 rest are vmap's), lax's own roofline rules, running a primitive outside jit
 (compiled once per shape and params), whether jit partitions a program itself,
-and which of a program's effects are ordered (jaxring/engine/mpi4jax_unordered.py).
+which of a program's effects are ordered (jaxring/engine/mpi4jax_unordered.py), and
+a lowering context with one more operand than its primitive has (the MPI leg's plan).
 When JAX changes them, this module is the one to update.
 """
 
@@ -136,6 +137,13 @@ def devices_partitioned_over(lowering_context) -> int:
     propagation, outside pmap and shard_map); 1 where it runs on one device or per device."""
     axis_context = lowering_context.module_context.axis_context
     return axis_context.num_devices if isinstance(axis_context, ShardingContext) else 1
+
+
+def with_scalar_operand(lowering_context, dtype):
+    """`lowering_context` for a rule that lowers to a call with one more operand than its primitive
+    has, a scalar of `dtype` (a constant the rule makes): jax.ffi.ffi_lowering reads the operands'
+    types from the context."""
+    return lowering_context.replace(avals_in=[*lowering_context.avals_in, _core.ShapedArray((), dtype)])
 
 
 def ordered_effects(effects) -> tuple:

@@ -300,7 +300,7 @@ def _abstract_eval(x, *, comm_id, reduction, timeout_ms, what, mode):
     return x
 
 
-def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode):
+def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode, platform="cpu"):
     (aval,) = ctx.avals_in
     if (partitioned := _jax_compat.devices_partitioned_over(ctx)) > 1:
         # XLA's partitioner (Shardy) places no op with side effects but JAX's own callbacks.
@@ -313,31 +313,38 @@ def _lowering(ctx, x, *, comm_id, reduction, timeout_ms, what, mode):
     # MPI attaches the largest tag to MPI.COMM_WORLD only; it holds for every communicator.
     tag = next(communicator.tags) % MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     itemsize = np.dtype(aval.dtype).itemsize
-    # A phase alone goes around the ring: one-shot sends the whole buffer, not a chunk.
-    one_shot = mode == "allreduce" and aval.shape[0] * itemsize <= ONE_SHOT_MAX_BYTES
+    bytes_ = aval.shape[0] * itemsize
     piece_elements = max(PIECE_BYTES // itemsize, 1)
-    algorithm = "one-shot" if one_shot else f"ring of {piece_elements}-element pieces"
     size = communicator.size
     half_float = jnp.issubdtype(aval.dtype, jnp.floating) and itemsize == 2
-    small = mode == "allreduce" and aval.shape[0] * itemsize <= DOUBLING_MAX_BYTES
-    if small and size >= 4 and not size & (size - 1) and not half_float:
-        one_shot, algorithm = _leg_module().DOUBLING_ALGORITHM, "recursive doubling"
+    # A phase alone goes around the ring: one-shot sends the whole buffer, not a chunk.
+    if mode == "allreduce" and bytes_ <= DOUBLING_MAX_BYTES and size >= 4 and not size & (size - 1) and not half_float:
+        algorithm = "recursive doubling"
+    elif mode == "allreduce" and bytes_ <= ONE_SHOT_MAX_BYTES:
+        algorithm = "one-shot"
+    else:
+        algorithm = "ring"
+    described = algorithm if algorithm != "ring" else f"ring of {piece_elements}-element pieces"
     # Once per compiled leg: every process lowers the same legs in the same order.
     agreement.agree(
         communicator.handshake,
         "jaxring.allreduce across processes",
-        f"leg {tag}: {what}, {mode} {reduction} of chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {algorithm}",
+        f"leg {tag}: {what}, {mode} {reduction} of chunk {np.dtype(aval.dtype).name}[{aval.shape[0]}], {described}",
         None if timeout_ms == 0 else (float("inf") if timeout_ms < 0 else timeout_ms / 1000),
     )
+    plan = _leg_module().register_leg(
+        comm_id=comm_id, dtype=np.dtype(aval.dtype).name, reduction=_ffi.reductions()[reduction], tag=tag,
+        timeout_ms=timeout_ms, what=what, algorithm=_leg_module().ALGORITHMS[algorithm],
+        piece_elements=piece_elements, mode=_ffi.modes()[mode])
     # The ring sums in place (csrc/mpi/mpi_host_ring.cc): its output may be its input's buffer, which XLA
     # then reuses where the input dies here, instead of a fresh buffer whose pages the transfer faults in.
-    # One-shot sends its input while it sums: it needs both.
+    # One-shot and doubling send their input while they sum: they need both.
     lower = jax.ffi.ffi_lowering(_leg_module().TARGET_NAME, has_side_effect=True,
-                                 operand_output_aliases=None if one_shot else {0: 0})
-    return lower(ctx, x, comm=np.int64(comm_id), reduction=np.int64(_ffi.reductions()[reduction]),
-                 tag=np.int64(tag), timeout_ms=np.int64(timeout_ms), what=what,
-                 one_shot=np.int64(one_shot), piece_elements=np.int64(piece_elements),
-                 mode=np.int64(_ffi.modes()[mode]))
+                                 operand_output_aliases={0: 0} if algorithm == "ring" else None)
+    if platform == "cuda":  # the plan as an attribute: an operand would be in device memory
+        return lower(ctx, x, plan=np.int64(plan))
+    # On CPU the plan's id as an operand: XLA decodes attributes at every call (csrc/mpi/leg_plan.h).
+    return lower(_jax_compat.with_scalar_operand(ctx, np.int32), x, mlir.ir_constant(np.int32(plan)))
 
 
 def _cuda_lowering(ctx, x, **params):
@@ -346,7 +353,7 @@ def _cuda_lowering(ctx, x, **params):
             "jaxring's MPI leg was built without its CUDA handler (no CUDA toolkit was found when "
             "jaxring was built): rebuild jaxring where nvcc is installed (`make .venv/.installed`)"
         )
-    return _lowering(ctx, x, **params)
+    return _lowering(ctx, x, **params, platform="cuda")
 
 
 def _jvp(primals, tangents, **params):

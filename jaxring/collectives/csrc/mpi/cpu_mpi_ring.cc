@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "core/huge_pages.h"
@@ -28,15 +27,15 @@ namespace ffi = xla::ffi;
 std::atomic<int64_t> patience_us{kDefaultLegPatienceUs};
 std::atomic<int64_t> finished_on_xla_thread{0}, handed_off{0};
 
-ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
-                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
-                       std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode) {
+// The plan's id comes as an operand (a constant of the program), not as an
+// attribute: XLA's CPU runtime reads an operand's pointer at no cost but
+// decodes attributes at every call (leg_plan.h).
+ffi::Future MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Buffer<ffi::DataType::S32> plan,
+                       ffi::Result<ffi::AnyBuffer> out) {
   ffi::Promise promise;
   ffi::Future future(promise);
   Leg leg{};
-  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
-                                 what, one_shot, piece_elements, mode, &leg);
-      error.failure()) {
+  if (ffi::Error error = OpenLeg(*plan.typed_data(), device_ordinal, x.element_type(), &leg); error.failure()) {
     promise.SetError(std::move(error));
     return future;
   }
@@ -73,6 +72,11 @@ LegThreads CpuLegThreads() {
           handed_off.load(std::memory_order_relaxed)};
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCpu, MpiRingCpu, JAXRING_MPI_LEG_BINDING(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCpu, MpiRingCpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::DataType::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
 
 }  // namespace jaxring

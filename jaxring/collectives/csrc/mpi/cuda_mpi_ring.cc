@@ -15,7 +15,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -78,14 +77,11 @@ ffi::Error Reserve(Staging& staging, size_t bytes) {
   return ffi::Error::Success();
 }
 
+// The plan's id as an attribute: an operand would be in device memory.
 ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuffer x,
-                       ffi::Result<ffi::AnyBuffer> out,
-                       int64_t comm_id, int64_t reduction, int64_t tag, int64_t timeout_ms,
-                       std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode) {
+                       ffi::Result<ffi::AnyBuffer> out, int64_t plan) {
   Leg leg{};
-  if (ffi::Error error = OpenLeg(device_ordinal, x.element_type(), comm_id, reduction, tag, timeout_ms,
-                                 what, one_shot, piece_elements, mode, &leg);
-      error.failure()) {
+  if (ffi::Error error = OpenLeg(plan, device_ordinal, x.element_type(), &leg); error.failure()) {
     return error;
   }
   cudaError_t err = cudaSetDevice(device_ordinal);
@@ -100,7 +96,7 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the chunk to the host", err);
   err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return CudaError("cudaStreamSynchronize before the leg", err);
-  leg.deadline = DeadlineFor(timeout_ms);
+  leg.deadline = DeadlineFor(FindLegPlan(plan)->timeout_ms);
   const std::string error = RunHostRing(x.element_type(), in, result,
                                         static_cast<int64_t>(x.element_count()), std::move(leg));
   if (!error.empty()) return ffi::Error::Internal(error);
@@ -114,7 +110,11 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kMpiRingCuda, MpiRingCuda,
-                              JAXRING_MPI_LEG_BINDING(
-                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("plan"));
 
 }  // namespace jaxring

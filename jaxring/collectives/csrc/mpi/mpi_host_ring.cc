@@ -54,7 +54,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -82,9 +81,6 @@ namespace ffi = xla::ffi;
 constexpr auto kSpin = std::chrono::milliseconds(100);
 std::atomic<int64_t> spin_ns{kDefaultLegSpinUs * 1000};
 
-std::mutex comms_mu;
-std::map<std::pair<int64_t, int64_t>, MPI_Comm> comms;  // (comm id, device ordinal) -> communicator
-
 constexpr const char* kJobMustEnd =
     "The processes are now out of step: the job must end (scripts/train.py aborts it on an "
     "uncaught exception, as python -m mpi4py does); a training job continues from its newest "
@@ -93,7 +89,7 @@ constexpr const char* kJobMustEnd =
 std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%g", leg.timeout_s);
-  return "jaxring.allreduce across processes (" + leg.what + " on device " +
+  return "jaxring.allreduce across processes (" + std::string(leg.what) + " on device " +
          std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +
          " s " + waiting_for + "; no answer from rank " + std::to_string(peer) +
@@ -128,7 +124,7 @@ std::string Failed(const Leg& leg, int rc, int peer, const char* waiting_for) {
   MPI_Error_string(rc, reported, &length);
   const std::string failed = FailedRanks(leg.comm);
   const std::string waited = peer >= 0 ? "rank " + std::to_string(peer) : "the other processes";
-  return "jaxring.allreduce across processes (" + leg.what + " on device " +
+  return "jaxring.allreduce across processes (" + std::string(leg.what) + " on device " +
          std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + ", waiting " +
          waiting_for + " from " + waited + ", got MPI's error \"" +
@@ -643,45 +639,40 @@ void VisitComponentType(ffi::DataType type, Visit visit) {
 
 }  // namespace
 
-ffi::Error OpenLeg(int32_t device_ordinal, ffi::DataType type, int64_t comm_id,
-                   int64_t reduction, int64_t tag, int64_t timeout_ms,
-                   std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode,
-                   Leg* leg) {
-  {
-    std::lock_guard<std::mutex> lock(comms_mu);
-    auto found = comms.find({comm_id, device_ordinal});
-    if (found == comms.end()) {
-      return ffi::Error::InvalidArgument(
-          "jaxring: no MPI communicator " + std::to_string(comm_id) + " for device " +
-          std::to_string(device_ordinal) + "; jaxring/collectives/mpi.py registers one per "
-          "communicator and local device when an op is traced");
-    }
-    leg->comm = found->second;
+ffi::Error OpenLeg(int64_t plan_id, int32_t device_ordinal, ffi::DataType type, Leg* leg) {
+  const LegPlan* plan = FindLegPlan(plan_id);
+  if (plan == nullptr) {
+    return ffi::Error::InvalidArgument("jaxring: no leg across processes has plan " + std::to_string(plan_id) +
+                                       " in this process; jaxring/collectives/mpi.py registers each leg's plan "
+                                       "when it lowers it");
   }
-  const ElementType* row = FindElementType(type);
-  if (std::string refused = RefuseTypeOrReduction(row, reduction, Mode::kAllReduce); !refused.empty()) {
-    return ffi::Error::InvalidArgument(refused);
+  if (static_cast<size_t>(device_ordinal) >= plan->devices.size() ||
+      plan->devices[device_ordinal].comm == MPI_COMM_NULL) {
+    return ffi::Error::InvalidArgument(
+        "jaxring: no MPI communicator " + std::to_string(plan->comm_id) + " for device " +
+        std::to_string(device_ordinal) + " (" + plan->what + "); jaxring/collectives/mpi.py sets one per "
+        "communicator and local device");
   }
-  leg->reduction = static_cast<Reduction>(reduction);
-  MPI_Comm_rank(leg->comm, &leg->rank);
-  MPI_Comm_size(leg->comm, &leg->size);
-  leg->tag = static_cast<int>(tag);
+  if (type != plan->type->type) {
+    return ffi::Error::InvalidArgument("jaxring: the leg across processes (" + plan->what + ") was lowered for " +
+                                       plan->type->name + " and got another type");
+  }
+  const DeviceComm& device = plan->devices[device_ordinal];
+  leg->comm = device.comm;
+  leg->rank = device.rank;
+  leg->size = device.size;
+  leg->tag = plan->tag;
   leg->device = device_ordinal;
-  leg->deadline = DeadlineFor(timeout_ms);
-  leg->timeout_s = timeout_ms > 0   ? timeout_ms / 1000.0
-                   : timeout_ms < 0 ? kForeverSeconds
-                                    : DefaultTimeoutSeconds();
-  leg->what = std::string(what);
-  leg->one_shot = one_shot != 0;
-  leg->doubling = one_shot == kDoublingAlgorithm;
-  leg->piece_elements = piece_elements;
-  leg->mode = static_cast<Mode>(mode);
-  if (TraitsOf(leg->mode).name == nullptr || (leg->one_shot && leg->mode != Mode::kAllReduce)) {
-    return ffi::Error::InvalidArgument("jaxring: the leg across processes got mode " + std::to_string(mode) +
-                                       (leg->one_shot ? " one-shot" : "") +
-                                       "; jaxring/collectives/mpi.py lowers the all-reduce (0) one-shot or around "
-                                       "the ring, and its phases (1, 2) around the ring only");
-  }
+  leg->deadline = DeadlineFor(plan->timeout_ms);
+  leg->timeout_s = plan->timeout_ms > 0   ? plan->timeout_ms / 1000.0
+                   : plan->timeout_ms < 0 ? kForeverSeconds
+                                          : DefaultTimeoutSeconds();
+  leg->what = plan->what;
+  leg->one_shot = plan->algorithm != LegAlgorithm::kRing;
+  leg->doubling = plan->algorithm == LegAlgorithm::kDoubling;
+  leg->piece_elements = plan->piece_elements;
+  leg->reduction = plan->reduction;
+  leg->mode = plan->mode;
   return ffi::Error::Success();
 }
 
@@ -719,12 +710,5 @@ std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t e
 }
 
 void SetLegSpinUs(int64_t us) { spin_ns.store(us * 1000, std::memory_order_relaxed); }
-
-void SetLegComm(int64_t comm_id, int64_t device_ordinal, uintptr_t handle) {
-  const auto comm = reinterpret_cast<MPI_Comm>(handle);
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);  // the waits report errors, naming processes
-  std::lock_guard<std::mutex> lock(comms_mu);
-  comms[{comm_id, device_ordinal}] = comm;
-}
 
 }  // namespace jaxring

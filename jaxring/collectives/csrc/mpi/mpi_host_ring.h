@@ -13,11 +13,12 @@
 #include "core/reduction.h"
 #include "core/ring_schedule.h"
 #include "core/timeout.h"
+#include "mpi/leg_plan.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxring {
 
-// One call of the leg: the communicator of its device and the limits it waits under.
+// One call of a leg: its plan's settings (leg_plan.h) for one local device, and the deadline.
 struct Leg {
   MPI_Comm comm;
   int rank;
@@ -26,13 +27,12 @@ struct Leg {
   int64_t device;
   Clock::time_point deadline;
   double timeout_s;
-  std::string what;
+  std::string_view what;  // the plan's: plans are never freed
   // The algorithm, chosen by mpi.py's lowering (the same in every process):
   // one-shot (every process sends its whole buffer to every other and sums
   // all of them in rank order), recursive doubling, or the ring, moving each step's chunk in
   // pieces of at most `piece_elements`, several in flight.
   bool one_shot;
-  // Recursive doubling instead of one-shot (the attribute one_shot = kDoublingAlgorithm).
   bool doubling;
   int64_t piece_elements;
   Reduction reduction;
@@ -43,18 +43,10 @@ struct Leg {
   Mode mode;
 };
 
-// The lowering's attribute one_shot: 0 the ring, 1 one-shot, kDoublingAlgorithm recursive doubling.
-inline constexpr int64_t kDoublingAlgorithm = 2;
-
-// The leg of local device `device_ordinal` over communicator `comm_id` with
-// the lowering's attributes, or an InvalidArgument error when that device has
-// no such communicator or the ring would refuse `type` or `reduction`
-// (core/ring_handler_common.h's RefuseTypeOrReduction; the leg takes the
-// 16-bit floats in float32, as mpi.py casts them).
-xla::ffi::Error OpenLeg(int32_t device_ordinal, xla::ffi::DataType type, int64_t comm_id,
-                        int64_t reduction, int64_t tag, int64_t timeout_ms,
-                        std::string_view what, int64_t one_shot, int64_t piece_elements, int64_t mode,
-                        Leg* leg);
+// The leg of local device `device_ordinal` by the plan with id `plan_id`, on
+// buffers of `type`, or an InvalidArgument error when there is no such plan,
+// that device has no clone of its communicator, or `type` is not the plan's.
+xla::ffi::Error OpenLeg(int64_t plan_id, int32_t device_ordinal, xla::ffi::DataType type, Leg* leg);
 
 // A leg in flight. StartLeg posts its first messages; `in` and `out` must
 // outlive it.
@@ -82,19 +74,3 @@ std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int6
                         Leg leg);
 
 }  // namespace jaxring
-
-// The leg's attributes, as mpi.py's lowering passes them, after the context
-// that `bind` (the handler's own) asks for: one binding for both handlers.
-#define JAXRING_MPI_LEG_BINDING(bind)     \
-  (bind)                                  \
-      .Ctx<xla::ffi::DeviceOrdinal>()     \
-      .Arg<xla::ffi::AnyBuffer>()         \
-      .Ret<xla::ffi::AnyBuffer>()         \
-      .Attr<int64_t>("comm")              \
-      .Attr<int64_t>("reduction")         \
-      .Attr<int64_t>("tag")               \
-      .Attr<int64_t>("timeout_ms")        \
-      .Attr<std::string_view>("what")     \
-      .Attr<int64_t>("one_shot")          \
-      .Attr<int64_t>("piece_elements")    \
-      .Attr<int64_t>("mode")

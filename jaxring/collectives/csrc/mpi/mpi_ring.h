@@ -9,13 +9,6 @@ namespace jaxring {
 
 inline constexpr char kMpiRingTargetName[] = "jaxring_mpi_ring";
 
-// The communicator (an MPI_Comm handle, as mpi4py's MPI._handleof gives it)
-// whose processes the legs of local device `device_ordinal` reduce over when
-// lowered with the attribute comm=`comm_id` (mpi.py numbers the communicators
-// it was handed, each cloned once per local device, so the legs of two
-// communicators, or of two devices, never take each other's messages).
-void SetLegComm(int64_t comm_id, int64_t device_ordinal, uintptr_t handle);
-
 extern "C" XLA_FFI_Error* kMpiRingCpu(XLA_FFI_CallFrame*);
 
 // How long a CPU leg may wait for the other processes, at a time, on XLA's

@@ -21,6 +21,7 @@ from jaxring.engine import sync as sync_lib
 from jaxring.engine.task import AXIS as AXIS_SYNC
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[4]))  # the repository root, for tests.*
+from tests.jaxring.collectives.leg_plans import plans_registered_by  # noqa: E402
 from tests.jaxring.collectives.operand_kinds import BLOCK, OPERANDS  # noqa: E402
 
 SEED = 20261121
@@ -285,8 +286,7 @@ def check_equal_legs():
     for algorithm, shape in shapes.items():
         inputs = [data(world.rank, 960 + i, shape, jnp.float32) for i in range(4)]
         program = jax.pmap(lambda *xs: [jaxring.allreduce(x, AXIS, processes=True) for x in xs], AXIS)
-        tags = [line.split("tag = ")[1].split(" ")[0] for line in program.lower(*inputs).as_text().splitlines()
-                if "jaxring_mpi_ring" in line and "tag = " in line]
+        tags = [plan["tag"] for plan in plans_registered_by(lambda: program.lower(*inputs))]
         assert len(tags) == len(set(tags)) == len(inputs), (algorithm, tags)
         for _ in range(30):
             for i, out in enumerate(program(*inputs)):

@@ -29,6 +29,7 @@ import jaxring
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[4]))  # the repository root, for tests.*
 from tests.jaxring.collectives import queued_loops, sharded_distributed  # noqa: E402
+from tests.jaxring.collectives.leg_plans import plans_registered_by  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -193,8 +194,9 @@ legs = [rows_of(rank, 1001, np.float32) * np.float32(i + 1) for i in range(4)]
 equal = jax.jit(jax.shard_map(lambda *vs: tuple(jaxring.allreduce(v, "x") for v in vs), mesh=mesh,
                               in_specs=(P("x"),) * 4, out_specs=(P(),) * 4))
 leg_inputs = [jax.make_array_from_process_local_data(NamedSharding(mesh, P("x")), leg) for leg in legs]
-text = equal.lower(*leg_inputs).as_text()
-tags = [line.split("tag = ")[1].split(" ")[0] for line in text.splitlines() if "jaxring_mpi_ring" in line]
+lowered = []
+tags = [plan["tag"] for plan in plans_registered_by(lambda: lowered.append(equal.lower(*leg_inputs).as_text()))]
+text = lowered[0]
 op_ids = [line.split("op_id = ")[1].split(" ")[0] for line in text.splitlines() if "op_id = " in line]
 assert len(tags) == len(set(tags)) == 4, tags
 assert len(op_ids) == len(set(op_ids)) == (0 if L == 1 else 8), op_ids  # a reduce-scatter and an all-gather per leg
