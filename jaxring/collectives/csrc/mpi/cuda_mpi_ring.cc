@@ -97,8 +97,7 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
   err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return CudaError("cudaStreamSynchronize before the leg", err);
   leg.deadline = DeadlineFor(FindLegPlan(plan)->timeout_ms);
-  const std::string error = RunHostRing(x.element_type(), in, result,
-                                        static_cast<int64_t>(x.element_count()), std::move(leg));
+  const std::string error = RunHostRing(in, result, static_cast<int64_t>(x.element_count()), std::move(leg));
   if (!error.empty()) return ffi::Error::Internal(error);
   err = cudaMemcpyAsync(out->untyped_data(), result, bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the sum to the device", err);

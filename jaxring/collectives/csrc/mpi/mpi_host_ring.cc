@@ -277,40 +277,49 @@ class Scratch {
     }
   };
 
-  explicit Scratch(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      if (!kept().empty()) {
-        held_ = std::move(kept().back());
-        kept().pop_back();
-      }
-    }
-    if (held_.bytes.size() < bytes) held_.bytes.resize(bytes);
-    held_.requests.Clear();
+  explicit Scratch(size_t bytes) : held_(Take()) {
+    if (held_->bytes.size() < bytes) held_->bytes.resize(bytes);
+    held_->requests.Clear();
   }
   // Given back only by a leg that finished cleanly: after a failure a message
   // may still land in it.
   void GiveBack() {
-    std::lock_guard<std::mutex> lock(mu());
-    kept().push_back(std::move(held_));
+    if (Held* displaced = spare().exchange(held_.release(), std::memory_order_acq_rel)) {
+      std::lock_guard<std::mutex> lock(mu());
+      kept().emplace_back(displaced);
+    }
   }
-  char* data() { return held_.bytes.data(); }
-  Requests& requests() { return held_.requests; }
+  char* data() { return held_->bytes.data(); }
+  Requests& requests() { return held_->requests; }
 
  private:
   struct Held {
     std::vector<char> bytes;
     Requests requests;
   };
+  // The last one given back waits in a slot taken without a lock (legs one after another, as
+  // a loop's, take and give back one each); the others in a list under a lock.
+  static std::unique_ptr<Held> Take() {
+    if (Held* last = spare().exchange(nullptr, std::memory_order_acq_rel)) return std::unique_ptr<Held>(last);
+    std::lock_guard<std::mutex> lock(mu());
+    if (kept().empty()) return std::make_unique<Held>();
+    std::unique_ptr<Held> held = std::move(kept().back());
+    kept().pop_back();
+    return held;
+  }
+  static std::atomic<Held*>& spare() {
+    static std::atomic<Held*> slot{nullptr};
+    return slot;
+  }
   static std::mutex& mu() {
     static auto* m = new std::mutex();
     return *m;
   }
-  static std::vector<Held>& kept() {
-    static auto* k = new std::vector<Held>();
+  static std::vector<std::unique_ptr<Held>>& kept() {
+    static auto* k = new std::vector<std::unique_ptr<Held>>();
     return *k;
   }
-  Held held_;
+  std::unique_ptr<Held> held_;
 };
 
 // One-shot and recursive doubling move a buffer in messages of at most this many bytes, each
@@ -668,6 +677,7 @@ ffi::Error OpenLeg(int64_t plan_id, int32_t device_ordinal, ffi::DataType type, 
                    : plan->timeout_ms < 0 ? kForeverSeconds
                                           : DefaultTimeoutSeconds();
   leg->what = plan->what;
+  leg->type = plan->type;
   leg->one_shot = plan->algorithm != LegAlgorithm::kRing;
   leg->doubling = plan->algorithm == LegAlgorithm::kDoubling;
   leg->piece_elements = plan->piece_elements;
@@ -676,13 +686,13 @@ ffi::Error OpenLeg(int64_t plan_id, int32_t device_ordinal, ffi::DataType type, 
   return ffi::Error::Success();
 }
 
-std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* out,
-                                      int64_t elements, Leg leg) {
+std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t elements, Leg leg) {
   // A complex number is two components, reduced one by one (kElementTypes).
-  const int64_t components = ComponentsPerElement(type);
+  const ElementType& type = *leg.type;
+  const int64_t components = ffi::ByteWidth(type.type) / ffi::ByteWidth(type.component);
   leg.piece_elements *= components;
   std::unique_ptr<LegInFlight> started;
-  VisitComponentType(FindElementType(type)->component, [&](auto zero) {
+  VisitComponentType(type.component, [&](auto zero) {
     using T = decltype(zero);
     const T* typed_in = static_cast<const T*>(in);
     T* typed_out = static_cast<T*>(out);
@@ -702,10 +712,9 @@ std::unique_ptr<LegInFlight> StartLeg(ffi::DataType type, const void* in, void* 
   return started;
 }
 
-std::string RunHostRing(ffi::DataType type, const void* in, void* out, int64_t elements,
-                        Leg leg) {
+std::string RunHostRing(const void* in, void* out, int64_t elements, Leg leg) {
   std::string error;
-  StartLeg(type, in, out, elements, std::move(leg))->Finish(Clock::duration::max(), &error);
+  StartLeg(in, out, elements, std::move(leg))->Finish(Clock::duration::max(), &error);
   return error;
 }
 

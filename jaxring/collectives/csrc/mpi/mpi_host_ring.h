@@ -28,6 +28,7 @@ struct Leg {
   Clock::time_point deadline;
   double timeout_s;
   std::string_view what;  // the plan's: plans are never freed
+  const ElementType* type;  // of the buffers
   // The algorithm, chosen by mpi.py's lowering (the same in every process):
   // one-shot (every process sends its whole buffer to every other and sums
   // all of them in rank order), recursive doubling, or the ring, moving each step's chunk in
@@ -61,16 +62,14 @@ class LegInFlight {
   virtual bool Finish(Clock::duration patience, std::string* error) = 0;
 };
 
-// Reduces the `elements` values of `type` at `in` over the leg's processes into
+// Reduces the `elements` values of the leg's type at `in` over the leg's processes into
 // `out` (host memory; `out` may be `in` for the ring, not for one-shot). The leg
 // is taken by value and moved along: a copy of Leg::what is a heap allocation,
 // a measurable part of a small leg.
-std::unique_ptr<LegInFlight> StartLeg(xla::ffi::DataType type, const void* in, void* out,
-                                      int64_t elements, Leg leg);
+std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t elements, Leg leg);
 
 // StartLeg's leg, waited for until done or the leg's deadline: "" or the
 // message naming the process that did not answer.
-std::string RunHostRing(xla::ffi::DataType type, const void* in, void* out, int64_t elements,
-                        Leg leg);
+std::string RunHostRing(const void* in, void* out, int64_t elements, Leg leg);
 
 }  // namespace jaxring
