@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
+from mpi4py import MPI
 
 from jaxring.collectives import timeout as timeout_lib
 
@@ -91,15 +92,31 @@ def timeout_error(comm, what: str, timeout: float) -> TimeoutError:
     """The TimeoutError of a wait on `comm` that expired, naming the processes a roll call did not reach."""
     missing = missing_ranks(comm, min(timeout, ROLL_CALL_S))
     who = (
-        f"no answer from {'rank' if len(missing) == 1 else 'ranks'} {', '.join(map(str, missing))}"
+        f"no answer from {_ranks(missing)}"
         if missing else "every process answered the roll call after it, so one of them is late rather than gone"
     )
     return TimeoutError(
         f"{what}: rank {comm.Get_rank()} of {comm.Get_size()} waited {timeout:g} s and not every "
-        f"process arrived; {who} (stopped, dead, or in another call). The limit is set by timeout=, "
+        f"process arrived; {who} ({_in_world(comm, missing)}stopped, dead, or in another call). The limit is set by timeout=, "
         f"jaxring.set_default_timeout or ${timeout_lib.ENV}. The processes are now out of step: the "
         "job must end (scripts/train.py aborts it on an uncaught exception, as python -m mpi4py does)."
     )
+
+
+def _ranks(ranks) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}"
+
+
+def _in_world(comm, ranks) -> str:
+    """"rank W of MPI.COMM_WORLD; " for `ranks` of `comm` (a sub-communicator's) where their world ranks
+    differ, else "": the launcher and the leg's messages (csrc/mpi/mpi_host_ring.cc) name world ranks too."""
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    in_world = MPI.Group.Translate_ranks(group, list(ranks), world)
+    group.Free()
+    world.Free()
+    if list(in_world) == list(ranks) or MPI.UNDEFINED in in_world:
+        return ""
+    return f"{_ranks(in_world)} of MPI.COMM_WORLD; "
 
 
 def missing_ranks(comm, grace: float) -> list[int]:

@@ -86,14 +86,27 @@ constexpr const char* kJobMustEnd =
     "uncaught exception, as python -m mpi4py does); a training job continues from its newest "
     "checkpoint with --resume once every node is back.";
 
+// "rank W of MPI.COMM_WORLD; " where `rank` of `comm` (a sub-communicator's) is another rank
+// there, else "": the launcher and the other messages name processes by their world rank.
+std::string WorldRank(MPI_Comm comm, int rank) {
+  MPI_Group group, world;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int in_world = MPI_UNDEFINED;
+  MPI_Group_translate_ranks(group, 1, &rank, world, &in_world);
+  MPI_Group_free(&world);
+  MPI_Group_free(&group);
+  return in_world == rank || in_world == MPI_UNDEFINED ? "" : "rank " + std::to_string(in_world) + " of MPI.COMM_WORLD; ";
+}
+
 std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%g", leg.timeout_s);
   return "jaxring.allreduce across processes (" + std::string(leg.what) + " on device " +
          std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +
-         " s " + waiting_for + "; no answer from rank " + std::to_string(peer) +
-         " (stopped, dead, or in another call). The limit is set by timeout=, "
+         " s " + waiting_for + "; no answer from rank " + std::to_string(peer) + " (" + WorldRank(leg.comm, peer) +
+         "stopped, dead, or in another call). The limit is set by timeout=, "
          "jaxring.set_default_timeout or $JAXRING_TIMEOUT_S. " + kJobMustEnd;
 }
 

@@ -1,7 +1,8 @@
 """Run by tests/jaxring/test_mpi4jax.py under `mpirun -np P python -m mpi4py`, one host device per rank.
 
 members_alone (4 processes): ranks 1 and 3 reduce over their communicator while ranks 0 and 2
-wait for them in a receive, calling nothing of jaxring's: the members must not wait on them.
+wait for them in a receive, calling nothing of jaxring's: the members must not wait on them. Then
+rank 1 reduces without rank 3: its timeouts name rank 3 by its rank in both communicators.
 drop_in (2 processes): jaxring.mpi4jax against mpi4jax itself in the same program and float64
 numpy. As the other workers: every check passes on every rank or raises (and `python -m mpi4py`
 aborts the job); each rank prints "PASS rank <rank> <check>". 64-bit types are on here.
@@ -54,6 +55,20 @@ def check_members_alone():
         np.testing.assert_array_equal(np.asarray(eager), np.asarray(in_jit))
         np.testing.assert_array_equal(np.asarray(batched), np.max(sub.allgather(x), axis=0))
         np.testing.assert_allclose(np.asarray(drop_in.allreduce(x, MPI.SUM, comm=sub)), want, rtol=1e-15)
+        within_1s = jax.jit(lambda v: jaxring.allreduce(v, (), processes=sub, timeout=1))
+        within_1s(x)  # compiled and agreed by both
+        if RANK == 1:  # rank 3, the communicator's rank 1, comes no more: named by both its ranks
+            # The compiled leg's wait (csrc/mpi/mpi_host_ring.cc), then an agreement's (agreement.py).
+            waits = {"waited 1 s for a": lambda: within_1s(data(2)),
+                     "waited 1 s and not every": lambda: jaxring.allreduce(data(3), (), processes=sub, timeout=1)}
+            for waited, alone in waits.items():
+                try:
+                    jax.block_until_ready(alone())
+                except Exception as error:  # noqa: BLE001 - XLA's runtime error or a TimeoutError
+                    assert waited in str(error), error
+                    assert "no answer from rank 1 (rank 3 of MPI.COMM_WORLD; stopped" in str(error), error
+                else:
+                    raise AssertionError("rank 1's leg over its communicator without rank 3 did not time out")
         for other in set(range(SIZE)) - set(members):
             WORLD.send("done", dest=other, tag=61)
     else:
