@@ -516,8 +516,8 @@ class Doubling final : public LegInFlight {
   Scratch theirs_;  // the partner's partial result
   int64_t bytes_ = elements_ * static_cast<int64_t>(sizeof(T));
   // Above kEagerPieceBytes a step's buffer crosses whole: Open MPI over shared memory copies it
-  // once (CMA), where eager pieces are copied in and out, and 64 KiB over 4 processes ran at
-  // 0.74-0.77x MPI_Allreduce's speed in pieces (docs/PERFORMANCE.md). A whole buffer's send may
+  // once (CMA), where eager pieces are copied in and out: 64 KiB over 4 processes ran at
+  // 0.74-0.77x mpi4jax's speed in pieces (docs/PERFORMANCE.md). A whole buffer's send may
   // wait for its receiver's next MPI call: the leg then ends with the Ring's farewells.
   bool whole_ = bytes_ > kEagerPieceBytes;
   Farewells farewells_;
