@@ -1,9 +1,11 @@
 """jaxring.allreduce(processes=True), broadcast and the replica checks, in one process and under mpirun.
 
-The multi-process checks live in mpi_workers/; each layout is one mpirun
-launch (start-up costs seconds) running all of them.
+The multi-process checks live in mpi_workers/; each layout of collectives.py
+is one mpirun launch (start-up costs seconds) running every check of that
+layout, whose output the tests of that layout share.
 """
 
+import functools
 import pathlib
 import time
 
@@ -17,10 +19,18 @@ from tests.tiny_runs import finish, mpirun
 
 WORKERS = pathlib.Path(__file__).with_name("mpi_workers")
 CHECKS = ["topology", "allreduce", "algorithms", "mean_and_jit_and_shard_map", "sync", "mismatch", "broadcast_and_replicas",
-          "host_leaf_divergence", "equal_legs"]
-# Every kind of operand lax takes (operand_kinds.py) compiles some forty legs: two layouts, not all five;
-# the leg's phases alone (ShardedUpdate's) need only two and three processes.
-OPERAND_KINDS_LAYOUTS = [(2, 2), (3, 2)]
+          "host_leaf_divergence", "equal_legs", "queued"]
+# Every kind of operand lax takes (operand_kinds.py) compiles some forty legs: two layouts, not all four;
+# the leg's phases alone (ShardedUpdate's) need only two and three processes. ShardedUpdate's queued adamw
+# steps against the replicated update (gpu_check.sh part 2 runs it on a GPU) and tree_allreduce's wire
+# dtype: one layout, for their compile time. The queued steps (0.5-1 s a layout) run in every layout: one
+# device a process (the smallest XLA pool) in 2x1, three processes in 3x2.
+LAYOUTS = {
+    (2, 1): CHECKS,
+    (2, 2): CHECKS + ["operand_kinds", "phases", "sharded_steps", "tree_wire_dtype"],
+    (2, 3): CHECKS,
+    (3, 2): CHECKS + ["operand_kinds", "phases"],
+}
 
 
 def run_workers(worker, args, n_procs, devices_per_proc, env=(), timeout_s=240):
@@ -31,31 +41,40 @@ def run_workers(worker, args, n_procs, devices_per_proc, env=(), timeout_s=240):
     return output
 
 
+@functools.cache
+def collectives_output(n_procs, devices_per_proc):
+    """(exit code, output) of collectives.py running every check of the layout (LAYOUTS): one launch, whose
+    outcome, a failure too, every test of the layout reads."""
+    try:
+        return 0, run_workers("collectives.py", LAYOUTS[n_procs, devices_per_proc], n_procs, devices_per_proc)
+    except AssertionError as error:
+        return 1, str(error)
+
+
+def assert_collectives_passed(checks, n_procs, devices_per_proc):
+    code, output = collectives_output(n_procs, devices_per_proc)
+    assert code == 0, output
+    assert_passed(output, checks, range(n_procs))
+
+
 def assert_passed(output, checks, ranks):
     for check in checks:
         for rank in ranks:
             assert f"PASS rank {rank} {check}\n" in output, f"rank {rank} did not pass {check}:\n{output}"
 
 
-@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 1), (2, 2), (2, 3), (3, 2)])
+@pytest.mark.parametrize("n_procs, devices_per_proc", LAYOUTS)
 def test_collectives_across_processes(n_procs, devices_per_proc):
-    checks = CHECKS + (["operand_kinds", "phases"] if (n_procs, devices_per_proc) in OPERAND_KINDS_LAYOUTS else [])
-    # ShardedUpdate's queued adamw steps against the replicated update (gpu_check.sh part 2 runs it on a GPU):
-    # one layout, for its compile time
-    checks += ["sharded_steps"] if (n_procs, devices_per_proc) == (2, 2) else []
-    output = run_workers("collectives.py", checks, n_procs, devices_per_proc)
-    assert_passed(output, checks, range(n_procs))
+    assert_collectives_passed(LAYOUTS[n_procs, devices_per_proc], n_procs, devices_per_proc)
 
 
-@pytest.mark.parametrize("n_procs, devices_per_proc", [(2, 2), (3, 1)])
+@pytest.mark.parametrize("n_procs, devices_per_proc", LAYOUTS)
 def test_queued_steps_across_processes(n_procs, devices_per_proc):
-    output = run_workers("collectives.py", ["queued"], n_procs, devices_per_proc)
-    assert_passed(output, ["queued"], range(n_procs))
+    assert_collectives_passed(["queued"], n_procs, devices_per_proc)
 
 
 def test_tree_allreduce_crosses_in_the_wire_dtype_as_allreduce_does():
-    output = run_workers("collectives.py", ["tree_wire_dtype"], 2, 2)
-    assert_passed(output, ["tree_wire_dtype"], range(2))
+    assert_collectives_passed(["tree_wire_dtype"], 2, 2)
 
 
 def test_a_process_that_never_arrives_times_out_the_others():
