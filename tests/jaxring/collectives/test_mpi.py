@@ -105,11 +105,11 @@ def test_a_process_that_leaves_mpi_after_its_legs_holds_up_no_other(tmp_path):
     assert_passed(output, ["leaves_mpi"], range(4))
 
 
-def test_a_process_that_leaves_mpi_after_a_leg_by_recursive_doubling_holds_up_no_other(tmp_path):
-    """As above with legs by recursive doubling: of 3.6 KB, which end without farewells (a message
-    of at most csrc/mpi/mpi_host_ring.cc's kEagerPieceBytes is sent eagerly, so no process waits on
-    one that left MPI), then of 12 KB, sent whole, which end with them."""
-    output = run_workers("leaves_mpi.py", [tmp_path, "900,3001", 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
+def test_a_process_that_leaves_mpi_after_a_leg_without_farewells_holds_up_no_other(tmp_path):
+    """As above with legs of 12 KB, by recursive doubling, which ends without farewells: its
+    messages are pieces of at most csrc/mpi/mpi_host_ring.cc's kEagerPieceBytes, whose sends
+    are eager, so no process waits on one that left MPI."""
+    output = run_workers("leaves_mpi.py", [tmp_path, 3001, 12], 4, 1, env={"JAXRING_TIMEOUT_S": "15"})
     assert_passed(output, ["leaves_mpi"], range(4))
 
 

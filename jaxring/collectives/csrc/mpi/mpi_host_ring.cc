@@ -11,8 +11,7 @@
 //   terms in the same order and ends with the same bits;
 // - recursive doubling (small buffers over 4, 8, ... processes: class Doubling);
 //   both move their buffers in pieces small enough for the MPI to send
-//   eagerly (kEagerPieceBytes), and so end without the ring's farewells
-//   (doubling sends a larger buffer whole, and ends with them);
+//   eagerly (kEagerPieceBytes), and so end without the ring's farewells;
 // - the ring: ring_schedule.h's all-reduce with one process per rank, each
 //   step's chunk cut into slices (pieces) of at most `piece_elements`. A stage
 //   (step t, slice k) receives from the left neighbour what this rank's stage
@@ -336,7 +335,7 @@ class Scratch {
   std::unique_ptr<Held> held_;
 };
 
-// One-shot (and recursive doubling up to this size) move a buffer in messages of at most this many bytes, each
+// One-shot and recursive doubling move a buffer in messages of at most this many bytes, each
 // sent eagerly by the MPI, in one fragment (Open MPI over shared memory up to 4 KiB including its
 // headers, over TCP 64 KiB): such a send needs no call of the receiver's after the one that
 // completed the receive (which hands the fragment back), where a larger one may wait for the
@@ -347,15 +346,15 @@ class Scratch {
 // of one buffer never mix.
 constexpr int64_t kEagerPieceBytes = 3840;  // 4 KiB less room for the MPI's headers
 
-// Posts `bytes` at `data` as pieces of at most `max_piece` bytes (one empty message for an
+// Posts `bytes` at `data` as pieces of at most kEagerPieceBytes (one empty message for an
 // empty buffer), each a receive from `peer` where `receive`, else a send to it, appending
 // their requests and `peer` to *requests and *peers.
-void PostPieces(bool receive, const void* data, int64_t bytes, int64_t max_piece, int peer, const Leg& leg,
+void PostPieces(bool receive, const void* data, int64_t bytes, int peer, const Leg& leg,
                 std::vector<MPI_Request>* requests, std::vector<int>* peers) {
   char* at = static_cast<char*>(const_cast<void*>(data));
   int64_t offset = 0;
   do {
-    const int piece = static_cast<int>(bytes - offset < max_piece ? bytes - offset : max_piece);
+    const int piece = static_cast<int>(bytes - offset < kEagerPieceBytes ? bytes - offset : kEagerPieceBytes);
     requests->push_back(MPI_REQUEST_NULL);
     peers->push_back(peer);
     if (receive) {
@@ -387,12 +386,10 @@ class OneShot final : public LegInFlight {
     sends_.reserve(messages);
     send_peers_.reserve(messages);
     for (int p = 0; p < leg_.size; ++p) {
-      if (p != leg_.rank) {
-        PostPieces(true, others_.data() + p * bytes, bytes, kEagerPieceBytes, p, leg_, &receives_, &receive_peers_);
-      }
+      if (p != leg_.rank) PostPieces(true, others_.data() + p * bytes, bytes, p, leg_, &receives_, &receive_peers_);
     }
     for (int i = 1; i < leg_.size; ++i) {  // to the right first: no process is everyone's first
-      PostPieces(false, in, bytes, kEagerPieceBytes, (leg_.rank + i) % leg_.size, leg_, &sends_, &send_peers_);
+      PostPieces(false, in, bytes, (leg_.rank + i) % leg_.size, leg_, &sends_, &send_peers_);
     }
   }
 
@@ -484,11 +481,6 @@ class Doubling final : public LegInFlight {
       bit_ <<= 1;
       if (bit_ < leg_.size) Post();
     }
-    if (whole_) {
-      if (!farewells_.posted()) farewells_.Post(Partners(), Partners(), leg_);
-      if (!farewells_.Finish(patience, leg_, error)) return false;
-      if (!error->empty()) return true;
-    }
     theirs_.GiveBack();
     return true;
   }
@@ -497,16 +489,10 @@ class Doubling final : public LegInFlight {
   // Step log2(bit_)'s exchange with rank ^ bit_: this process' input at the first step, else its partial result.
   void Post() {
     partner_ = leg_.rank ^ static_cast<int>(bit_);
-    const int64_t piece = whole_ ? bytes_ : kEagerPieceBytes;
+    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(T));
     theirs_.requests().Clear();
-    PostPieces(true, theirs_.data(), bytes_, piece, partner_, leg_, &receive_, &receive_peers_);
-    PostPieces(false, bit_ == 1 ? in_ : out_, bytes_, piece, partner_, leg_, &send_, &send_peers_);
-  }
-
-  std::vector<int> Partners() const {
-    std::vector<int> partners;
-    for (int bit = 1; bit < leg_.size; bit <<= 1) partners.push_back(leg_.rank ^ bit);
-    return partners;
+    PostPieces(true, theirs_.data(), bytes, partner_, leg_, &receive_, &receive_peers_);
+    PostPieces(false, bit_ == 1 ? in_ : out_, bytes, partner_, leg_, &send_, &send_peers_);
   }
 
   const T* in_;
@@ -514,13 +500,6 @@ class Doubling final : public LegInFlight {
   int64_t elements_;
   Leg leg_;
   Scratch theirs_;  // the partner's partial result
-  int64_t bytes_ = elements_ * static_cast<int64_t>(sizeof(T));
-  // Above kEagerPieceBytes a step's buffer crosses whole: Open MPI over shared memory copies it
-  // once (CMA), where eager pieces are copied in and out: 64 KiB over 4 processes ran at
-  // 0.74-0.77x mpi4jax's speed in pieces (docs/PERFORMANCE.md). A whole buffer's send may
-  // wait for its receiver's next MPI call: the leg then ends with the Ring's farewells.
-  bool whole_ = bytes_ > kEagerPieceBytes;
-  Farewells farewells_;
   int64_t bit_ = 1;
   int partner_ = 0;  // this step's
   // This step's pieces (PostPieces).

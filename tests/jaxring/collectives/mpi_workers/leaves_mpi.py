@@ -7,8 +7,7 @@ other process has said so. A leg whose receives completed may still owe its
 peer the answer that completes the peer's send (Open MPI sends it at the
 receiver's next MPI call); the legs' farewells (csrc/mpi/mpi_host_ring.cc) keep
 each process calling MPI until every send to it completed, so no process
-is left waiting for one that has gone. Then: elements per device (several, comma-separated: a
-program of each in turn), programs of each.
+is left waiting for one that has gone. Then: elements per device, programs.
 """
 
 import pathlib
@@ -26,8 +25,11 @@ PROGRAMS = int(sys.argv[3]) if len(sys.argv) > 3 else 12
 WAIT_S = 30.0
 
 world = topology.init()
-signals, sizes = pathlib.Path(sys.argv[1]), [int(n) for n in sys.argv[2].split(",")]
+signals, elements = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+inputs = [np.random.default_rng(r).standard_normal((1, elements)).astype(np.float32) for r in range(world.size)]
 assert len(world.local_devices) == 1, "one device per process"
+x = inputs[world.rank]
+expected = np.sum(inputs, axis=0, dtype=np.float64)
 
 
 def three_sums(v):
@@ -38,17 +40,13 @@ def three_sums(v):
 
 program = jax.pmap(three_sums, "d", devices=world.local_devices)
 MPI.COMM_WORLD.Barrier()
-for elements in sizes:
-    inputs = [np.random.default_rng([r, elements]).standard_normal((1, elements)).astype(np.float32)
-              for r in range(world.size)]
-    expected = np.sum(inputs, axis=0, dtype=np.float64)
-    for i in range(PROGRAMS):
-        out = np.asarray(program(inputs[world.rank]))
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"{elements} elements, program {i}")
-        (signals / f"rank{world.rank}-{elements}-program{i}").touch()
-        deadline = time.monotonic() + WAIT_S
-        for rank in range(world.size):
-            while not (signals / f"rank{rank}-{elements}-program{i}").exists():
-                assert time.monotonic() < deadline, f"rank {rank} did not finish program {i} within {WAIT_S} s"
-                time.sleep(0.0005)
+for i in range(PROGRAMS):
+    out = np.asarray(program(x))
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4, err_msg=f"program {i}")
+    (signals / f"rank{world.rank}-program{i}").touch()
+    deadline = time.monotonic() + WAIT_S
+    for rank in range(world.size):
+        while not (signals / f"rank{rank}-program{i}").exists():
+            assert time.monotonic() < deadline, f"rank {rank} did not finish program {i} within {WAIT_S} s"
+            time.sleep(0.0005)
 print(f"PASS rank {world.rank} leaves_mpi", flush=True)
