@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
-from mpi4py import MPI
 
 from jaxring.collectives import timeout as timeout_lib
 
@@ -110,6 +109,8 @@ def _ranks(ranks) -> str:
 def _in_world(comm, ranks) -> str:
     """"rank W of MPI.COMM_WORLD; " for `ranks` of `comm` (a sub-communicator's) where their world ranks
     differ, else "": the launcher and the leg's messages (csrc/mpi/mpi_host_ring.cc) name world ranks too."""
+    from mpi4py import MPI  # here, not at import: importing this module must not start MPI
+
     group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
     in_world = MPI.Group.Translate_ranks(group, list(ranks), world)
     group.Free()
