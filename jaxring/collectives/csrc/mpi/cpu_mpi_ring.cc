@@ -64,7 +64,7 @@ LegOutcome MpiRingCpu(int32_t device_ordinal, ffi::AnyBuffer x, ffi::Buffer<ffi:
   }
   AdviseHugePages(out->untyped_data(), out->size_bytes());
   std::unique_ptr<LegInFlight> started =
-      StartLeg(x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()), std::move(leg));
+      StartLeg(x.untyped_data(), out->untyped_data(), static_cast<int64_t>(x.element_count()), leg);
   std::string error;
   const auto patience = std::chrono::microseconds(patience_us.load(std::memory_order_relaxed));
   if (started->Finish(patience, &error)) {

@@ -96,8 +96,8 @@ ffi::Error MpiRingCuda(cudaStream_t stream, int32_t device_ordinal, ffi::AnyBuff
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the chunk to the host", err);
   err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) return CudaError("cudaStreamSynchronize before the leg", err);
-  leg.deadline = DeadlineFor(FindLegPlan(plan)->timeout_ms);
-  const std::string error = RunHostRing(in, result, static_cast<int64_t>(x.element_count()), std::move(leg));
+  leg.deadline = DeadlineFor(leg.plan->timeout_ms);
+  const std::string error = RunHostRing(in, result, static_cast<int64_t>(x.element_count()), leg);
   if (!error.empty()) return ffi::Error::Internal(error);
   err = cudaMemcpyAsync(out->untyped_data(), result, bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync of the sum to the device", err);

@@ -101,9 +101,11 @@ std::string WorldRank(MPI_Comm comm, int rank) {
 
 std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
   char seconds[32];
-  std::snprintf(seconds, sizeof seconds, "%g", leg.timeout_s);
-  return "jaxring.allreduce across processes (" + std::string(leg.what) + " on device " +
-         std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
+  const int64_t timeout_ms = leg.plan->timeout_ms;
+  std::snprintf(seconds, sizeof seconds, "%g",
+                timeout_ms > 0 ? timeout_ms / 1000.0 : timeout_ms < 0 ? kForeverSeconds : DefaultTimeoutSeconds());
+  return "jaxring.allreduce across processes (" + std::string(leg.plan->what) + " on device " +
+         std::to_string(leg.device) + ", tag " + std::to_string(leg.plan->tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +
          " s " + waiting_for + "; no answer from rank " + std::to_string(peer) + " (" + WorldRank(leg.comm, peer) +
          "stopped, dead, or in another call). The limit is set by timeout=, "
@@ -137,8 +139,8 @@ std::string Failed(const Leg& leg, int rc, int peer, const char* waiting_for) {
   MPI_Error_string(rc, reported, &length);
   const std::string failed = FailedRanks(leg.comm);
   const std::string waited = peer >= 0 ? "rank " + std::to_string(peer) : "the other processes";
-  return "jaxring.allreduce across processes (" + std::string(leg.what) + " on device " +
-         std::to_string(leg.device) + ", tag " + std::to_string(leg.tag) + "): rank " +
+  return "jaxring.allreduce across processes (" + std::string(leg.plan->what) + " on device " +
+         std::to_string(leg.device) + ", tag " + std::to_string(leg.plan->tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + ", waiting " +
          waiting_for + " from " + waited + ", got MPI's error \"" +
          std::string(reported, length) + "\"" +
@@ -246,10 +248,10 @@ class Farewells {
     receives_.assign(from_.size(), MPI_REQUEST_NULL);
     sends_.assign(to_.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < from_.size(); ++i) {
-      MPI_Irecv(&nothing_, 0, MPI_BYTE, from_[i], leg.tag, leg.comm, &receives_[i]);
+      MPI_Irecv(&nothing_, 0, MPI_BYTE, from_[i], leg.plan->tag, leg.comm, &receives_[i]);
     }
     for (size_t i = 0; i < to_.size(); ++i) {
-      MPI_Isend(&nothing_, 0, MPI_BYTE, to_[i], leg.tag, leg.comm, &sends_[i]);
+      MPI_Isend(&nothing_, 0, MPI_BYTE, to_[i], leg.plan->tag, leg.comm, &sends_[i]);
     }
     posted_ = true;
   }
@@ -358,9 +360,9 @@ void PostPieces(bool receive, const void* data, int64_t bytes, int peer, const L
     requests->push_back(MPI_REQUEST_NULL);
     peers->push_back(peer);
     if (receive) {
-      MPI_Irecv(at + offset, piece, MPI_BYTE, peer, leg.tag, leg.comm, &requests->back());
+      MPI_Irecv(at + offset, piece, MPI_BYTE, peer, leg.plan->tag, leg.comm, &requests->back());
     } else {
-      MPI_Isend(at + offset, piece, MPI_BYTE, peer, leg.tag, leg.comm, &requests->back());
+      MPI_Isend(at + offset, piece, MPI_BYTE, peer, leg.plan->tag, leg.comm, &requests->back());
     }
     offset += piece;
   } while (offset < bytes);
@@ -377,7 +379,7 @@ template <typename T, Reduction R>
 class OneShot final : public LegInFlight {
  public:
   OneShot(const T* in, T* out, int64_t elements, Leg leg)
-      : in_(in), out_(out), elements_(elements), leg_(std::move(leg)),
+      : in_(in), out_(out), elements_(elements), leg_(leg),
         others_(static_cast<size_t>(elements) * leg_.size * sizeof(T)) {
     const int64_t bytes = elements * static_cast<int64_t>(sizeof(T));
     const size_t messages = static_cast<size_t>(PiecesOf(bytes) * (leg_.size - 1));
@@ -454,7 +456,7 @@ template <typename T, Reduction R>
 class Doubling final : public LegInFlight {
  public:
   Doubling(const T* in, T* out, int64_t elements, Leg leg)
-      : in_(in), out_(out), elements_(elements), leg_(std::move(leg)),
+      : in_(in), out_(out), elements_(elements), leg_(leg),
         theirs_(static_cast<size_t>(elements) * sizeof(T)) {
     Post();
   }
@@ -514,13 +516,11 @@ template <typename T, Reduction R>
 class Ring final : public LegInFlight {
  public:
   Ring(const T* in, T* out, int64_t elements, Leg leg)
-      : in_(in), out_(out), leg_(std::move(leg)),
+      : in_(in), out_(out), leg_(leg),
         left_(static_cast<int>(Mod(leg_.rank - 1, leg_.size))),
         right_(static_cast<int>(Mod(leg_.rank + 1, leg_.size))),
-        mine_(SchedulePlan::Make(leg_.mode, elements, leg_.size, leg_.rank,
-                                 Max(leg_.piece_elements, 1), 1)),
-        theirs_(SchedulePlan::Make(leg_.mode, elements, leg_.size, right_,
-                                   Max(leg_.piece_elements, 1), 1)),
+        mine_(SchedulePlan::Make(leg_.plan->mode, elements, leg_.size, leg_.rank, PieceLength(leg_), 1)),
+        theirs_(SchedulePlan::Make(leg_.plan->mode, elements, leg_.size, right_, PieceLength(leg_), 1)),
         stages_(mine_.StageCount()), slices_(mine_.slices),
         slots_(static_cast<size_t>(slices_ * mine_.slice_len) * sizeof(T)),
         receives_(stages_, MPI_REQUEST_NULL), sends_(stages_, MPI_REQUEST_NULL),
@@ -567,6 +567,11 @@ class Ring final : public LegInFlight {
   }
 
  private:
+  // The plan counts elements; T is a component, two to a complex number (kElementTypes).
+  static int64_t PieceLength(const Leg& leg) {
+    return Max(leg.plan->piece_elements * ffi::ByteWidth(leg.plan->type->type) / static_cast<int64_t>(sizeof(T)), 1);
+  }
+
   // The left's partial sums land in one slot per receive posted ahead (a
   // step's worth), not in the output: the output may be the input itself
   // (mpi.py aliases them for the ring).
@@ -583,7 +588,7 @@ class Ring final : public LegInFlight {
       if (rt.count == 0 || rt.kind == StageKind::kSeed) continue;
       const bool from_input = rt.kind == StageKind::kReduceFirst || rt.left_is_input;
       const T* source = (from_input ? in_ : out_) + rt.src;
-      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right_, leg_.tag,
+      MPI_Isend(source, static_cast<int>(rt.count * sizeof(T)), MPI_BYTE, right_, leg_.plan->tag,
                 leg_.comm, &sends_[sent_]);
     }
     // The all-gather's slices are received straight into the output: a
@@ -600,7 +605,7 @@ class Ring final : public LegInFlight {
       const Stage st = mine_.StageAt(received_);
       if (st.count == 0 || st.kind == StageKind::kSeed) continue;
       T* into = st.kind == StageKind::kCopy ? out_ + st.dst : Slot(received_);
-      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left_, leg_.tag,
+      MPI_Irecv(into, static_cast<int>(st.count * sizeof(T)), MPI_BYTE, left_, leg_.plan->tag,
                 leg_.comm, &receives_[received_]);
     }
   }
@@ -633,9 +638,9 @@ std::unique_ptr<LegInFlight> Start(const T* in, T* out, int64_t elements, Leg le
     if (out != in) std::memcpy(out, in, elements * sizeof(T));
     return std::make_unique<Alone>();
   }
-  if (leg.doubling) return std::make_unique<Doubling<T, R>>(in, out, elements, std::move(leg));
-  if (leg.one_shot) return std::make_unique<OneShot<T, R>>(in, out, elements, std::move(leg));
-  return std::make_unique<Ring<T, R>>(in, out, elements, std::move(leg));
+  if (leg.plan->algorithm == LegAlgorithm::kDoubling) return std::make_unique<Doubling<T, R>>(in, out, elements, leg);
+  if (leg.plan->algorithm == LegAlgorithm::kOneShot) return std::make_unique<OneShot<T, R>>(in, out, elements, leg);
+  return std::make_unique<Ring<T, R>>(in, out, elements, leg);
 }
 
 // Calls visit(T{}) with the C++ type of the component type `type` of
@@ -680,30 +685,14 @@ ffi::Error OpenLeg(int64_t plan_id, int32_t device_ordinal, ffi::DataType type, 
                                        plan->type->name + " and got another type");
   }
   const DeviceComm& device = plan->devices[device_ordinal];
-  leg->comm = device.comm;
-  leg->rank = device.rank;
-  leg->size = device.size;
-  leg->tag = plan->tag;
-  leg->device = device_ordinal;
-  leg->deadline = DeadlineFor(plan->timeout_ms);
-  leg->timeout_s = plan->timeout_ms > 0   ? plan->timeout_ms / 1000.0
-                   : plan->timeout_ms < 0 ? kForeverSeconds
-                                          : DefaultTimeoutSeconds();
-  leg->what = plan->what;
-  leg->type = plan->type;
-  leg->one_shot = plan->algorithm != LegAlgorithm::kRing;
-  leg->doubling = plan->algorithm == LegAlgorithm::kDoubling;
-  leg->piece_elements = plan->piece_elements;
-  leg->reduction = plan->reduction;
-  leg->mode = plan->mode;
+  *leg = {plan, device.comm, device.rank, device.size, device_ordinal, DeadlineFor(plan->timeout_ms)};
   return ffi::Error::Success();
 }
 
 std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t elements, Leg leg) {
   // A complex number is two components, reduced one by one (kElementTypes).
-  const ElementType& type = *leg.type;
+  const ElementType& type = *leg.plan->type;
   const int64_t components = ffi::ByteWidth(type.type) / ffi::ByteWidth(type.component);
-  leg.piece_elements *= components;
   std::unique_ptr<LegInFlight> started;
   VisitComponentType(type.component, [&](auto zero) {
     using T = decltype(zero);
@@ -711,15 +700,15 @@ std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t element
     T* typed_out = static_cast<T*>(out);
     const int64_t count = elements * components;
     // The reduction is a template argument, chosen once per leg: the per-element loops have no branch on it.
-    switch (leg.reduction) {
+    switch (leg.plan->reduction) {
       case Reduction::kMax:
-        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, std::move(leg));
+        started = Start<T, Reduction::kMax>(typed_in, typed_out, count, leg);
         break;
       case Reduction::kMin:
-        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, std::move(leg));
+        started = Start<T, Reduction::kMin>(typed_in, typed_out, count, leg);
         break;
       default:
-        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, std::move(leg));
+        started = Start<T, Reduction::kSum>(typed_in, typed_out, count, leg);
     }
   });
   return started;
@@ -727,7 +716,7 @@ std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t element
 
 std::string RunHostRing(const void* in, void* out, int64_t elements, Leg leg) {
   std::string error;
-  StartLeg(in, out, elements, std::move(leg))->Finish(Clock::duration::max(), &error);
+  StartLeg(in, out, elements, leg)->Finish(Clock::duration::max(), &error);
   return error;
 }
 

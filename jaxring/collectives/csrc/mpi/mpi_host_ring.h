@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "core/reduction.h"
 #include "core/ring_schedule.h"
@@ -18,30 +17,15 @@
 
 namespace jaxring {
 
-// One call of a leg: its plan's settings (leg_plan.h) for one local device, and the deadline.
+// One call of a leg: its plan (leg_plan.h; plans are never freed), this
+// local device's communicator with its rank and size, and the deadline.
 struct Leg {
+  const LegPlan* plan;
   MPI_Comm comm;
   int rank;
   int size;
-  int tag;
   int64_t device;
   Clock::time_point deadline;
-  double timeout_s;
-  std::string_view what;  // the plan's: plans are never freed
-  const ElementType* type;  // of the buffers
-  // The algorithm, chosen by mpi.py's lowering (the same in every process):
-  // one-shot (every process sends its whole buffer to every other and sums
-  // all of them in rank order), recursive doubling, or the ring, moving each step's chunk in
-  // pieces of at most `piece_elements`, several in flight.
-  bool one_shot;
-  bool doubling;
-  int64_t piece_elements;
-  Reduction reduction;
-  // ring_schedule.h's Mode: the all-reduce, or one of its phases alone (the ring, never
-  // one-shot: mpi.py). The buffers hold all N chunks either way: after a reduce-scatter
-  // only this rank's chunk of the output is the sum; an all-gather reads only this
-  // rank's chunk of the input.
-  Mode mode;
 };
 
 // The leg of local device `device_ordinal` by the plan with id `plan_id`, on
@@ -63,9 +47,7 @@ class LegInFlight {
 };
 
 // Reduces the `elements` values of the leg's type at `in` over the leg's processes into
-// `out` (host memory; `out` may be `in` for the ring, not for one-shot). The leg
-// is taken by value and moved along: a copy of Leg::what is a heap allocation,
-// a measurable part of a small leg.
+// `out` (host memory; `out` may be `in` for the ring, not for one-shot).
 std::unique_ptr<LegInFlight> StartLeg(const void* in, void* out, int64_t elements, Leg leg);
 
 // StartLeg's leg, waited for until done or the leg's deadline: "" or the
