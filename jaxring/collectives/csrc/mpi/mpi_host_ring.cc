@@ -22,7 +22,7 @@
 //   so the link stays busy while this process adds. Each chunk is summed
 //   once, by one process, in one order: every process ends with the same bits.
 //
-// A leg may also run one phase of the ring alone (Leg::mode: ShardedUpdate's
+// A leg may also run one phase of the ring alone (LegPlan::mode: ShardedUpdate's
 // reduce-scatter and all-gather across processes, jaxring/collectives/sharded_update.py).
 // Its buffers still hold all N chunks: a reduction stage writes where it reads
 // (as the all-reduce's do), so the reduce-scatter leaves this rank's chunk at
