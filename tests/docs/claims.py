@@ -348,6 +348,24 @@ def across_processes_cer(runs):
     return (*greedy, statistics.mean(greedy), max(greedy) - min(greedy), *beam)
 
 
+# -- small messages in plain jit against mpi4jax, yielding and busy polling, two runs each (docs/PERFORMANCE.md)
+def small_message_runs(tag):
+    return tuple(BENCH + f"{kind}-{mode}-2026-12-03-quiet-{tag}{run}.json" for kind in ("allreduce-mpi-small", "cg-mpi")
+                 for mode in ("yield", "busy") for run in ("", "-run2"))
+
+
+SMALL_BEFORE, SMALL_AFTER = small_message_runs("ced685c"), small_message_runs("e5aa0f5")
+
+
+def small_against_mpi4jax(*runs, procs=(2, 4)):
+    """mpi4jax's time over jaxring's: the span from 8 B to 4 KiB, at 64 KiB, and of the CG loop."""
+    ours = [r for run in runs for r in run if r["n_procs"] in procs]
+    lone = [(r["bytes"], r["paired_speedup_vs_mpi4jax"]) for r in ours if r["impl"] == "jaxring_jit"]
+    cg = [r["paired_speedup_vs_mpi4jax"] for r in ours if r["impl"] == "cg_jaxring"]
+    return (*span(ratio for size, ratio in lone if size <= 4 << 10), *span(ratio for size, ratio in lone if size == 64 << 10),
+            *span(cg))
+
+
 CLAIMS = [
     Claim("README.md", r"8 host devices \(a test setting: 8 devices on 2 cores\) \| `lax.psum` \| "
           r"\[([\d.]+)-([\d.]+)x in all (\d+) cells\]", STEADY, steady_against_psum),
@@ -414,6 +432,13 @@ CLAIMS = [
           r"link sent ([\d.]+)-([\d.]+)x its bytes", SHARDED_HOSTS, sharded_over_hosts),
     Claim("README.md", r"Over 2-4 emulated hosts \[([\d.]+)-([\d.]+)x at the same bytes on the wire\]", SHARDED_HOSTS,
           lambda *runs: sharded_over_hosts(*runs)[:2]),
+    Claim("README.md", r"CG loop \(two scalar sums per iteration\) \| mpi4jax \| \[([\d.]+)-([\d.]+)x from 8 B to 4 KiB, "
+          r"([\d.]+)-([\d.]+)x at 64 KiB; CG ([\d.]+)-([\d.]+)x\]", SMALL_AFTER, small_against_mpi4jax),
+    Claim("docs/PERFORMANCE.md", r"From 8 B to 4 KiB jaxring is faster than mpi4jax in every cell \(([\d.]+)-([\d.]+)x\), and "
+          r"the CG loop by ([\d.]+)-([\d.]+)x\. 64 KiB over 4 processes: ([\d.]+)-([\d.]+)x, was ([\d.]+)-([\d.]+)x",
+          SMALL_BEFORE + SMALL_AFTER,
+          lambda *runs: (*small_against_mpi4jax(*runs[8:])[:2], *small_against_mpi4jax(*runs[8:])[4:],
+                         *small_against_mpi4jax(*runs[8:], procs=(4,))[2:4], *small_against_mpi4jax(*runs[:8], procs=(4,))[2:4])),
     Claim("docs/MULTI_NODE.md", r"CER was the same too: ([\d.]+)%, ([\d.]+)% and ([\d.]+)% greedy \(mean ([\d.]+)%, spread ([\d.]+) points\), "
           r"([\d.]+)%, ([\d.]+)% and ([\d.]+)% by beam search", ACROSS_PROCESSES_CER, across_processes_cer),
 ]
