@@ -24,7 +24,7 @@ REQUIREMENTS = $(PY) -c "import sys, re, tomllib; p = tomllib.load(open('pyproje
 
 # Two pytest-xdist workers: alone, the suite keeps about one of this 2-core machine's cores busy.
 # Fresh clones on 2026-12-03: 991 s for e6fd4fb's 2255 tests, 961 s for 28ec7b2's 2250 with
-# worksteal; three workers took 967 s for 2249 (no faster); 818 s for ea73061's 2335, 834 s for ec650c0's 2346, the suite's
+# worksteal; three workers took 967 s for 2249 (no faster); 834 s for ec650c0's 2346, 663 s for f87970e's 2360, the suite's
 # programs compiled without LLVM's optimizations (tests/conftest.py). worksteal: a worker that runs out takes
 # tests queued for the other, so a long mpirun test at the end of one share leaves no core idle.
 # --durations=30: every log ends with the slowest tests (tests/conftest.py starts their modules first).
