@@ -19,13 +19,15 @@ std::atomic<double>& DefaultTimeout() {
 double DefaultTimeoutSeconds() { return DefaultTimeout().load(); }
 void SetDefaultTimeoutSeconds(double seconds) { DefaultTimeout().store(seconds); }
 
-Clock::time_point DeadlineFor(int64_t timeout_ms) {
-  const double seconds = timeout_ms > 0   ? timeout_ms / 1000.0
-                         : timeout_ms < 0 ? std::numeric_limits<double>::infinity()
-                                          : DefaultTimeoutSeconds();
+double TimeoutSecondsFor(int64_t timeout_ms) {
+  const double seconds = timeout_ms > 0 ? timeout_ms / 1000.0 : timeout_ms < 0 ? kForeverSeconds : DefaultTimeoutSeconds();
   // An infinite duration would overflow the clock's ticks; ~31 years will not.
+  return std::min(seconds, kForeverSeconds);
+}
+
+Clock::time_point DeadlineFor(int64_t timeout_ms) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(std::min(seconds, kForeverSeconds)));
+                            std::chrono::duration<double>(TimeoutSecondsFor(timeout_ms)));
 }
 
 }  // namespace jaxring

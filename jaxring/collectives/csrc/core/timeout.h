@@ -14,8 +14,10 @@ double DefaultTimeoutSeconds();
 void SetDefaultTimeoutSeconds(double seconds);
 // What "no limit" waits at most: about 31 years, within the clock's range.
 inline constexpr double kForeverSeconds = 1e9;
-// The deadline of a call with `timeout_ms`: > 0 that many milliseconds, 0 the
-// default, < 0 none.
+// The seconds a call with `timeout_ms` waits at most: > 0 that many
+// milliseconds, 0 the default, < 0 none (kForeverSeconds).
+double TimeoutSecondsFor(int64_t timeout_ms);
+// The deadline of a call with `timeout_ms`: TimeoutSecondsFor(timeout_ms) from now.
 Clock::time_point DeadlineFor(int64_t timeout_ms);
 
 }  // namespace jaxring

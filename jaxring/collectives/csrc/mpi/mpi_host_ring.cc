@@ -101,9 +101,7 @@ std::string WorldRank(MPI_Comm comm, int rank) {
 
 std::string NoAnswer(const Leg& leg, int peer, const char* waiting_for) {
   char seconds[32];
-  const int64_t timeout_ms = leg.plan->timeout_ms;
-  std::snprintf(seconds, sizeof seconds, "%g",
-                timeout_ms > 0 ? timeout_ms / 1000.0 : timeout_ms < 0 ? kForeverSeconds : DefaultTimeoutSeconds());
+  std::snprintf(seconds, sizeof seconds, "%g", TimeoutSecondsFor(leg.plan->timeout_ms));
   return "jaxring.allreduce across processes (" + std::string(leg.plan->what) + " on device " +
          std::to_string(leg.device) + ", tag " + std::to_string(leg.plan->tag) + "): rank " +
          std::to_string(leg.rank) + " of " + std::to_string(leg.size) + " waited " + seconds +

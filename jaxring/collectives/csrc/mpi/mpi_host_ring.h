@@ -9,8 +9,6 @@
 #include <memory>
 #include <string>
 
-#include "core/reduction.h"
-#include "core/ring_schedule.h"
 #include "core/timeout.h"
 #include "mpi/leg_plan.h"
 #include "xla/ffi/api/ffi.h"
